@@ -1,0 +1,136 @@
+"""The offline `LLM` API on the embedded model: vLLM-shaped outputs and request options."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenspeed import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(page_size=16, max_model_len=1024)
+
+
+def greedy(**kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, **kw)
+
+
+def test_generate_returns_vllm_shaped_outputs(llm):
+    out = llm.generate(["def fib(n):", "import os\n"], greedy(max_tokens=8, ignore_eos=True))
+    assert [o.prompt for o in out] == ["def fib(n):", "import os\n"]
+    for o in out:
+        assert o.finished and o.prompt_token_ids == llm.tokenizer.encode(o.prompt)
+        completion = o.outputs[0]
+        assert len(completion.token_ids) == 8 and completion.finish_reason == "length"
+        assert completion.text == llm.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+
+
+def test_token_id_prompts_and_text_prompts_agree(llm):
+    ids = llm.tokenizer.encode("class Foo:")
+    a = llm.generate("class Foo:", greedy(max_tokens=6, ignore_eos=True))[0]
+    b = llm.generate({"prompt_token_ids": ids}, greedy(max_tokens=6, ignore_eos=True))[0]
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids
+
+
+def test_stop_token_ids_and_min_tokens(llm):
+    first = llm.generate("x = ", greedy(max_tokens=6, ignore_eos=True))[0].outputs[0].token_ids
+    stopped = llm.generate("x = ", greedy(max_tokens=6, stop_token_ids=[first[2]], ignore_eos=True))[0]
+    assert stopped.outputs[0].token_ids == first[:3]
+    assert stopped.outputs[0].finish_reason == "stop" and stopped.outputs[0].stop_reason == first[2]
+    # min_tokens forbids stop tokens until 4 tokens are out.
+    forced = llm.generate(
+        "x = ", greedy(max_tokens=6, stop_token_ids=[first[0]], min_tokens=4, ignore_eos=True)
+    )[0].outputs[0]
+    assert len(forced.token_ids) >= 4 and first[0] not in forced.token_ids[:4]
+
+
+def test_stop_string_is_cut_from_text(llm):
+    full = llm.generate("def f():", greedy(max_tokens=12, ignore_eos=True))[0].outputs[0]
+    assert len(full.text) > 6
+    stop = full.text[3:6]
+    out = llm.generate("def f():", greedy(max_tokens=12, stop=[stop], ignore_eos=True))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == full.text[: full.text.find(stop)]
+    kept = llm.generate(
+        "def f():", greedy(max_tokens=12, stop=[stop], include_stop_str_in_output=True, ignore_eos=True)
+    )[0].outputs[0]
+    assert kept.text == full.text[: full.text.find(stop) + len(stop)]
+
+
+def test_eos_ends_generation_unless_ignored(llm):
+    eos = llm.eos_token_ids[0]
+    out = llm.generate("a", SamplingParams(temperature=0.0, max_tokens=50, stop_token_ids=[]))[0]
+    if out.outputs[0].finish_reason == "stop":
+        assert out.outputs[0].token_ids[-1] in llm.eos_token_ids
+    ignored = llm.generate("a", greedy(max_tokens=50, ignore_eos=True))[0].outputs[0]
+    assert len(ignored.token_ids) == 50 and ignored.finish_reason == "length"
+    assert eos in llm.eos_token_ids
+
+
+def test_seed_makes_sampling_reproducible(llm):
+    params = SamplingParams(temperature=1.0, seed=42, max_tokens=16, ignore_eos=True)
+    a = llm.generate(["hello"] * 2, params)
+    b = llm.generate("hello", params)[0]
+    assert a[0].outputs[0].token_ids == a[1].outputs[0].token_ids == b.outputs[0].token_ids
+    other = llm.generate("hello", SamplingParams(temperature=1.0, seed=43, max_tokens=16, ignore_eos=True))[0]
+    assert other.outputs[0].token_ids != b.outputs[0].token_ids
+
+
+def test_n_samples_share_the_prompt_and_differ(llm):
+    params = SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=10, ignore_eos=True)
+    out = llm.generate("for i in range(", params)[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2, 3]
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    assert all(len(c.token_ids) == 10 for c in out.outputs)
+    # Greedy forks are identical; they read one copy of the prompt's full pages.
+    g = llm.generate("for i in range(", greedy(n=3, max_tokens=5, ignore_eos=True))[0]
+    assert len({tuple(c.token_ids) for c in g.outputs}) == 1
+
+
+def test_n_forks_share_prompt_pages():
+    llm = LLM(page_size=4, max_model_len=256, enable_prefix_caching=False)
+    prompt = {"prompt_token_ids": list(range(10, 30))}  # 20 tokens = 5 full pages
+    used = []
+    original = llm.core.step
+
+    def step():
+        updates = original()
+        used.append(llm.core.scheduler.kv.stats().referenced)
+        return updates
+
+    llm.core.step = step
+    llm.generate(prompt, SamplingParams(n=4, temperature=1.0, seed=0, max_tokens=3, ignore_eos=True))
+    # 4 streams each owning a private copy would need >= 4 * 6 pages; shared prompt pages need far fewer.
+    assert max(used) < 4 * 6
+
+
+def test_prefix_reuse_reports_cached_tokens():
+    llm = LLM(page_size=16, max_model_len=1024)
+    shared = list(range(100, 300))  # 200 tokens
+    first = llm.generate({"prompt_token_ids": shared + [5, 6, 7]}, greedy(max_tokens=2))[0]
+    second = llm.generate({"prompt_token_ids": shared + [8, 9]}, greedy(max_tokens=2))[0]
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens >= 200 - 16
+    off = LLM(page_size=16, max_model_len=1024, enable_prefix_caching=False)
+    off.generate({"prompt_token_ids": shared + [5]}, greedy(max_tokens=2))
+    assert off.generate({"prompt_token_ids": shared + [8]}, greedy(max_tokens=2))[0].num_cached_tokens == 0
+
+
+def test_logprobs_shape(llm):
+    out = llm.generate("def", greedy(max_tokens=4, logprobs=3, ignore_eos=True))[0].outputs[0]
+    assert len(out.logprobs) == 4
+    for token, position in zip(out.token_ids, out.logprobs):
+        assert token in position and position[token].rank == 1  # greedy picks the top token
+        assert len(position) == 3 and all(lp.decoded_token is not None for lp in position.values())
+    assert out.cumulative_logprob == pytest.approx(sum(p[t].logprob for t, p in zip(out.token_ids, out.logprobs)))
+
+
+def test_chat_uses_the_template(llm):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    out = llm.chat(messages, greedy(max_tokens=4, ignore_eos=True))[0]
+    rendered = llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert out.prompt == rendered
+    assert out.prompt_token_ids == llm.tokenizer.encode(rendered, add_special_tokens=False)
+    batch = llm.chat([messages, messages[1:]], greedy(max_tokens=4, ignore_eos=True))
+    assert len(batch) == 2 and batch[0].outputs[0].token_ids == out.outputs[0].token_ids

@@ -1,0 +1,59 @@
+"""`tokenspeed bench offline`: throughput of the offline engine on random prompts.
+
+Prompts are random token ids (special tokens excluded) and generation ignores
+EOS, so every run does exactly `num_prompts x (input_len + output_len)` tokens
+of work and runs are comparable. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+
+from tokenspeed.engine_args import add_engine_args, engine_config_from_args
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("offline", help="offline throughput on random prompts")
+    add_engine_args(parser)
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tokenspeed import LLM, SamplingParams
+
+    llm = LLM.from_config(engine_config_from_args(args), show_progress=False)
+    rng = random.Random(args.seed)
+    special = set(getattr(llm.tokenizer, "all_special_ids", []) or [])
+    vocab = [t for t in range(llm.core.vocab_size) if t not in special]
+    prompts = [{"prompt_token_ids": rng.choices(vocab, k=args.input_len)} for _ in range(args.num_prompts)]
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True, detokenize=False)
+
+    llm.generate(prompts[:1], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)  # warm-up
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+
+    input_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    result = {
+        "command": " ".join(["tokenspeed", *sys.argv[1:]]),
+        "model": args.model or "embedded",
+        "device": str(llm.core.device),
+        "num_prompts": args.num_prompts,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "elapsed_s": round(elapsed, 4),
+        "requests_per_s": round(len(outputs) / elapsed, 4),
+        "input_tokens_per_s": round(input_tokens / elapsed, 2),
+        "output_tokens_per_s": round(output_tokens / elapsed, 2),
+        "total_tokens_per_s": round((input_tokens + output_tokens) / elapsed, 2),
+    }
+    print(json.dumps(result))
+    return 0

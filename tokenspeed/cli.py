@@ -1,0 +1,131 @@
+"""`tokenspeed`: generate | chat | bench offline | env.
+
+Every subcommand that builds an engine takes the same engine flags
+(`engine_args.py`); with no `--model` it uses the embedded tiny model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import sys
+
+from tokenspeed.engine_args import add_engine_args, engine_config_from_args
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--max-tokens", type=int, default=64)
+    group.add_argument("--temperature", type=float, default=0.0)
+    group.add_argument("--top-p", type=float, default=1.0)
+    group.add_argument("--top-k", type=int, default=0)
+    group.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
+    group.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def _sampling_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from tokenspeed import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.sampling_seed,
+        stop=args.stop,
+    )
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from tokenspeed import LLM
+
+    llm = LLM.from_config(engine_config_from_args(args))
+    if args.model is None:
+        print("# embedded tiny model: random weights, the text below is not meaningful", file=sys.stderr)
+    for output in llm.generate(args.prompt, _sampling_from_args(args)):
+        for completion in output.outputs:
+            if args.json:
+                print(json.dumps({"prompt": output.prompt, "text": completion.text,
+                                  "token_ids": completion.token_ids, "finish_reason": completion.finish_reason}))
+            else:
+                print(f"{output.prompt}{completion.text}")
+    return 0
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from tokenspeed import LLM
+
+    llm = LLM.from_config(engine_config_from_args(args))
+    messages = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    messages.append({"role": "user", "content": args.message})
+    output = llm.chat(messages, _sampling_from_args(args))[0]
+    print(output.outputs[0].text)
+    return 0
+
+
+def _env(args: argparse.Namespace) -> int:
+    import torch
+    import transformers
+
+    import tokenspeed
+
+    info = {
+        "tokenspeed": tokenspeed.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+    }
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenspeed", description="LLM inference engine for agentic workloads")
+    parser.add_argument("--log-level", default="WARNING")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    generate = sub.add_parser("generate", help="generate completions for prompts")
+    generate.add_argument("prompt", nargs="+", help="prompt text (several prompts run as one batch)")
+    generate.add_argument("--json", action="store_true", help="one JSON object per completion")
+    add_engine_args(generate)
+    _add_sampling_args(generate)
+    generate.set_defaults(handler=_generate)
+
+    chat = sub.add_parser("chat", help="one chat turn through the model's chat template")
+    chat.add_argument("message")
+    chat.add_argument("--system", default=None)
+    add_engine_args(chat)
+    _add_sampling_args(chat)
+    chat.set_defaults(handler=_chat)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    from tokenspeed.bench import offline
+
+    offline.add_parser(bench_sub)
+
+    env = sub.add_parser("env", help="versions and devices")
+    env.set_defaults(handler=_env)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from tokenspeed.errors import TokenSpeedError
+
+    try:
+        return int(args.handler(args))
+    except TokenSpeedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""`EngineConfig`: the one set of engine knobs shared by `LLM`, the CLI and the server.
+
+Names follow vLLM's engine arguments where they exist, so flags carry over.
+`None` means "derive it": `resolve()` fills those from the model and device
+once, so every component downstream sees concrete numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import torch
+
+from tokenspeed.errors import InvalidRequest
+
+_CPU_KV_CACHE_BYTES = 512 * 1024 * 1024  # vLLM's CPU backend also reserves a fixed KV space
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str | None = None  # None: the embedded tiny model
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    page_size: int = 16
+    enable_prefix_caching: bool = True
+    load_format: str = "auto"
+    seed: int = 0
+    num_kv_pages: int | None = None  # overrides the memory-derived pool size
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    skip_tokenizer_init: bool = False
+
+    def replace(self, **changes: object) -> EngineConfig:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def validate(self) -> None:
+        if self.page_size < 1:
+            raise InvalidRequest(f"page_size must be at least 1, got {self.page_size}.")
+        if self.max_num_seqs < 1:
+            raise InvalidRequest(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise InvalidRequest(
+                f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}."
+            )
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise InvalidRequest(f"max_model_len must be at least 2, got {self.max_model_len}.")
+        if self.load_format not in ("auto", "safetensors", "dummy"):
+            raise InvalidRequest(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}.")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise InvalidRequest(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}.")
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
+    """fp32 on the CPU (bf16 matmuls are slow there); the checkpoint's half type on GPUs."""
+    if dtype != "auto":
+        return _DTYPES[dtype]
+    if device.type == "cpu":
+        return torch.float32
+    if checkpoint_dtype in ("float16", "bfloat16"):
+        return _DTYPES[checkpoint_dtype]
+    return torch.bfloat16
+
+
+def kv_cache_budget_bytes(config: EngineConfig, device: torch.device) -> int:
+    """Bytes to give the paged KV pool when no page count is forced."""
+    if config.kv_cache_memory_bytes is not None:
+        return config.kv_cache_memory_bytes
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        reserve = total * (1.0 - config.gpu_memory_utilization)
+        return max(0, int(free - reserve))
+    env = os.environ.get("TOKENSPEED_CPU_KV_CACHE_BYTES")
+    return int(env) if env else _CPU_KV_CACHE_BYTES

@@ -1,0 +1,39 @@
+"""Find a model's folder: the embedded tiny model, a local folder, or a hub id.
+
+A hub id is tried only when the string cannot be a local path, and only
+through `huggingface_hub`'s cache/download, so an offline machine gets a
+clear `ModelNotFound` instead of a hang or a half-built engine.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tokenspeed.errors import ModelNotFound
+
+
+def resolve_model_folder(model: str | None) -> Path:
+    if model is None or model == "embedded":
+        from tokenspeed.models.embedded.materialize import embedded_model_path
+
+        return embedded_model_path()
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"Model folder {path} has no config.json.")
+        return path
+    looks_like_hub_id = model.count("/") == 1 and not model.startswith((".", "/", "~")) and not path.exists()
+    if looks_like_hub_id:
+        try:
+            from huggingface_hub import snapshot_download
+
+            local = snapshot_download(
+                model, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+            )
+            return Path(local)
+        except Exception as exc:  # the hub raises many types; all mean "not available here"
+            raise ModelNotFound(
+                f"Model {model!r} is not a local folder and could not be fetched from the hub: {exc}"
+            ) from exc
+    raise ModelNotFound(f"Model path {model!r} does not exist (looked in {os.getcwd()}).")

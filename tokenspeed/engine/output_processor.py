@@ -1,0 +1,169 @@
+"""Turns the core's per-stream token updates into user-facing `RequestOutput`s.
+
+It owns the text side of a request: detokenisers, stop strings and logprob
+decoding. When a stop string appears it tells the core to finish that stream,
+so the stream's KV pages are freed at once rather than after `max_tokens`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenspeed.engine.detokenizer import IncrementalDetokenizer
+from tokenspeed.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from tokenspeed.scheduler.plan import TokenLogprob
+from tokenspeed.scheduler.sampling_params import SamplingParams
+from tokenspeed.scheduler.updates import RequestUpdate
+
+FinishStream = Callable[[str, str, str], None]  # (stream id, reason, stop string)
+
+
+@dataclass(slots=True)
+class _Stream:
+    output: CompletionOutput
+    detokenizer: IncrementalDetokenizer | None
+
+
+@dataclass(slots=True)
+class _RequestState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    streams: dict[int, _Stream] = field(default_factory=dict)
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    num_cached_tokens: int = 0
+
+    def finished(self) -> bool:
+        return len(self.streams) == self.sampling.n and all(
+            s.output.finish_reason is not None for s in self.streams.values()
+        )
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Any | None, finish_stream: FinishStream) -> None:
+        self.tokenizer = tokenizer
+        self.finish_stream = finish_stream
+        self._requests: dict[str, _RequestState] = {}
+
+    def add_request(
+        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], sampling: SamplingParams
+    ) -> None:
+        state = _RequestState(request_id, prompt, list(prompt_token_ids), sampling)
+        if sampling.prompt_logprobs is not None:
+            state.prompt_logprobs = [None]  # the first prompt token has no logprob
+        self._requests[request_id] = state
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return None
+        for index in range(state.sampling.n):
+            stream = self._stream(state, index)
+            if stream.output.finish_reason is None:
+                stream.output.finish_reason = "abort"
+        return self._snapshot(state, finished=True)
+
+    def process(self, updates: list[RequestUpdate]) -> list[RequestOutput]:
+        """Apply one step's updates; return the requests they finished."""
+        touched: dict[str, _RequestState] = {}
+        for update in updates:
+            state = self._requests.get(update.parent_id)
+            if state is None:
+                continue  # aborted by the front end while the step ran
+            self._apply(state, update)
+            touched[state.request_id] = state
+        finished = []
+        for request_id, state in touched.items():
+            if state.finished():
+                finished.append(self._snapshot(state, finished=True))
+                del self._requests[request_id]
+        return finished
+
+    def _stream(self, state: _RequestState, index: int) -> _Stream:
+        stream = state.streams.get(index)
+        if stream is None:
+            params = state.sampling
+            detokenizer = None
+            if self.tokenizer is not None and params.detokenize:
+                detokenizer = IncrementalDetokenizer(
+                    self.tokenizer,
+                    state.prompt_token_ids,
+                    skip_special_tokens=params.skip_special_tokens,
+                    stop=list(params.stop or []),
+                    include_stop_str_in_output=params.include_stop_str_in_output,
+                )
+            logprobs: list[PositionLogprobs] | None = [] if params.logprobs is not None else None
+            cumulative = 0.0 if params.logprobs is not None else None
+            output = CompletionOutput(index, "", [], cumulative, logprobs)
+            stream = state.streams[index] = _Stream(output, detokenizer)
+        return stream
+
+    def _apply(self, state: _RequestState, update: RequestUpdate) -> None:
+        state.num_cached_tokens = max(state.num_cached_tokens, update.num_cached_tokens)
+        if update.new_prompt_logprobs and state.prompt_logprobs is not None:
+            state.prompt_logprobs.extend(self._decode_logprobs(p) for p in update.new_prompt_logprobs)
+        stream = self._stream(state, update.index)
+        out = stream.output
+        if out.finish_reason is not None:
+            return  # finished by a stop string already; late tokens of the same step are dropped
+        out.token_ids.extend(update.new_token_ids)
+        if update.new_logprobs and out.logprobs is not None:
+            for entry in update.new_logprobs:
+                out.logprobs.append(self._decode_logprobs(entry))
+                out.cumulative_logprob = (out.cumulative_logprob or 0.0) + entry.logprob
+        if stream.detokenizer is not None:
+            match = stream.detokenizer.push(update.new_token_ids)
+            out.text = stream.detokenizer.text
+            if match is not None:
+                out.finish_reason, out.stop_reason = "stop", match.stop
+                if not update.finished:
+                    self.finish_stream(update.request_id, "stop", match.stop)
+                return
+        if update.finished:
+            out.finish_reason, out.stop_reason = update.finish_reason, update.stop_reason
+
+    def _decode_logprobs(self, entry: TokenLogprob) -> PositionLogprobs:
+        position: PositionLogprobs = {}
+        for rank, (token_id, logprob) in enumerate(entry.top, start=1):
+            position[token_id] = Logprob(logprob, rank, self._piece(token_id))
+        if entry.token_id not in position:
+            position[entry.token_id] = Logprob(entry.logprob, entry.rank, self._piece(entry.token_id))
+        else:
+            position[entry.token_id].rank = entry.rank
+        return position
+
+    def _piece(self, token_id: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        piece: str = self.tokenizer.decode([token_id])
+        return piece
+
+    @staticmethod
+    def _snapshot(state: _RequestState, *, finished: bool) -> RequestOutput:
+        outputs = [
+            CompletionOutput(
+                s.output.index,
+                s.output.text,
+                list(s.output.token_ids),
+                s.output.cumulative_logprob,
+                list(s.output.logprobs) if s.output.logprobs is not None else None,
+                s.output.finish_reason,
+                s.output.stop_reason,
+            )
+            for _, s in sorted(state.streams.items())
+        ]
+        return RequestOutput(
+            request_id=state.request_id,
+            prompt=state.prompt,
+            prompt_token_ids=state.prompt_token_ids,
+            prompt_logprobs=list(state.prompt_logprobs) if state.prompt_logprobs is not None else None,
+            outputs=outputs,
+            finished=finished,
+            num_cached_tokens=state.num_cached_tokens,
+        )

@@ -1,0 +1,47 @@
+"""Command-line flags for `EngineConfig`, shared by every subcommand that builds an engine.
+
+Flag names match vLLM's (`--max-model-len`, `--max-num-seqs`, ...), so scripts port.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tokenspeed.config import EngineConfig
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    group.add_argument("--model", default=None, help="checkpoint folder or hub id (default: the embedded tiny model)")
+    group.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
+    group.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    group.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    group.add_argument("--max-model-len", type=int, default=None)
+    group.add_argument("--max-num-seqs", type=int, default=256)
+    group.add_argument("--max-num-batched-tokens", type=int, default=None, help="per-step token budget")
+    group.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    group.add_argument("--disable-prefix-cache", action="store_true", help="turn prefix caching off")
+    group.add_argument("--load-format", default="auto", help="auto | safetensors | dummy (random weights)")
+    group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--num-kv-pages", type=int, default=None, help="force the KV pool size")
+    group.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    group.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        tokenizer=args.tokenizer,
+        dtype=args.dtype,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        page_size=args.page_size,
+        enable_prefix_caching=not args.disable_prefix_cache,
+        load_format=args.load_format,
+        seed=args.seed,
+        num_kv_pages=args.num_kv_pages,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )

@@ -1,0 +1,1 @@
+"""Activation kernels (gated SiLU)."""

@@ -1,0 +1,1 @@
+"""Normalisation kernels (RMSNorm, optionally fused with the residual add)."""

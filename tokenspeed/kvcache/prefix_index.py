@@ -1,0 +1,83 @@
+"""`PrefixIndex`: chained hashes of full pages -> the page holding that KV.
+
+A page's hash covers its parent page's hash and its own token ids, so one
+lookup per page walks a prompt from the root and stops at the first page
+nobody computed: equal hashes mean equal whole prefixes, not just equal pages
+(the KV of a token depends on every token before it). Only FULL pages are
+hashed: a partial page is still being written by its owner.
+
+blake2b with a 16-byte digest over the tokens as signed 64-bit integers makes
+an accidental collision (which would serve another prompt's KV) practically
+impossible, unlike Python's `hash()`.
+
+When two requests compute the same page concurrently, the first published
+mapping wins and the second page stays unindexed (freed normally on release),
+so a hash never points at two pages and the index never has to pick.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from hashlib import blake2b
+
+from tokenspeed.kvcache.page_pool import PagePool
+
+_ROOT = b"\x00"
+_CHILD = b"\x01"
+
+
+def chain_hash(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
+    """Hash of one full page given its parent page's hash (None for the first page)."""
+    digest = blake2b(digest_size=16)
+    if parent is None:
+        digest.update(_ROOT)
+    else:
+        digest.update(_CHILD)
+        digest.update(parent)
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
+
+
+class PrefixIndex:
+    __slots__ = ("_pool", "_page_of", "_hash_of")
+
+    def __init__(self, pool: PagePool) -> None:
+        self._pool = pool
+        self._page_of: dict[bytes, int] = {}
+        self._hash_of: dict[int, bytes] = {}
+        pool.set_evict_hook(self._forget)
+
+    def __len__(self) -> int:
+        return len(self._page_of)
+
+    def lookup(self, page_hash: bytes) -> int | None:
+        return self._page_of.get(page_hash)
+
+    def hash_of(self, page: int) -> bytes | None:
+        return self._hash_of.get(page)
+
+    def insert(self, page_hash: bytes, page: int) -> bool:
+        """Map `page_hash` to `page`; False (and no change) if another page already has it."""
+        existing = self._page_of.get(page_hash)
+        if existing is not None:
+            return existing == page
+        if page in self._hash_of:
+            # A page's tokens are fixed once it is full, so it has one hash for life.
+            raise AssertionError(f"page {page} is already indexed under another hash")
+        self._pool.mark_cached(page)
+        self._page_of[page_hash] = page
+        self._hash_of[page] = page_hash
+        return True
+
+    def _forget(self, page: int) -> None:
+        page_hash = self._hash_of.pop(page)
+        del self._page_of[page_hash]
+
+    def check_invariants(self) -> None:
+        assert len(self._page_of) == len(self._hash_of), "prefix index maps are out of sync"
+        for page_hash, page in self._page_of.items():
+            assert self._hash_of.get(page) == page_hash, f"page {page} maps back to another hash"
+            assert self._pool.is_cached(page), f"indexed page {page} is not marked cached in the pool"
+        cached = sum(1 for p in range(self._pool.num_pages) if self._pool.is_cached(p))
+        assert cached == len(self._page_of), "pool marks pages cached that the index does not hold"

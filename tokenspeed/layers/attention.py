@@ -1,0 +1,98 @@
+"""Grouped-query self-attention over the paged KV cache.
+
+One layer covers Llama, Mistral and Qwen2/3 through flags rather than
+subclasses: optional q/k/v bias (Qwen2), optional per-head q/k RMSNorm before
+RoPE (Qwen3), and a per-layer sliding window (Mistral, Qwen with
+`use_sliding_window`). The attention kernel is chosen once here; the window is
+passed as a trait so a kernel without sliding-window support is never picked
+for a layer that needs it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from tokenspeed.kernels.registry import platform_of, select_kernel
+from tokenspeed.layers.linear import Linear, QKVLinear
+from tokenspeed.layers.norm import RMSNorm
+from tokenspeed.layers.rotary_embedding import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from tokenspeed.executor.forward_batch import AttentionMetadata
+
+
+class GQAAttention(nn.Module):
+    def __init__(
+        self,
+        *,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        rotary: RotaryEmbedding,
+        qkv_bias: bool = False,
+        o_proj_bias: bool = False,
+        qk_norm_eps: float | None = None,
+        sliding_window: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} query heads do not group evenly over {num_kv_heads} kv heads")
+        if rotary.head_dim != head_dim:
+            raise ValueError(f"rotary head_dim {rotary.head_dim} != attention head_dim {head_dim}")
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5
+        self.sliding_window = sliding_window
+        self.qkv_proj = QKVLinear(
+            hidden_size,
+            head_dim=head_dim,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            bias=qkv_bias,
+            dtype=dtype,
+            device=device,
+        )
+        self.o_proj = Linear(num_heads * head_dim, hidden_size, bias=o_proj_bias, dtype=dtype, device=device)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps, dtype=dtype, device=device)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps, dtype=dtype, device=device)
+        self.rotary = rotary
+        self._attention = select_kernel(
+            "attention",
+            "paged",
+            platform=platform_of(device),
+            dtype=dtype,
+            traits={"sliding_window": sliding_window is not None, "head_dim": head_dim},
+        ).impl
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        attn: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """hidden `[tokens, hidden_size]` -> `[tokens, hidden_size]`; this step's K/V land in the caches."""
+        tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj.split_output(self.qkv_proj(hidden))
+        q = q.reshape(tokens, self.num_heads, self.head_dim)
+        k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = self._attention(
+            q, k, v, k_cache, v_cache, attn, scale=self.scale, sliding_window=self.sliding_window
+        )
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))

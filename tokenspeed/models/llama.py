@@ -1,0 +1,143 @@
+"""The dense decoder shared by Llama, Mistral, Qwen2 and Qwen3.
+
+These four differ only in flags that `ModelConfig` already resolved (q/k/v
+bias, q/k norm, sliding windows, tied embeddings, rope scaling), so one class
+serves them all and a fix lands everywhere at once. Module names mirror HF's
+(`model.layers.N.self_attn...`) so checkpoint names map one-to-one, except the
+fused projections listed in `packed_modules`.
+
+The residual stream is carried beside the hidden state and added inside the
+next norm (fused add+norm), which is where fast kernels and the tensor-parallel
+all-reduce want it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import nn
+
+from tokenspeed.layers.attention import GQAAttention
+from tokenspeed.layers.embedding import LMHead, VocabEmbedding
+from tokenspeed.layers.mlp import GatedMLP
+from tokenspeed.layers.norm import RMSNorm
+from tokenspeed.layers.rotary_embedding import RotaryEmbedding
+from tokenspeed.models.config import ModelConfig
+from tokenspeed.models.interface import CausalLM
+
+if TYPE_CHECKING:
+    from tokenspeed.executor.forward_batch import AttentionMetadata, ForwardBatch
+    from tokenspeed.executor.kv_storage import PagedKVStorage
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        index: int,
+        rotary: RotaryEmbedding,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
+        self.self_attn = GQAAttention(
+            hidden_size=config.hidden_size,
+            num_heads=config.num_heads,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            rotary=rotary,
+            qkv_bias=config.qkv_bias,
+            o_proj_bias=config.o_proj_bias,
+            qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
+            sliding_window=config.sliding_windows[index],
+            dtype=dtype,
+            device=device,
+        )
+        self.post_attention_layernorm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device
+        )
+        self.mlp = GatedMLP(
+            config.hidden_size, config.intermediate_size, bias=config.mlp_bias, dtype=dtype, device=device
+        )
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        attn: AttentionMetadata,
+        kv_layer: tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, attn, *kv_layer)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.rotary_emb = RotaryEmbedding(
+            config.rope,
+            head_dim=config.head_dim,
+            max_position_embeddings=config.max_position_embeddings,
+            dtype=dtype,
+            device=device,
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, self.rotary_emb, dtype=dtype, device=device)
+            for i in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
+
+    def forward(self, batch: ForwardBatch, kv: PagedKVStorage) -> torch.Tensor:
+        hidden = self.embed_tokens(batch.input_ids)
+        residual: torch.Tensor | None = None
+        for index, layer in enumerate(self.layers):
+            hidden, residual = layer(batch.positions, hidden, residual, batch.attn, kv.layer(index))
+        if residual is None:  # a model without layers
+            return self.norm(hidden)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class DenseDecoderForCausalLM(CausalLM):
+    """Llama-family causal LM; see the module docstring for what it covers."""
+
+    packed_modules: ClassVar[dict[str, tuple[str, str]]] = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", "gate"),
+        "up_proj": ("gate_up_proj", "up"),
+    }
+
+    def __init__(
+        self, config: ModelConfig, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    ) -> None:
+        super().__init__()
+        device = torch.device(device)
+        self.config = config
+        self.dtype = dtype
+        self.model = DecoderModel(config, dtype=dtype, device=device)
+        self.lm_head = LMHead(
+            config.vocab_size,
+            config.hidden_size,
+            tied_to=self.model.embed_tokens if config.tie_word_embeddings else None,
+            dtype=dtype,
+            device=device,
+        )
+
+    def forward(self, batch: ForwardBatch, kv: PagedKVStorage) -> torch.Tensor:
+        return self.model(batch, kv)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

@@ -1,0 +1,34 @@
+"""`SchedulerConfig`: the knobs of admission, batching and the page pool.
+
+Validated at construction so that a configuration in which even one
+max-length request could never fit the pool fails at start-up, with the
+numbers, rather than as a request that waits forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_seqs: int  # running streams per step (decode batch size)
+    max_num_batched_tokens: int  # per-step token budget (decode rows + prefill chunks)
+    max_model_len: int  # prompt + output tokens of one stream
+    page_size: int
+    num_pages: int
+    enable_prefix_caching: bool = True
+    seed: int = 0  # draws the sampling seed of requests that do not give one
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "page_size", "num_pages"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        pages_per_request = -(-self.max_model_len // self.page_size)
+        if pages_per_request > self.num_pages:
+            raise ValueError(
+                f"num_pages={self.num_pages} cannot hold one request of max_model_len={self.max_model_len}: "
+                f"that needs ceil({self.max_model_len}/{self.page_size}) = {pages_per_request} pages "
+                f"of {self.page_size} tokens."
+            )

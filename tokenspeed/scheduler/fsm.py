@@ -1,0 +1,139 @@
+"""The request state machine: typestate classes, events, one transition function.
+
+Each state is its own class and owns exactly the KV handles that state may
+hold: `Prefilling` and `Decoding` own a `BlockTable` (`Prefilling` may also
+own the pages reserved for the forks of an `n > 1` request); `Waiting` and
+`Finished` own none. `transition` is the only place a request changes state;
+every handle either moves into the new state (`BlockTable.move()`, so the old
+state object can never touch the pages again) or is handed back to the caller
+in `Transition.dropped`, which must publish/release it. An event that makes
+no sense in the current state raises `IllegalTransition` instead of being
+ignored: a scheduler bug surfaces at the step that caused it.
+
+`Retracted` (host-tier offload) is not modelled yet; preemption recomputes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenspeed.errors import TokenSpeedError
+from tokenspeed.kvcache import BlockTable
+
+
+class IllegalTransition(TokenSpeedError, RuntimeError):
+    """An event arrived in a state where it is not allowed."""
+
+
+# ---- states ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Waiting:
+    """Submitted, or preempted and queued for recompute. Owns no pages."""
+
+
+@dataclass(slots=True)
+class Prefilling:
+    """Some of the tokens still need computing; owns the request's pages."""
+
+    table: BlockTable
+    # Fresh pages reserved, when the last chunk is scheduled, for the copies of a
+    # partially filled last prompt page that the forks of an n > 1 request need.
+    fork_pages: BlockTable | None = None
+
+
+@dataclass(slots=True)
+class Decoding:
+    """Exactly one token (the last sampled) is uncomputed; owns the request's pages."""
+
+    table: BlockTable
+
+
+@dataclass(slots=True, frozen=True)
+class Finished:
+    """Terminal. Owns no pages."""
+
+    reason: str  # "stop" | "length" | "abort" | "error"
+    stop_reason: int | str | None = None
+
+
+State = Waiting | Prefilling | Decoding | Finished
+
+
+# ---- events ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Admit:
+    """Waiting -> Prefilling with `table` (prefix-cache hits plus the first chunk's pages)."""
+
+    table: BlockTable
+
+
+@dataclass(slots=True)
+class ReserveForkPages:
+    """Prefilling -> Prefilling, now also owning the forks' copy-on-write pages."""
+
+    pages: BlockTable
+
+
+@dataclass(slots=True)
+class ChunkDone:
+    """Prefilling -> Prefilling: a chunk that did not reach the end was computed."""
+
+
+@dataclass(slots=True)
+class PrefillDone:
+    """Prefilling -> Decoding: the last chunk was computed and a token sampled."""
+
+
+@dataclass(slots=True)
+class Preempt:
+    """Prefilling/Decoding -> Waiting: pages given up, to be recomputed later."""
+
+
+@dataclass(slots=True)
+class Finish:
+    """Any live state -> Finished."""
+
+    reason: str
+    stop_reason: int | str | None = None
+
+
+Event = Admit | ReserveForkPages | ChunkDone | PrefillDone | Preempt | Finish
+
+
+@dataclass(slots=True)
+class Transition:
+    state: State
+    # Handles the new state does not own; the caller must consume each one.
+    dropped: list[BlockTable] = field(default_factory=list)
+
+
+def _owned(state: Prefilling | Decoding) -> list[BlockTable]:
+    tables = [state.table.move()]
+    if isinstance(state, Prefilling) and state.fork_pages is not None:
+        tables.append(state.fork_pages.move())
+    return tables
+
+
+def transition(state: State, event: Event) -> Transition:
+    """The one place a request changes state. Raises IllegalTransition for any other pair."""
+    match state, event:
+        case Waiting(), Admit(table=table):
+            return Transition(Prefilling(table.move()))
+        case Prefilling(table=table, fork_pages=None), ReserveForkPages(pages=pages):
+            return Transition(Prefilling(table.move(), pages.move()))
+        case Prefilling(table=table, fork_pages=fork_pages), ChunkDone():
+            return Transition(Prefilling(table.move(), None if fork_pages is None else fork_pages.move()))
+        case Prefilling(table=table, fork_pages=fork_pages), PrefillDone():
+            dropped = [] if fork_pages is None else [fork_pages.move()]
+            return Transition(Decoding(table.move()), dropped)
+        case Prefilling() | Decoding(), Preempt():
+            return Transition(Waiting(), _owned(state))
+        case Waiting(), Finish(reason=reason, stop_reason=stop_reason):
+            return Transition(Finished(reason, stop_reason))
+        case Prefilling() | Decoding(), Finish(reason=reason, stop_reason=stop_reason):
+            return Transition(Finished(reason, stop_reason), _owned(state))
+    raise IllegalTransition(f"event {type(event).__name__} is illegal in state {type(state).__name__}")

@@ -1,0 +1,92 @@
+"""The contract between the scheduler and the executor.
+
+`ExecutionPlan` is everything the executor needs to run one step: it never
+calls back into the scheduler. `ExecutionResult` is everything the scheduler
+needs to advance its requests. Both are plain records (no torch) so they can
+later cross a process boundary to tensor-parallel workers unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenspeed.scheduler.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class ScheduledRow:
+    """One request's slice of a step: some new tokens, and maybe a sample at the end.
+
+    A prefill chunk has many input tokens; a decode row has one. The row's K/V
+    for `input_token_ids` are written at positions `start_position ...` into the
+    pages listed in `page_ids` (the whole block table, covering every position
+    up to `start_position + len(input_token_ids)`).
+    """
+
+    request_id: str
+    input_token_ids: list[int]
+    start_position: int
+    page_ids: list[int]
+    sampling: SamplingParams
+    # Sample after the last input token? False for all but the last prompt chunk.
+    sample: bool
+    # One seed per sample to draw. More than one only on the last prompt chunk of
+    # an `n > 1` request: the samples become the first tokens of its forks.
+    seeds: list[int]
+    # Output tokens generated so far; with the seed it keys the random draw, so a
+    # request's tokens do not depend on batch composition or preemption.
+    sample_index: int
+    # References to the request's token history, used by penalties and prompt logprobs.
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    # First prompt position whose logprob must be returned (None: not wanted).
+    # Position p's logprob is that of prompt_token_ids[p + 1] given tokens 0..p.
+    prompt_logprobs_start: int | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.seeds) if self.sample else 0
+
+    @property
+    def end_position(self) -> int:
+        return self.start_position + len(self.input_token_ids)
+
+
+@dataclass(slots=True)
+class ExecutionPlan:
+    step_id: int
+    rows: list[ScheduledRow] = field(default_factory=list)
+    # Page contents to copy (src, dst) before the step runs: copy-on-write of the
+    # partially filled last prompt page when an `n > 1` request forks.
+    page_copies: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r.input_token_ids) for r in self.rows)
+
+    def is_empty(self) -> bool:
+        return not self.rows and not self.page_copies
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """Log-probability of one chosen token, its rank, and the top alternatives."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 = most likely
+    top: list[tuple[int, float]]  # (token id, logprob), most likely first
+
+
+@dataclass(slots=True)
+class RowOutput:
+    request_id: str
+    sampled_token_ids: list[int] = field(default_factory=list)  # one per seed when row.sample
+    logprobs: list[TokenLogprob] | None = None  # one per sampled token, when requested
+    prompt_logprobs: list[TokenLogprob] | None = None  # positions prompt_logprobs_start.. in this chunk
+
+
+@dataclass(slots=True)
+class ExecutionResult:
+    step_id: int
+    rows: list[RowOutput] = field(default_factory=list)  # aligned with ExecutionPlan.rows

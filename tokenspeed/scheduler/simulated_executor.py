@@ -1,0 +1,96 @@
+"""`SimulatedExecutor`: runs `ExecutionPlan`s on the CPU against a simulated paged KV store.
+
+The scheduler is only correct if every row's block table points at pages that
+really hold the row's token history: prefix-cache hits, fork copies,
+eviction, and recompute after preemption all have to line up. A fake that
+returned canned tokens would not notice when they do not. This one keeps, per
+page, the token id written at each slot (standing in for K/V), applies the
+plan's page copies, writes each row's input tokens at their positions, then
+reads the row's whole context back through its page ids and raises
+`AssertionError` if it differs from `prompt + output`. The sampled token is a
+hash of that context read from the "KV" (plus seed and sample index unless
+greedy), so a request's output depends only on its history, never on batch
+composition, preemption or which pages it got: exactly the property the real
+engine must have, and what the scheduler tests compare.
+
+Pure Python, no torch: usable by the scheduler unit tests, the model checker
+and any engine test that wants a device-free executor.
+"""
+
+from __future__ import annotations
+
+from array import array
+from hashlib import blake2b
+
+from tokenspeed.scheduler.plan import (
+    ExecutionPlan,
+    ExecutionResult,
+    RowOutput,
+    ScheduledRow,
+    TokenLogprob,
+)
+
+
+class SimulatedExecutor:
+    __slots__ = ("page_size", "vocab_size", "_slots", "num_steps", "num_tokens")
+
+    def __init__(self, num_pages: int, page_size: int, vocab_size: int = 32) -> None:
+        self.page_size = page_size
+        self.vocab_size = vocab_size
+        self._slots: list[list[int | None]] = [[None] * page_size for _ in range(num_pages)]
+        self.num_steps = 0
+        self.num_tokens = 0
+
+    def run(self, plan: ExecutionPlan) -> ExecutionResult:
+        for src, dst in plan.page_copies:
+            self._slots[dst] = list(self._slots[src])
+        outputs = [self._run_row(row) for row in plan.rows]
+        self.num_steps += 1
+        self.num_tokens += plan.num_tokens
+        return ExecutionResult(step_id=plan.step_id, rows=outputs)
+
+    def _run_row(self, row: ScheduledRow) -> RowOutput:
+        size = self.page_size
+        context = row.prompt_token_ids + row.output_token_ids
+        start, end = row.start_position, row.end_position
+        if not row.input_token_ids:
+            raise AssertionError(f"{row.request_id}: a row without input tokens has no logits to sample")
+        if context[start:end] != row.input_token_ids:
+            raise AssertionError(f"{row.request_id}: input tokens are not the history at {start}..{end}")
+        if len(row.page_ids) * size < end:
+            raise AssertionError(f"{row.request_id}: {len(row.page_ids)} pages cannot hold {end} positions")
+        for position in range(start, end):
+            self._slots[row.page_ids[position // size]][position % size] = context[position]
+        seen = [self._slots[row.page_ids[p // size]][p % size] for p in range(end)]
+        if seen != context[:end]:
+            bad = next(p for p in range(end) if seen[p] != context[p])
+            raise AssertionError(
+                f"{row.request_id}: KV at position {bad} (page {row.page_ids[bad // size]}) holds "
+                f"{seen[bad]}, expected token {context[bad]}"
+            )
+        digest = blake2b(array("q", context[:end]).tobytes(), digest_size=8).digest()
+        output = RowOutput(request_id=row.request_id)
+        if row.sample:
+            for seed in row.seeds:
+                token = self._sample(digest, row, seed)
+                output.sampled_token_ids.append(token)
+            if row.sampling.logprobs is not None:
+                output.logprobs = [_fake_logprob(t) for t in output.sampled_token_ids]
+        if row.prompt_logprobs_start is not None:
+            last = min(end, len(row.prompt_token_ids) - 1)
+            output.prompt_logprobs = [
+                _fake_logprob(row.prompt_token_ids[p + 1]) for p in range(row.prompt_logprobs_start, last)
+            ]
+        return output
+
+    def _sample(self, context_digest: bytes, row: ScheduledRow, seed: int) -> int:
+        key = blake2b(context_digest, digest_size=8)
+        if not row.sampling.greedy:
+            key.update(seed.to_bytes(16, "little", signed=True))
+            key.update(row.sample_index.to_bytes(8, "little"))
+        return int.from_bytes(key.digest(), "little") % self.vocab_size
+
+
+def _fake_logprob(token: int) -> TokenLogprob:
+    logprob = -float(token % 7) / 2.0
+    return TokenLogprob(token_id=token, logprob=logprob, rank=1, top=[(token, logprob)])
