@@ -25,7 +25,7 @@ lint: setup
 	$(VENV)/bin/ruff check tokenspeed tests benchmarks
 
 typecheck: setup
-	$(VENV)/bin/mypy --strict tokenspeed/scheduler tokenspeed/kvcache
+	$(VENV)/bin/mypy --strict --follow-imports=silent tokenspeed/scheduler tokenspeed/kvcache
 
 unit: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -m "not gpu" $(PYTEST_ARGS)

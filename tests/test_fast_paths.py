@@ -85,8 +85,5 @@ def test_arrival_order_and_batch_composition_do_not_matter(folder, baseline):
 
 def test_preemption_really_happens(folder):
     llm = LLM(str(folder), skip_tokenizer_init=True, num_kv_pages=9, max_model_len=128, page_size=16)
-    preemptions = []
-    original = llm.core.scheduler._preempt
-    llm.core.scheduler._preempt = lambda *a, **k: preemptions.append(a) or original(*a, **k)
     llm.generate([{"prompt_token_ids": p} for p in workload()], PARAMS[0])
-    assert preemptions, "the tiny pool should have forced at least one preemption"
+    assert llm.core.scheduler.num_preemptions > 0, "the tiny pool should have forced a preemption"

@@ -34,15 +34,15 @@ def test_token_id_prompts_and_text_prompts_agree(llm):
 
 
 def test_stop_token_ids_and_min_tokens(llm):
-    first = llm.generate("x = ", greedy(max_tokens=6, ignore_eos=True))[0].outputs[0].token_ids
-    stopped = llm.generate("x = ", greedy(max_tokens=6, stop_token_ids=[first[2]], ignore_eos=True))[0]
-    assert stopped.outputs[0].token_ids == first[:3]
-    assert stopped.outputs[0].finish_reason == "stop" and stopped.outputs[0].stop_reason == first[2]
+    sampled = dict(temperature=1.0, seed=1, max_tokens=12, ignore_eos=True)
+    first = llm.generate("x = ", SamplingParams(**sampled))[0].outputs[0].token_ids
+    j = next(i for i in range(1, len(first)) if first[i] not in first[:i])  # first new token after the start
+    stopped = llm.generate("x = ", SamplingParams(**sampled, stop_token_ids=[first[j]]))[0].outputs[0]
+    assert stopped.token_ids == first[: j + 1]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == first[j]
     # min_tokens forbids stop tokens until 4 tokens are out.
-    forced = llm.generate(
-        "x = ", greedy(max_tokens=6, stop_token_ids=[first[0]], min_tokens=4, ignore_eos=True)
-    )[0].outputs[0]
-    assert len(forced.token_ids) >= 4 and first[0] not in forced.token_ids[:4]
+    forced = llm.generate("x = ", SamplingParams(**sampled, stop_token_ids=[first[0]], min_tokens=4))[0]
+    assert len(forced.outputs[0].token_ids) >= 4 and first[0] not in forced.outputs[0].token_ids[:4]
 
 
 def test_stop_string_is_cut_from_text(llm):

@@ -149,6 +149,7 @@ _lock = threading.RLock()
 _kernels: dict[tuple[str, str], list[KernelSpec]] = {}
 _overrides: dict[tuple[str, str], str] = {}
 _builtins_loaded = False
+_fallbacks_warned: set[tuple[str, str, str]] = set()
 _plugins_loaded = False
 
 
@@ -404,8 +405,10 @@ def select_kernel(
     if report.chosen is None:
         raise KernelSelectionError(f"cannot select a kernel:\n{report}")
     spec = next(s for s in _candidates(report.family, report.mode) if s.name == report.chosen)
-    if report.reference_fallback:
-        logger.warning("%s.%s on %s uses the REFERENCE kernel %s", family, mode, platform, spec.name)
+    warn_key = (report.family, report.mode, report.platform)
+    if report.reference_fallback and warn_key not in _fallbacks_warned:
+        _fallbacks_warned.add(warn_key)
+        logger.warning("%s.%s on %s uses the REFERENCE kernel %s (slow)", family, mode, platform, spec.name)
     return spec
 
 

@@ -109,7 +109,7 @@ class Scheduler:
     def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
         cfg = self.config
         if not prompt_token_ids:
-            raise InvalidRequest("The prompt must contain at least one token.")
+            raise InvalidRequest("The prompt is empty: it must contain at least one token.")
         if request_id in self._owner or request_id in self._users:
             raise InvalidRequest(f"Request id {request_id!r} is already in use by a live request.")
         num_prompt = len(prompt_token_ids)
