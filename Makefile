@@ -22,7 +22,7 @@ run: setup
 	$(VENV)/bin/tokenspeed generate "def fib(n):" --max-tokens 32
 
 lint: setup
-	$(VENV)/bin/ruff check tokenspeed tests benchmarks
+	$(VENV)/bin/ruff check tokenspeed tests $(wildcard benchmarks scripts)
 
 typecheck: setup
 	$(VENV)/bin/mypy --strict --follow-imports=silent tokenspeed/scheduler tokenspeed/kvcache
