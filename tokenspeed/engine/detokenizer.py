@@ -7,7 +7,10 @@ new ones) and emit only text that is complete — not ending in U+FFFD, the
 marker of a half-decoded UTF-8 sequence.
 
 Stop strings are matched on the text as it grows; the match and everything
-after it are cut (unless `include_stop_str_in_output`).
+after it are cut (unless `include_stop_str_in_output`). A streaming front end
+must not emit text that a stop string may still cut: `stable_length()` leaves
+out the longest tail of the text that could be the start of a stop string, so
+the streamed text always equals the final (non-streamed) text.
 """
 
 from __future__ import annotations
@@ -62,6 +65,17 @@ class IncrementalDetokenizer:
             if match is not None:
                 return match
         return None
+
+    def stable_length(self) -> int:
+        """Characters of `text` no later token can retract: all but a tail that may begin a stop string."""
+        text = self.text
+        held = 0
+        for stop in self.stop:
+            for k in range(min(len(stop) - 1, len(text)), held, -1):
+                if text.endswith(stop[:k]):
+                    held = k
+                    break
+        return len(text) - held
 
     def _find_stop(self, new_text_start: int) -> StopStringMatch | None:
         best: tuple[int, str] | None = None

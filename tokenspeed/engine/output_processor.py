@@ -3,6 +3,12 @@
 It owns the text side of a request: detokenisers, stop strings and logprob
 decoding. When a stop string appears it tells the core to finish that stream,
 so the stream's KV pages are freed at once rather than after `max_tokens`.
+
+Two ways out: `process` returns whole `RequestOutput`s of finished requests
+(the offline `LLM`); `process_deltas` returns what is new since the last call
+(`AsyncEngine` streaming). Both read the same state, so streamed and
+non-streamed outputs cannot drift apart; streamed text leaves out a tail that
+a stop string might still cut (`IncrementalDetokenizer.stable_length`).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any
 
 from tokenspeed.engine.detokenizer import IncrementalDetokenizer
 from tokenspeed.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from tokenspeed.engine.stream import RequestDelta, StreamDelta
 from tokenspeed.scheduler.plan import TokenLogprob
 from tokenspeed.scheduler.sampling_params import SamplingParams
 from tokenspeed.scheduler.updates import RequestUpdate
@@ -24,6 +31,10 @@ FinishStream = Callable[[str, str, str], None]  # (stream id, reason, stop strin
 class _Stream:
     output: CompletionOutput
     detokenizer: IncrementalDetokenizer | None
+    # How much of `output` the streaming side has handed out already.
+    sent_text: int = 0
+    sent_tokens: int = 0
+    sent_finish: bool = False
 
 
 @dataclass(slots=True)
@@ -35,6 +46,7 @@ class _RequestState:
     streams: dict[int, _Stream] = field(default_factory=dict)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
+    sent_prompt_logprobs: bool = False
 
     def finished(self) -> bool:
         return len(self.streams) == self.sampling.n and all(
@@ -60,17 +72,35 @@ class OutputProcessor:
         return request_id in self._requests
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        state = self._requests.pop(request_id, None)
-        if state is None:
-            return None
-        for index in range(state.sampling.n):
-            stream = self._stream(state, index)
-            if stream.output.finish_reason is None:
-                stream.output.finish_reason = "abort"
-        return self._snapshot(state, finished=True)
+        state = self._pop_aborted(request_id)
+        return None if state is None else self._snapshot(state, finished=True)
+
+    def abort_delta(self, request_id: str) -> RequestDelta | None:
+        """Forget a request; its last delta (the held-back text, finish_reason "abort") if it was live."""
+        state = self._pop_aborted(request_id)
+        return None if state is None else self._delta(state)
 
     def process(self, updates: list[RequestUpdate]) -> list[RequestOutput]:
         """Apply one step's updates; return the requests they finished."""
+        finished = []
+        for state in self._apply_all(updates):
+            if state.finished():
+                finished.append(self._snapshot(state, finished=True))
+                del self._requests[state.request_id]
+        return finished
+
+    def process_deltas(self, updates: list[RequestUpdate]) -> list[RequestDelta]:
+        """Apply one step's updates; return what each touched request has new (finished ones are forgotten)."""
+        deltas = []
+        for state in self._apply_all(updates):
+            delta = self._delta(state)
+            if state.finished():
+                del self._requests[state.request_id]
+            if delta is not None:
+                deltas.append(delta)
+        return deltas
+
+    def _apply_all(self, updates: list[RequestUpdate]) -> list[_RequestState]:
         touched: dict[str, _RequestState] = {}
         for update in updates:
             state = self._requests.get(update.parent_id)
@@ -78,12 +108,62 @@ class OutputProcessor:
                 continue  # aborted by the front end while the step ran
             self._apply(state, update)
             touched[state.request_id] = state
-        finished = []
-        for request_id, state in touched.items():
-            if state.finished():
-                finished.append(self._snapshot(state, finished=True))
-                del self._requests[request_id]
-        return finished
+        return list(touched.values())
+
+    def _pop_aborted(self, request_id: str) -> _RequestState | None:
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return None
+        for index in range(state.sampling.n):
+            stream = self._stream(state, index)
+            if stream.output.finish_reason is None:
+                stream.output.finish_reason = "abort"
+        return state
+
+    def _delta(self, state: _RequestState) -> RequestDelta | None:
+        """What `state` has that was not handed out yet; None if nothing."""
+        deltas: list[StreamDelta] = []
+        started = False
+        for index, stream in sorted(state.streams.items()):
+            out = stream.output
+            started = started or bool(out.token_ids)
+            done = out.finish_reason is not None
+            end = len(out.text)
+            if not done and stream.detokenizer is not None:
+                end = stream.detokenizer.stable_length()
+            text = out.text[stream.sent_text : end] if end > stream.sent_text else ""
+            new_tokens = out.token_ids[stream.sent_tokens :]
+            if not text and not new_tokens and (not done or stream.sent_finish):
+                continue
+            logprobs = out.logprobs[stream.sent_tokens :] if out.logprobs is not None else None
+            stream.sent_text = max(stream.sent_text, end)
+            stream.sent_tokens = len(out.token_ids)
+            stream.sent_finish = done
+            deltas.append(
+                StreamDelta(
+                    index,
+                    text,
+                    new_tokens,
+                    logprobs,
+                    out.finish_reason if done else None,
+                    out.stop_reason if done else None,
+                )
+            )
+        finished = state.finished()
+        prompt_logprobs = None
+        if state.prompt_logprobs is not None and not state.sent_prompt_logprobs and (started or finished):
+            prompt_logprobs = list(state.prompt_logprobs)
+            state.sent_prompt_logprobs = True
+        if not deltas and prompt_logprobs is None:
+            return None
+        return RequestDelta(
+            request_id=state.request_id,
+            deltas=deltas,
+            prompt_token_ids=state.prompt_token_ids,
+            num_cached_tokens=state.num_cached_tokens,
+            prompt_logprobs=prompt_logprobs,
+            finished=finished,
+        )
 
     def _stream(self, state: _RequestState, index: int) -> _Stream:
         stream = state.streams.get(index)

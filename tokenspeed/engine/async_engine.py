@@ -1,0 +1,349 @@
+"""`AsyncEngine`: the API server's engine, with the `EngineCore` in a process of its own.
+
+This process keeps the text side (tokenizer, incremental detokenisation, stop
+strings, logprob decoding: the same `OutputProcessor` as the offline `LLM`, so
+streamed and offline outputs agree), and the core process keeps the tokens.
+Everything a request can be refused for is checked here, in `generate()`,
+before anything is sent, so a bad request costs the core nothing and the
+server can answer 4xx before it starts a stream.
+
+Each request has one output slot; new deltas are merged into it until the
+reader takes them, so a slow client never makes a queue grow. Leaving the
+iterator early (client disconnect: `aclose()`, cancellation, garbage
+collection) aborts the request in the core, which frees its KV pages.
+
+Liveness: a watchdog polls the child every 100 ms; once it is gone every
+stream raises `EngineDead`, `is_healthy()` turns False and `on_dead` fires,
+so the server can fail fast and exit instead of hanging.
+
+Single-threaded: call everything from the event loop that ran `start()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenspeed.config import EngineConfig
+from tokenspeed.engine import ipc
+from tokenspeed.engine.core_client import CoreClient, describe_exit
+from tokenspeed.engine.llm import _eos_token_ids, load_tokenizer
+from tokenspeed.engine.model_files import resolve_model_folder
+from tokenspeed.engine.output_processor import OutputProcessor
+from tokenspeed.engine.stream import EngineStats, RequestDelta, merge_deltas
+from tokenspeed.errors import ContextTooLong, EngineDead, EngineOverloaded, InvalidRequest
+from tokenspeed.models import ModelConfig
+from tokenspeed.scheduler.sampling_params import SamplingParams
+
+logger = logging.getLogger("tokenspeed.engine")
+
+_WATCHDOG_INTERVAL_S = 0.1
+
+
+@dataclass(slots=True)
+class _RequestSlot:
+    """Where the output reader leaves a request's deltas for its consumer."""
+
+    request_id: str
+    pending: RequestDelta | None = None
+    error: BaseException | None = None
+    finished: bool = False
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def push(self, delta: RequestDelta) -> None:
+        self.pending = delta if self.pending is None else merge_deltas(self.pending, delta)
+        self.finished = self.finished or delta.finished
+        self.wakeup.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.wakeup.set()
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig, *, max_waiting_requests: int | None = None) -> None:
+        self.config = config
+        self.max_waiting_requests = max_waiting_requests
+        self.on_dead: Callable[[], None] | None = None
+        # Known after start():
+        self.tokenizer: Any = None
+        self.model_folder = Path()
+        self.max_model_len = 0
+        self.vocab_size = 0
+        self.eos_token_ids: tuple[int, ...] = ()
+        self._client: CoreClient | None = None
+        self._ready: ipc.Ready | None = None
+        self._processor = OutputProcessor(None, self._finish_stream)
+        self._slots: dict[str, _RequestSlot] = {}
+        self._stats = EngineStats()
+        self._num_sent = 0  # AddRequests sent; the core reports how many it has taken
+        self._num_taken = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._dead: str | None = None  # why the engine is unusable (dead, closed, not started)
+        self._closed = False
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Spawn the core process and wait until its model is loaded; raises the child's error if it fails."""
+        if self._client is not None:
+            raise RuntimeError("AsyncEngine.start() was called twice")
+        self.config.validate()
+        self.model_folder = await asyncio.to_thread(resolve_model_folder, self.config.model)
+        # The child gets the resolved folder: a hub download happens once, here.
+        self._client = CoreClient(self.config.replace(model=str(self.model_folder)))
+        tokenizer_source = self.config.tokenizer or self.model_folder
+        tokenizer = None
+        if not self.config.skip_tokenizer_init:  # loads while the child loads the model
+            tokenizer = asyncio.ensure_future(asyncio.to_thread(load_tokenizer, tokenizer_source))
+        try:
+            ready = await self._client.start()
+            self.tokenizer = await tokenizer if tokenizer is not None else None
+            model_config = ModelConfig.from_pretrained(self.model_folder)
+        except BaseException:
+            if tokenizer is not None and not tokenizer.done():
+                tokenizer.cancel()
+            await self._client.close()
+            self._dead = "The engine failed to start."
+            raise
+        self._ready = ready
+        self.eos_token_ids = _eos_token_ids(self.model_folder, model_config, self.tokenizer)
+        self.max_model_len = self._ready.max_model_len
+        self.vocab_size = self._ready.vocab_size
+        self._processor = OutputProcessor(self.tokenizer, self._finish_stream)
+        self._tasks = [
+            asyncio.create_task(self._read_outputs(), name="tokenspeed-engine-reader"),
+            asyncio.create_task(self._watch_process(), name="tokenspeed-engine-watchdog"),
+        ]
+        logger.info("engine process %d ready (max_model_len %d)", self._ready.pid, self.max_model_len)
+
+    async def close(self) -> None:
+        """Stop the core process (no orphans); in-flight streams raise `EngineDead`."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._dead is None:
+            self._dead = "The engine is shut down."
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._fail_all(self._dead)
+        if self._client is not None:
+            await self._client.close()
+
+    async def __aenter__(self) -> AsyncEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def is_healthy(self) -> bool:
+        return self._ready is not None and self._dead is None
+
+    @property
+    def pid(self) -> int | None:
+        """The engine-core process id (for operators and tests)."""
+        return None if self._client is None else self._client.pid
+
+    def stats(self) -> EngineStats:
+        """The latest stats the core sent (it sends them after every step and every handled message)."""
+        return dataclasses.replace(self._stats)
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncGenerator[RequestDelta, None]:
+        """Validate now (raising typed errors from this call), return the request's delta stream.
+
+        The request reaches the core on the iterator's first `__anext__`; an iterator
+        never iterated costs nothing. Leaving it early aborts the request.
+        """
+        self._check_alive()
+        prompt = list(prompt_token_ids)
+        self._validate(request_id, prompt, params)
+        self._check_load()
+        params = dataclasses.replace(params, eos_token_ids=self.eos_token_ids)
+        return self._stream(request_id, prompt, params)
+
+    async def abort(self, request_id: str) -> None:
+        """End a request now: its stream yields a last delta with finish_reason "abort"."""
+        slot = self._slots.get(request_id)
+        if slot is None or slot.finished or self._dead is not None:
+            return
+        self._send(ipc.AbortRequest(request_id))
+        delta = self._processor.abort_delta(request_id)
+        if delta is not None:
+            slot.push(delta)
+
+    async def _stream(
+        self, request_id: str, prompt: list[int], params: SamplingParams
+    ) -> AsyncGenerator[RequestDelta, None]:
+        slot = self._submit(request_id, prompt, params)
+        try:
+            while True:
+                await slot.wakeup.wait()
+                slot.wakeup.clear()
+                if slot.error is not None:
+                    raise slot.error
+                delta, slot.pending = slot.pending, None
+                if delta is None:
+                    continue
+                yield delta
+                if delta.finished:
+                    return
+        finally:
+            self._release(slot)
+
+    def _submit(self, request_id: str, prompt: list[int], params: SamplingParams) -> _RequestSlot:
+        self._check_alive()
+        if request_id in self._slots:  # a second generate() with this id was iterated first
+            raise InvalidRequest(f"Request id {request_id!r} is already in use.")
+        slot = self._slots[request_id] = _RequestSlot(request_id)
+        self._processor.add_request(request_id, None, prompt, params)
+        self._send(ipc.AddRequest(request_id, prompt, params))
+        self._num_sent += 1
+        return slot
+
+    def _release(self, slot: _RequestSlot) -> None:
+        """The consumer is done with `slot`: forget it, and abort it in the core if it still runs."""
+        if self._slots.get(slot.request_id) is slot:
+            del self._slots[slot.request_id]
+        if slot.finished or slot.error is not None:
+            return
+        self._processor.abort_delta(slot.request_id)
+        if self._dead is None:
+            self._send(ipc.AbortRequest(slot.request_id))
+
+    # ---- admission ---------------------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self._ready is None and self._dead is None:
+            raise EngineDead("The engine is not started.")
+        if self._dead is not None:
+            raise EngineDead(self._dead)
+
+    def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        assert self._ready is not None
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequest("The request id must be a non-empty string.")
+        if request_id in self._slots:
+            raise InvalidRequest(f"Request id {request_id!r} is already in use.")
+        if not prompt:
+            raise InvalidRequest("The prompt is empty: it must contain at least one token.")
+        if len(prompt) >= self.max_model_len:
+            raise ContextTooLong(
+                f"This model's maximum context length is {self.max_model_len} tokens, but the prompt has "
+                f"{len(prompt)} tokens; it must be shorter to leave room for at least one output token."
+            )
+        bad = [t for t in prompt if type(t) is not int or not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequest(
+                f"Prompt token ids must be integers in [0, {self.vocab_size}); got {bad[:5]}"
+                + (" ..." if len(bad) > 5 else "")
+            )
+        if params.n > self._ready.max_num_seqs:
+            raise InvalidRequest(f"n={params.n} exceeds max_num_seqs={self._ready.max_num_seqs}.")
+        page_size = self._ready.page_size
+        pages_at_fork = -(-len(prompt) // page_size) + (params.n - 1) * (len(prompt) % page_size != 0)
+        if pages_at_fork > self._ready.num_kv_pages:
+            raise ContextTooLong(
+                f"A {len(prompt)}-token prompt with n={params.n} needs {pages_at_fork} KV pages; "
+                f"the engine has {self._ready.num_kv_pages}."
+            )
+
+    def _check_load(self) -> None:
+        """`EngineOverloaded` once `max_waiting_requests` requests would wait in the core's queue.
+
+        The core's count is one message old, so requests sent since are added
+        to it, minus the free seats they will probably take.
+        """
+        limit = self.max_waiting_requests
+        if limit is None:
+            return
+        assert self._ready is not None
+        stats = self._stats
+        in_transit = self._num_sent - self._num_taken
+        free_seats = 0 if stats.num_waiting else max(0, self._ready.max_num_seqs - stats.num_running)
+        waiting = stats.num_waiting + max(0, in_transit - free_seats)
+        if waiting >= limit:
+            raise EngineOverloaded(
+                f"{waiting} requests are waiting for the engine (max_waiting_requests={limit}); retry later."
+            )
+
+    # ---- the core's side ---------------------------------------------------------------------
+
+    def _send(self, message: ipc.Message) -> None:
+        assert self._client is not None
+        self._client.send(message)
+
+    def _finish_stream(self, stream_id: str, reason: str, stop_reason: str) -> None:
+        """A stop string ended this stream: tell the core to free it (called by the OutputProcessor)."""
+        if self._dead is None:
+            self._send(ipc.FinishStream(stream_id, reason, stop_reason))
+
+    async def _read_outputs(self) -> None:
+        assert self._client is not None
+        try:
+            while True:
+                self._on_message(await self._client.recv())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("engine output reader failed")
+            self._mark_dead(f"Reading the engine's outputs failed: {exc!r}")
+
+    def _on_message(self, message: ipc.Message) -> None:
+        if isinstance(message, ipc.Outputs):
+            self._stats = message.stats
+            self._num_taken = message.num_added
+            for delta in self._processor.process_deltas(message.updates):
+                slot = self._slots.get(delta.request_id)
+                if slot is not None:
+                    slot.push(delta)
+        elif isinstance(message, ipc.RequestFailed):
+            self._processor.abort_delta(message.request_id)
+            slot = self._slots.get(message.request_id)
+            if slot is not None:
+                slot.fail(ipc.error_from_wire(message.error_type, message.message))
+        elif isinstance(message, ipc.EngineFailed):
+            logger.error("engine core failed:\n%s", message.traceback)
+            self._mark_dead(f"The engine core failed: {message.error_type}: {message.message}")
+        else:
+            logger.warning("ignoring unexpected %s from the engine process", type(message).__name__)
+
+    async def _watch_process(self) -> None:
+        assert self._client is not None
+        while True:
+            await asyncio.sleep(_WATCHDOG_INTERVAL_S)
+            code = self._client.returncode()
+            if code is not None:
+                self._mark_dead(f"The engine process {describe_exit(code)}.")
+                return
+
+    def _mark_dead(self, reason: str) -> None:
+        if self._dead is not None:
+            return
+        self._dead = reason
+        logger.error("engine is dead: %s", reason)
+        self._fail_all(reason)
+        callback = self.on_dead
+        if callback is not None:
+            try:
+                callback()
+            except Exception:
+                logger.exception("on_dead callback failed")
+
+    def _fail_all(self, reason: str) -> None:
+        for slot in self._slots.values():
+            if not slot.finished:
+                slot.fail(EngineDead(reason))
