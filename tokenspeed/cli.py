@@ -1,4 +1,4 @@
-"""`tokenspeed`: generate | chat | bench offline | env.
+"""`tokenspeed`: serve | generate | chat | bench offline | env.
 
 Every subcommand that builds an engine takes the same engine flags
 (`engine_args.py`); with no `--model` it uses the embedded tiny model.
@@ -67,6 +67,12 @@ def _chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from tokenspeed.api.server import run_server
+
+    return run_server(args, args.serve_parser)
+
+
 def _env(args: argparse.Namespace) -> int:
     import torch
     import transformers
@@ -90,6 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    from tokenspeed.api.args import add_serve_args
+
+    serve = sub.add_parser(
+        "serve",
+        help="OpenAI- and Anthropic-compatible HTTP server",
+        description="Serve a model over HTTP: OpenAI /v1/completions, /v1/chat/completions, /v1/models; "
+        "Anthropic /v1/messages; /tokenize, /detokenize, /health, /metrics.",
+    )
+    add_serve_args(serve)
+    serve.set_defaults(handler=_serve, serve_parser=serve)
+
     generate = sub.add_parser("generate", help="generate completions for prompts")
     generate.add_argument("prompt", nargs="+", help="prompt text (several prompts run as one batch)")
     generate.add_argument("--json", action="store_true", help="one JSON object per completion")
@@ -107,8 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     from tokenspeed.bench import offline
+    from tokenspeed.bench import plot as bench_plot
+    from tokenspeed.bench import serve as bench_serve
 
     offline.add_parser(bench_sub)
+    bench_serve.add_parser(bench_sub)
+    bench_plot.add_parser(bench_sub)
 
     env = sub.add_parser("env", help="versions and devices")
     env.set_defaults(handler=_env)

@@ -1,0 +1,90 @@
+"""Command-line flags of `tokenspeed serve`, grouped as `--help` shows them.
+
+Engine flags are `engine_args.add_engine_args`, shared with every other
+subcommand, so a flag that works for `tokenspeed generate` works here. The
+model may be given positionally (`tokenspeed serve Qwen/Qwen3-8B`, like
+`vllm serve`) or as `--model`; giving two different ones is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from tokenspeed.api.parsers.reasoning import REASONING_PARSERS
+from tokenspeed.api.parsers.registry import TOOL_FORMATS
+from tokenspeed.api.settings import ServerSettings
+from tokenspeed.config import EngineConfig
+from tokenspeed.engine_args import add_engine_args, engine_config_from_args
+
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+@dataclass(slots=True)
+class ListenOptions:
+    host: str
+    port: int
+    uvicorn_log_level: str
+    access_log: bool
+    max_waiting_requests: int | None
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_positional", nargs="?", default=None, metavar="MODEL",
+                        help="checkpoint folder or hub id; same as --model (default: the embedded tiny model)")
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    server.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    server.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="model name(s) clients must send; the first is reported (default: the model argument)")
+    server.add_argument("--api-key", default=os.environ.get("TOKENSPEED_API_KEY"),
+                        help="require this key (Bearer or x-api-key) on /v1/* (default: $TOKENSPEED_API_KEY, "
+                             "or no authentication)")
+    server.add_argument("--max-waiting-requests", type=int, default=None, metavar="N",
+                        help="answer 429 once N requests wait for the engine (default: unbounded)")
+    server.add_argument("--uvicorn-log-level", default="info", choices=_LOG_LEVELS)
+    server.add_argument("--disable-access-log", action="store_true", help="do not log every HTTP request")
+    chat = parser.add_argument_group("chat templating and output parsing")
+    chat.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                      help="Jinja chat template (a file, or the template text) replacing the tokenizer's")
+    chat.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_FORMATS),
+                      help="format the model writes tool calls in; needed for tool_choice auto/required/named")
+    chat.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
+                      help="split <think>...</think> into reasoning_content / thinking blocks")
+    add_engine_args(parser)
+
+
+def serve_config(
+    args: argparse.Namespace, parser: argparse.ArgumentParser | None = None
+) -> tuple[EngineConfig, ServerSettings, ListenOptions]:
+    def fail(message: str) -> None:
+        if parser is not None:
+            parser.error(message)
+        raise SystemExit(f"error: {message}")
+
+    if args.model_positional is not None:
+        if args.model is not None and args.model != args.model_positional:
+            fail(f"two models given: {args.model_positional!r} and --model {args.model!r}")
+        args.model = args.model_positional
+    if args.max_waiting_requests is not None and args.max_waiting_requests < 1:
+        fail("--max-waiting-requests must be at least 1")
+    if not 0 <= args.port <= 65535:
+        fail(f"--port {args.port} is not a port number")
+    from tokenspeed.api.templating import load_chat_template
+
+    settings = ServerSettings(
+        served_model_names=list(args.served_model_name or [args.model or "embedded"]),
+        api_key=args.api_key or None,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        chat_template=load_chat_template(args.chat_template),
+    )
+    listen = ListenOptions(
+        host=args.host,
+        port=args.port,
+        uvicorn_log_level=args.uvicorn_log_level,
+        access_log=not args.disable_access_log,
+        max_waiting_requests=args.max_waiting_requests,
+    )
+    return engine_config_from_args(args), settings, listen

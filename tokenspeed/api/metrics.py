@@ -1,0 +1,106 @@
+"""Prometheus metrics of the server: engine gauges/counters and per-request latencies.
+
+Engine-side numbers (running/waiting requests, KV pages, token totals) are
+read from `engine.stats()` at scrape time by a custom collector, so they are
+never stale and cost nothing between scrapes. Latencies are only visible
+here, where the client's clock starts: TTFT runs from the request's arrival
+to its first token, inter-token latency is observed once per token (a step
+that delivers k tokens, e.g. speculative decoding, counts k gaps of 1/k), and
+end-to-end latency runs to the last token. Each app has its own registry, so
+several apps (tests) never collide in the global one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tokenspeed.api.engine_client import EngineClient
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, engine: EngineClient) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.engine.stats()
+        yield GaugeMetricFamily("tokenspeed_num_requests_running", "Requests being prefilled or decoded.",
+                                value=stats.num_running)
+        yield GaugeMetricFamily("tokenspeed_num_requests_waiting", "Requests queued for admission.",
+                                value=stats.num_waiting)
+        pages = GaugeMetricFamily("tokenspeed_kv_cache_pages", "KV cache pages by state.", labels=["state"])
+        pages.add_metric(["free"], stats.kv_pages_free)
+        pages.add_metric(["referenced"], stats.kv_pages_referenced)
+        pages.add_metric(["cached"], stats.kv_pages_cached)
+        yield pages
+        yield GaugeMetricFamily("tokenspeed_kv_cache_pages_total", "KV cache pages in the pool.",
+                                value=stats.kv_pages_total)
+        usage = stats.kv_pages_referenced / stats.kv_pages_total if stats.kv_pages_total else 0.0
+        yield GaugeMetricFamily("tokenspeed_kv_cache_usage_ratio",
+                                "Fraction of KV pages referenced by live requests.", value=usage)
+        yield CounterMetricFamily("tokenspeed_prompt_tokens", "Prompt tokens processed.",
+                                  value=stats.prompt_tokens_total)
+        yield CounterMetricFamily("tokenspeed_generation_tokens", "Tokens generated.",
+                                  value=stats.generation_tokens_total)
+        yield CounterMetricFamily("tokenspeed_cached_prompt_tokens", "Prompt tokens served from the prefix cache.",
+                                  value=stats.cached_tokens_total)
+        yield GaugeMetricFamily("tokenspeed_engine_healthy", "1 while the engine process is alive.",
+                                value=1.0 if self.engine.is_healthy() else 0.0)
+
+
+class ServerMetrics:
+    def __init__(self, engine: EngineClient) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_EngineCollector(engine))
+        self.ttft = Histogram("tokenspeed_time_to_first_token_seconds", "Arrival to first output token.",
+                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.inter_token = Histogram("tokenspeed_inter_token_latency_seconds", "Gap between output tokens.",
+                                     buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("tokenspeed_e2e_request_latency_seconds", "Arrival to last output token.",
+                             buckets=_E2E_BUCKETS, registry=self.registry)
+        self.finished = Counter("tokenspeed_requests", "Finished requests by finish reason.",
+                                ["finish_reason"], registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def timer(self) -> RequestTimer:
+        return RequestTimer(self)
+
+
+class RequestTimer:
+    """Latency bookkeeping of one request, fed by the route as tokens arrive."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        self.arrival = time.perf_counter()
+        self._last_token: float | None = None
+        self._done = False
+
+    def tokens(self, count: int) -> None:
+        if count <= 0:
+            return
+        now = time.perf_counter()
+        if self._last_token is None:
+            self.metrics.ttft.observe(now - self.arrival)
+        else:
+            gap = (now - self._last_token) / count
+            for _ in range(count):
+                self.metrics.inter_token.observe(gap)
+        self._last_token = now
+
+    def finished(self, reasons: list[str]) -> None:
+        if self._done:
+            return
+        self._done = True
+        self.metrics.e2e.observe(time.perf_counter() - self.arrival)
+        for reason in reasons:
+            self.metrics.finished.labels(finish_reason=reason).inc()

@@ -1,0 +1,20 @@
+"""Output parsers chosen by `--tool-call-parser` / `--reasoning-parser`, and the per-completion pipeline."""
+
+from __future__ import annotations
+
+from tokenspeed.api.parsers.events import ParsedEvent, ParsedOutput, TextPiece, ToolCall
+from tokenspeed.api.parsers.pipeline import OutputParser, ToolFormat
+from tokenspeed.api.parsers.reasoning import REASONING_PARSERS
+from tokenspeed.api.parsers.registry import TOOL_FORMATS, tool_format
+
+__all__ = [
+    "REASONING_PARSERS",
+    "TOOL_FORMATS",
+    "OutputParser",
+    "ParsedEvent",
+    "ParsedOutput",
+    "TextPiece",
+    "ToolCall",
+    "ToolFormat",
+    "tool_format",
+]

@@ -1,0 +1,169 @@
+"""`POST /v1/chat/completions`: OpenAI chat, streaming and not, with tools and reasoning.
+
+Both modes run the same `OutputParser` per choice (non-streaming parses the
+whole text in one feed), so a streamed answer concatenates to the
+non-streamed one. Tool calls are streamed whole, each in one `tool_calls`
+delta, when its block closes (see `parsers/tool_blocks.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from tokenspeed.api import sse
+from tokenspeed.api.conversation import openai_conversation, openai_tools
+from tokenspeed.api.errors import from_exception, openai_body
+from tokenspeed.api.generation import Generation, collect
+from tokenspeed.api.openai_format import TokenText, chat_logprobs, new_id, usage
+from tokenspeed.api.parsers import OutputParser, ParsedEvent, ParsedOutput, TextPiece, ToolCall
+from tokenspeed.api.protocol.openai import ChatCompletionRequest, NamedToolChoice
+from tokenspeed.api.sampling import chat_params
+from tokenspeed.api.state import ServerState, get_state
+from tokenspeed.api.tool_policy import ToolPolicy, tool_policy
+from tokenspeed.errors import InvalidRequest
+
+router = APIRouter()
+
+
+def _finish_reason(reason: str | None, has_calls: bool) -> str | None:
+    return "tool_calls" if has_calls and reason == "stop" else reason
+
+
+def _tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"id": new_id("call_")[:29], "type": "function",
+                             "function": {"name": call.name, "arguments": call.arguments}}
+    return entry if index is None else {"index": index, **entry}
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    state = get_state(request)
+    model = state.check_model(body.model)
+    if body.response_format is not None and body.response_format.type != "text":
+        raise InvalidRequest(f"response_format {body.response_format.type!r} is not supported; use 'text'.")
+    tools = openai_tools(body.tools)
+    choice = body.tool_choice
+    function = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    policy = tool_policy(
+        tools, None if isinstance(choice, NamedToolChoice) else choice, function,
+        parser_name=state.settings.tool_call_parser, parallel=body.parallel_tool_calls,
+    )
+    prompt = state.renderer.render(
+        openai_conversation(body.messages),
+        tools=tools,
+        add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
+        continue_final_message=body.continue_final_message,
+        template_kwargs=body.chat_template_kwargs,
+        forced_prefix=policy.forced_prefix,
+    )
+    params = chat_params(body)
+    request_id = new_id("chatcmpl-")
+    generation = await sse.cancel_on_disconnect(
+        request, state.start_generation(request_id, prompt.token_ids, params)
+    )
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return sse.response(_stream(state, generation, policy, model, include_usage))
+    choices = await sse.cancel_on_disconnect(request, collect(generation))
+    text = TokenText(state.engine.tokenizer)
+    out = []
+    for c in choices:
+        parsed = policy.check(policy.output_parser(state.settings.reasoning_parser).parse(c.text))
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": parsed.content if parsed.content or not parsed.tool_calls else None}
+        if message["content"] is None and not parsed.tool_calls:
+            message["content"] = ""
+        if state.settings.reasoning_parser is not None:
+            message["reasoning_content"] = parsed.reasoning
+        if parsed.tool_calls:
+            message["tool_calls"] = [_tool_call_json(call) for call in parsed.tool_calls]
+        logprobs = None
+        if c.logprobs is not None:
+            logprobs = {"content": chat_logprobs(c.token_ids, c.logprobs, params.logprobs or 0, text)}
+        out.append({"index": c.index, "message": message, "logprobs": logprobs,
+                    "finish_reason": _finish_reason(c.finish_reason, bool(parsed.tool_calls)),
+                    "stop_reason": c.stop_reason})
+    return JSONResponse({
+        "id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": out,
+        "usage": usage(len(generation.prompt_token_ids), generation.num_generated, generation.num_cached_tokens),
+    })
+
+
+class _ChoiceStream:
+    """Parser state of one choice while streaming, folding its events into OpenAI deltas."""
+
+    def __init__(self, parser: OutputParser, policy: ToolPolicy) -> None:
+        self.parser = parser
+        self.policy = policy
+        self.calls: list[ToolCall] = []
+
+    def delta(self, events: list[ParsedEvent]) -> dict[str, Any]:
+        content: list[str] = []
+        reasoning: list[str] = []
+        calls: list[dict[str, Any]] = []
+        for item in events:
+            if isinstance(item, TextPiece):
+                (reasoning if item.kind == "reasoning" else content).append(item.text)
+            elif self.policy.parallel or not self.calls:
+                calls.append(_tool_call_json(item, len(self.calls)))
+                self.calls.append(item)
+        delta: dict[str, Any] = {}
+        if content:
+            delta["content"] = "".join(content)
+        if reasoning:
+            delta["reasoning_content"] = "".join(reasoning)
+        if calls:
+            delta["tool_calls"] = calls
+        return delta
+
+    def check(self) -> None:
+        self.policy.check(ParsedOutput(tool_calls=list(self.calls)))
+
+
+async def _stream(
+    state: ServerState, generation: Generation, policy: ToolPolicy, model: str, include_usage: bool
+) -> AsyncIterator[str]:
+    params = generation.params
+    reasoning = state.settings.reasoning_parser
+    streams = [_ChoiceStream(policy.output_parser(reasoning), policy) for _ in range(params.n)]
+    text = TokenText(state.engine.tokenizer)
+    head = {"id": generation.request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+
+    def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None,
+              stop_reason: int | str | None = None) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if finish is not None:
+            choice["stop_reason"] = stop_reason
+        return sse.data({**head, "choices": [choice]})
+
+    try:
+        for index in range(params.n):
+            yield chunk(index, {"role": "assistant", "content": ""})
+        async for update in generation.deltas():
+            for piece in update.deltas:
+                stream = streams[piece.index]
+                finishing = piece.finish_reason is not None
+                delta = stream.delta(stream.parser.feed(piece.text) + (stream.parser.finish() if finishing else []))
+                finish = None
+                if finishing:
+                    stream.check()
+                    finish = _finish_reason(piece.finish_reason, bool(stream.calls))
+                logprobs = None
+                if piece.logprobs is not None:
+                    logprobs = {"content": chat_logprobs(piece.token_ids, piece.logprobs, params.logprobs or 0, text)}
+                if delta or logprobs is not None or finish is not None:
+                    yield chunk(piece.index, delta, logprobs, finish, piece.stop_reason)
+        if include_usage:
+            yield sse.data({**head, "choices": [], "usage": usage(
+                len(generation.prompt_token_ids), generation.num_generated, generation.num_cached_tokens)})
+    except Exception as exc:  # the status line is sent: report in-band, as OpenAI does
+        yield sse.data(openai_body(from_exception(exc)))
+    finally:
+        await generation.close()
+    yield sse.DONE

@@ -1,0 +1,123 @@
+"""`POST /v1/completions`: the legacy text completion API.
+
+`prompt` may be a string, a list of strings, a list of token ids or a list of
+lists of token ids; each prompt is its own engine request and its `n`
+choices are numbered `prompt_index * n + sample_index`, as OpenAI does.
+Usage sums over the prompts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from tokenspeed.api import sse
+from tokenspeed.api.errors import from_exception, openai_body
+from tokenspeed.api.generation import Generation, collect_all, merge_streams
+from tokenspeed.api.openai_format import TokenText, completion_logprobs, new_id, usage
+from tokenspeed.api.protocol.openai import CompletionRequest
+from tokenspeed.api.sampling import completion_params
+from tokenspeed.api.state import ServerState, get_state
+from tokenspeed.errors import InvalidRequest
+
+router = APIRouter()
+
+
+def _prompts(state: ServerState, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [state.renderer.encode(prompt)]
+    if not prompt:
+        raise InvalidRequest("prompt must not be an empty list.")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]  # type: ignore[arg-type]
+    if all(isinstance(p, str) for p in prompt):
+        return [state.renderer.encode(p) for p in prompt]  # type: ignore[arg-type]
+    if all(isinstance(p, list) for p in prompt):
+        return [list(p) for p in prompt]  # type: ignore[arg-type]
+    raise InvalidRequest("prompt must be a string, a list of strings, or token ids.")
+
+
+def _usage(generations: list[Generation]) -> dict[str, Any]:
+    return usage(
+        sum(len(g.prompt_token_ids) for g in generations),
+        sum(g.num_generated for g in generations),
+        sum(g.num_cached_tokens for g in generations),
+    )
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
+    state = get_state(request)
+    model = state.check_model(body.model)
+    params = completion_params(body)
+    prompts = _prompts(state, body.prompt)
+    request_id = new_id("cmpl-")
+    ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
+
+    async def start_all() -> list[Generation]:
+        started: list[Generation] = []
+        try:
+            for rid, prompt in zip(ids, prompts):
+                started.append(await state.start_generation(rid, prompt, params))
+        except BaseException:
+            for generation in started:
+                await generation.close()
+            raise
+        return started
+
+    generations = await sse.cancel_on_disconnect(request, start_all())
+    tokenizer = state.engine.tokenizer
+    echoes = [tokenizer.decode(p) if body.echo else "" for p in prompts]
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return sse.response(_stream(state, generations, echoes, model, request_id, include_usage))
+
+    per_prompt = await sse.cancel_on_disconnect(request, collect_all(generations))
+    text = TokenText(tokenizer)
+    choices = []
+    for position, outputs in enumerate(per_prompt):
+        for c in outputs:
+            logprobs = None
+            if c.logprobs is not None:
+                logprobs = completion_logprobs(c.token_ids, c.logprobs, params.logprobs or 0, text, 0)
+            choices.append({"index": position * params.n + c.index, "text": echoes[position] + c.text,
+                            "logprobs": logprobs, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+    return JSONResponse({"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
+                         "choices": choices, "usage": _usage(generations)})
+
+
+async def _stream(
+    state: ServerState, generations: list[Generation], echoes: list[str], model: str, request_id: str,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    n = generations[0].params.n
+    top_n = generations[0].params.logprobs or 0
+    text = TokenText(state.engine.tokenizer)
+    offsets: dict[int, int] = {}
+    head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model}
+    try:
+        async for position, update in merge_streams([g.deltas() for g in generations]):
+            for piece in update.deltas:
+                index = position * n + piece.index
+                echo = echoes[position] if index not in offsets else ""
+                offset = offsets.get(index, len(echo))
+                logprobs = None
+                if piece.logprobs is not None:
+                    logprobs = completion_logprobs(piece.token_ids, piece.logprobs, top_n, text, offset)
+                offsets[index] = offset + len(piece.text)
+                if piece.text or echo or logprobs is not None or piece.finish_reason is not None:
+                    yield sse.data({**head, "choices": [{
+                        "index": index, "text": echo + piece.text, "logprobs": logprobs,
+                        "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason}]})
+        if include_usage:
+            yield sse.data({**head, "choices": [], "usage": _usage(generations)})
+    except Exception as exc:
+        yield sse.data(openai_body(from_exception(exc)))
+    finally:
+        for generation in generations:
+            await generation.close()
+    yield sse.DONE

@@ -1,0 +1,29 @@
+"""`GET /v1/models`: the names this server answers to (`--served-model-name`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from tokenspeed.api.state import ServerState, get_state
+
+router = APIRouter()
+
+
+def _card(state: ServerState, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "tokenspeed",
+            "root": state.settings.model_name, "max_model_len": state.engine.max_model_len}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    state = get_state(request)
+    return JSONResponse({"object": "list", "data": [_card(state, n) for n in state.settings.served_model_names]})
+
+
+@router.get("/v1/models/{name:path}")
+async def get_model(name: str, request: Request) -> JSONResponse:
+    state = get_state(request)
+    return JSONResponse(_card(state, state.check_model(name)))

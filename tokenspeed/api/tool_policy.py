@@ -1,0 +1,93 @@
+"""How a request's `tools` / `tool_choice` shape its prompt and the parsing of its output.
+
+Tools are always rendered into the prompt when given, whatever `tool_choice`
+says, so that switching `tool_choice` between turns never changes the prompt
+prefix. Then:
+
+* `none`: the output is returned as text, unparsed;
+* `auto`: calls are parsed out of the output with the server's tool parser;
+* `required` / a named function: without a grammar engine we steer through
+  the prompt: the opening of a call (of that function) in the model's own
+  format is appended after the generation prompt, so the model can only
+  continue inside a call, and the result is checked: no valid call (of the
+  right function) is a 500 `invalid_model_output`, never a silent text answer.
+
+Shared by the OpenAI and Anthropic routes (Anthropic's `any`/`tool` map to
+`required`/named).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tokenspeed.api.errors import model_output_error
+from tokenspeed.api.parsers import TOOL_FORMATS, OutputParser, ParsedOutput, ToolFormat
+from tokenspeed.errors import InvalidRequest
+
+ToolChoice = str | None  # "none" | "auto" | "required" | None; a named function goes in `function`
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    tool_format: ToolFormat | None = None  # None: do not parse calls
+    forced_prefix: str = ""
+    required: bool = False
+    function: str | None = None
+    tool_names: frozenset[str] = frozenset()
+    parallel: bool = True
+
+    def output_parser(self, reasoning_parser: str | None) -> OutputParser:
+        return OutputParser(
+            reasoning_parser=reasoning_parser, tool_format=self.tool_format, forced_prefix=self.forced_prefix
+        )
+
+    def check(self, output: ParsedOutput) -> ParsedOutput:
+        """Enforce `required`/named and `parallel_tool_calls=false` on a finished output."""
+        if self.required:
+            if not output.tool_calls:
+                raise model_output_error("tool_choice requires a tool call, but the model did not write a valid one.")
+            for call in output.tool_calls:
+                if self.function is not None and call.name != self.function:
+                    raise model_output_error(f"tool_choice names {self.function!r}, but the model called {call.name!r}.")
+                if call.name not in self.tool_names:
+                    raise model_output_error(f"The model called {call.name!r}, which is not among the tools.")
+        if not self.parallel and len(output.tool_calls) > 1:
+            output.tool_calls = output.tool_calls[:1]
+        return output
+
+
+def tool_policy(
+    tools: list[dict[str, Any]] | None,
+    choice: ToolChoice,
+    function: str | None,
+    *,
+    parser_name: str | None,
+    parallel: bool = True,
+) -> ToolPolicy:
+    names = frozenset(t["function"]["name"] for t in tools or [])
+    forcing = choice == "required" or function is not None
+    if not tools:
+        if forcing:
+            raise InvalidRequest("tool_choice requires a tool call but the request has no tools.")
+        return ToolPolicy()
+    if choice == "none":
+        return ToolPolicy(tool_names=names)
+    if parser_name is None:
+        raise InvalidRequest(
+            "This request asks for tool calls, but the server has no tool-call parser; "
+            "start it with --tool-call-parser (or send tool_choice='none')."
+        )
+    tool_format = TOOL_FORMATS[parser_name]
+    if function is not None and function not in names:
+        raise InvalidRequest(f"tool_choice names {function!r}, which is not among the tools.")
+    if not forcing:
+        return ToolPolicy(tool_format, tool_names=names, parallel=parallel)
+    return ToolPolicy(
+        tool_format,
+        forced_prefix=tool_format.forced_prefix(function),
+        required=True,
+        function=function,
+        tool_names=names,
+        parallel=parallel,
+    )

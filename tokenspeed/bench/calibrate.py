@@ -1,0 +1,91 @@
+"""Learn the server's tokenizer from the outside, before a sweep.
+
+The workload is planned in tokens but sent as text, and we may not have the
+server's tokenizer (a peer's server, a remote model).  So we ask the server:
+a one-token request with a known text, minus a baseline request, gives the
+tokens that text costs, hence characters per token for each text flavour; a
+three-message history against a one-message one gives the chat framing each
+turn adds.  Any OpenAI-compatible server reports `usage.prompt_tokens`, so
+this works against all of them.
+
+`server_info` records what we ran against, for the results file.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+import httpx
+
+from tokenspeed.bench import textgen
+from tokenspeed.bench.client import RequestOptions, RequestRecord, stream_request
+from tokenspeed.bench.conversation import Message, TextRatios
+
+logger = logging.getLogger("tokenspeed.bench")
+
+_CALIBRATION_CHARS = 3000
+
+
+async def _prompt_tokens(http: httpx.AsyncClient, options: RequestOptions, messages: list[Message]) -> int:
+    record = RequestRecord("calibration", 0)
+    await stream_request(http, options, messages, 1, record)
+    if record.error or not record.usage_reported:
+        raise RuntimeError(record.error or "the server reported no usage")
+    return record.prompt_tokens
+
+
+def _calibration_texts(chars: int) -> dict[str, str]:
+    return {
+        "system": textgen.system_prompt(random.Random(1), chars),
+        "task": textgen.user_task(random.Random(2), chars),
+        "tool": textgen.calibration_text(chars),
+    }
+
+
+async def calibrate(http: httpx.AsyncClient, options: RequestOptions, max_context: int | None) -> TextRatios:
+    """Measure chars/token per flavour and per-turn framing; defaults if the server won't say."""
+    # Byte-level BPE never spends more than one token per character, so half the
+    # window is always safe to send.
+    chars = _CALIBRATION_CHARS if max_context is None else min(_CALIBRATION_CHARS, max_context // 2)
+    try:
+        base = await _prompt_tokens(http, options, [{"role": "user", "content": "x"}])
+        ratios: dict[str, float] = {}
+        for kind, text in _calibration_texts(chars).items():
+            tokens = await _prompt_tokens(http, options, [{"role": "user", "content": text}])
+            ratios[kind] = len(text) / max(tokens - base + 1, 1)
+        history: list[Message] = [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": "x"},
+            {"role": "user", "content": "x"},
+        ]
+        overhead = max(await _prompt_tokens(http, options, history) - base - 2, 0)
+    except (RuntimeError, httpx.HTTPError) as exc:
+        logger.warning("calibration failed (%s); using default chars/token", exc)
+        return TextRatios()
+    return TextRatios(ratios["system"], ratios["task"], ratios["tool"], overhead)
+
+
+async def server_info(http: httpx.AsyncClient) -> dict[str, Any]:
+    """Model list, version and `Server` header, whichever the server offers."""
+    info: dict[str, Any] = {"base_url": str(http.base_url)}
+    try:
+        response = await http.get("/v1/models")
+        info["server_header"] = response.headers.get("server")
+        if response.status_code == 200:
+            models = response.json().get("data", [])
+            info["models"] = [m.get("id") for m in models]
+            # vLLM, SGLang and TokenSpeed report the context window; OpenAI does not.
+            windows = [m["max_model_len"] for m in models if isinstance(m.get("max_model_len"), int)]
+            if windows:
+                info["max_model_len"] = min(windows)
+    except (httpx.HTTPError, ValueError) as exc:
+        info["models_error"] = str(exc)
+    try:
+        response = await http.get("/version")
+        if response.status_code == 200:
+            info["version"] = response.json()
+    except (httpx.HTTPError, ValueError):
+        pass
+    return info
