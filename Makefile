@@ -32,8 +32,13 @@ unit: setup
 
 test: lint typecheck unit
 
-test-gpu: setup
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -m gpu $(PYTEST_ARGS)
+# GPU tests. On the device machine (no venv, no index) it runs the image's python3 on the
+# working tree, with the wheels of scripts/fetch_device_wheels.sh installed first when .whl/ is there.
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+test-gpu:
+	@if [ ! -x "$(PY)" ] && ls .whl/*.whl >/dev/null 2>&1; then \
+	  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; fi
+	PYTHONPATH=/tmp/site:$(CURDIR):$$PYTHONPATH HF_HUB_OFFLINE=1 $(GPU_PY) -m pytest -m gpu $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

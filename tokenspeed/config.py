@@ -45,6 +45,14 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
     skip_tokenizer_init: bool = False
+    # CUDA graphs for decode-only steps (off: every step runs eagerly).
+    enforce_eager: bool = False
+    # Largest decode batch captured in a CUDA graph (None: min(max_num_seqs, 512)).
+    cuda_graph_max_bs: int | None = None
+    # Overlap scheduling: plan step N+1 on the host while the device runs step N.
+    disable_overlap: bool = False
+    # Kernel overrides "family.mode=name", applied before the model is built (`--kernel`).
+    kernel_overrides: tuple[str, ...] = ()
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -64,6 +72,23 @@ class EngineConfig:
             raise InvalidRequest(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}.")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise InvalidRequest(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}.")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise InvalidRequest(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
+            )
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
+            raise InvalidRequest(f"cuda_graph_max_bs must be at least 1, got {self.cuda_graph_max_bs}.")
+        for item in self.kernel_overrides:
+            parse_kernel_override(item)
+
+
+def parse_kernel_override(item: str) -> tuple[str, str, str]:
+    """`"family.mode=name"` -> (family, mode, name); raises InvalidRequest on anything else."""
+    key, sep, name = item.partition("=")
+    family, dot, mode = key.strip().partition(".")
+    if not (sep and dot and family and mode and name.strip()):
+        raise InvalidRequest(f"--kernel expects family.mode=name (e.g. attention.paged=reference), got {item!r}.")
+    return family.strip(), mode.strip(), name.strip()
 
 
 def resolve_device(device: str) -> torch.device:

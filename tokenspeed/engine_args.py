@@ -25,7 +25,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--num-kv-pages", type=int, default=None, help="force the KV pool size")
     group.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-    group.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    group.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                       help="fraction of the device's memory the engine may fill (weights, KV pool, graphs)")
+    group.add_argument("--enforce-eager", action="store_true", help="turn CUDA graphs off")
+    group.add_argument("--cuda-graph-max-bs", type=int, default=None,
+                       help="largest decode batch captured in a CUDA graph")
+    group.add_argument("--disable-overlap", action="store_true", help="turn overlap scheduling off")
+    group.add_argument("--kernel", action="append", default=[], metavar="FAMILY.MODE=NAME",
+                       help="force a kernel, e.g. attention.paged=reference (repeatable)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -44,4 +51,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         num_kv_pages=args.num_kv_pages,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        cuda_graph_max_bs=args.cuda_graph_max_bs,
+        disable_overlap=args.disable_overlap,
+        kernel_overrides=tuple(args.kernel),
     )

@@ -53,6 +53,10 @@ class LLM:
         kv_cache_memory_bytes: int | None = None,
         gpu_memory_utilization: float = 0.9,
         skip_tokenizer_init: bool = False,
+        enforce_eager: bool = False,
+        cuda_graph_max_bs: int | None = None,
+        disable_overlap: bool = False,
+        kernel_overrides: tuple[str, ...] = (),
         show_progress: bool = True,
     ) -> None:
         config = EngineConfig(
@@ -71,6 +75,10 @@ class LLM:
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             gpu_memory_utilization=gpu_memory_utilization,
             skip_tokenizer_init=skip_tokenizer_init,
+            enforce_eager=enforce_eager,
+            cuda_graph_max_bs=cuda_graph_max_bs,
+            disable_overlap=disable_overlap,
+            kernel_overrides=tuple(kernel_overrides),
         )
         self.show_progress = show_progress
         self.core = EngineCore(config, progress=show_progress)

@@ -4,6 +4,17 @@ All rows (prefill chunks and decodes alike) are concatenated along one token
 axis, so one model call serves a mixed batch. Attention finds each row's
 history through its page table: K/V live only in the paged pool
 (`executor/kv_storage.py`), never in per-request contiguous caches.
+
+Input preparation is index arithmetic on the host (numpy, no per-token Python
+loop) written into one pinned staging buffer and sent with a single
+non-blocking host-to-device copy; the int32 views the kernels want are cast on
+the device. Nothing here waits for the device.
+
+Overlap scheduling: a token id `PLACEHOLDER_TOKEN_ID` in a row's input means
+"the token this stream sampled in the previous step", which is still on the
+device when this step is prepared. `placeholder_sources` records, per token,
+which element of the previous step's sampled-ids tensor to read; the runner
+resolves it with one gather on the device.
 """
 
 from __future__ import annotations
@@ -11,7 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+PLACEHOLDER_TOKEN_ID = -1
 
 
 @dataclass(slots=True)
@@ -22,15 +36,33 @@ class AttentionMetadata:
     those tokens are at positions `seq_lens[i] - q_len_i ... seq_lens[i] - 1`,
     and attend to every position `0 .. seq_lens[i]-1` (causally), found at
     `page_table[i, pos // page_size]`, slot `pos % page_size`.
+
+    The host lists (`query_start`, `seq_lens`) and the device tensors carry the
+    same numbers. Code that must run inside a CUDA graph (decode attention)
+    reads only the tensors: while a decode graph is captured the lists are
+    `GraphGuardList`s that raise on any element access, `max_seq_len` is the
+    engine's `max_model_len` (an upper bound), the page table is as wide as a
+    `max_model_len` request needs, and padded rows point at a scratch page with
+    `seq_len` 1.
     """
 
     page_size: int
     query_start: list[int]  # len rows + 1, cumulative
     seq_lens: list[int]  # len rows: KV length after this step
-    page_table: torch.Tensor  # [rows, max_pages] int64, padded with 0
+    page_table: torch.Tensor  # [rows, max_pages] int32, padded with 0
     slot_mapping: torch.Tensor  # [num_tokens] int64: flat slot (page * page_size + offset) of each new token
     max_query_len: int
     max_seq_len: int
+    seq_lens_tensor: torch.Tensor | None = None  # [rows] int32, on the page table's device
+    query_start_tensor: torch.Tensor | None = None  # [rows + 1] int32
+    num_kv_splits: int | None = None  # split-KV partitions for decode (None: the kernel chooses)
+
+    def __post_init__(self) -> None:
+        device = self.page_table.device
+        if self.seq_lens_tensor is None:
+            self.seq_lens_tensor = torch.tensor(list(self.seq_lens), dtype=torch.int32, device=device)
+        if self.query_start_tensor is None:
+            self.query_start_tensor = torch.tensor(list(self.query_start), dtype=torch.int32, device=device)
 
     @property
     def num_rows(self) -> int:
@@ -39,6 +71,23 @@ class AttentionMetadata:
     @property
     def is_pure_decode(self) -> bool:
         return self.max_query_len == 1
+
+
+class GraphGuardList(list[int]):
+    """A list whose length is known but whose elements must not be read (CUDA-graph capture)."""
+
+    def _refuse(self, *_: object) -> None:
+        raise NotCapturable(
+            "attention read per-row host metadata while a CUDA graph was being captured; "
+            "decode kernels must read attn.seq_lens_tensor / attn.page_table instead"
+        )
+
+    __getitem__ = _refuse  # type: ignore[assignment]
+    __iter__ = _refuse  # type: ignore[assignment]
+
+
+class NotCapturable(RuntimeError):
+    """The model (usually its attention kernel) cannot run inside a CUDA graph."""
 
 
 @dataclass(slots=True)
@@ -63,49 +112,182 @@ class RowSpec:
     page_ids: Sequence[int]
 
 
+@dataclass(slots=True)
+class HostBatch:
+    """A step's index arrays on the host (int64), before they are sent to the device."""
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    logits_indices: np.ndarray
+    seq_lens: np.ndarray
+    query_start: np.ndarray
+    page_table: np.ndarray  # [rows, max_pages]
+    placeholder_sources: np.ndarray | None  # [num_tokens]: index into the previous step's samples, -1 if none
+    max_query_len: int
+
+    def arrays(self) -> list[np.ndarray]:
+        out = [self.input_ids, self.positions, self.slot_mapping, self.logits_indices,
+               self.seq_lens, self.query_start, self.page_table.reshape(-1)]
+        if self.placeholder_sources is not None:
+            out.append(self.placeholder_sources)
+        return out
+
+
+def build_host_batch(
+    rows: Sequence[RowSpec],
+    page_size: int,
+    logits_indices: Sequence[int],
+    placeholder_source: dict[str, int] | None = None,
+    row_ids: Sequence[str] | None = None,
+    pad_rows_to: int = 0,
+    scratch_page: int = 0,
+) -> HostBatch:
+    """Flatten rows into index arrays. Pure index arithmetic, vectorised with numpy.
+
+    `pad_rows_to` appends decode rows (one token at position 0, seq_len 1, page
+    table and slot on `scratch_page`) so a CUDA graph of that batch size can run.
+    Placeholder tokens are looked up in `placeholder_source` by `row_ids[i]`.
+    """
+    num_rows = len(rows)
+    lens = np.fromiter((len(r.input_token_ids) for r in rows), dtype=np.int64, count=num_rows)
+    starts = np.fromiter((r.start_position for r in rows), dtype=np.int64, count=num_rows)
+    num_pages = np.fromiter((len(r.page_ids) for r in rows), dtype=np.int64, count=num_rows)
+    ends = starts + lens
+    short = np.nonzero(-(-ends // page_size) > num_pages)[0]
+    if short.size:
+        i = int(short[0])
+        raise ValueError(f"row {i} covers {int(ends[i])} positions but has only {int(num_pages[i])} pages")
+
+    if bool((lens == 1).all()):
+        input_ids = np.fromiter((r.input_token_ids[0] for r in rows), dtype=np.int64, count=num_rows)
+    else:
+        input_ids = np.fromiter(
+            (t for r in rows for t in r.input_token_ids), dtype=np.int64, count=int(lens.sum())
+        )
+    query_start = np.zeros(num_rows + 1, dtype=np.int64)
+    np.cumsum(lens, out=query_start[1:])
+    num_tokens = int(query_start[-1])
+    token_row = np.repeat(np.arange(num_rows, dtype=np.int64), lens)
+    positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(starts - query_start[:-1], lens)
+
+    total_rows = max(num_rows, pad_rows_to)
+    max_pages = max(int(num_pages.max()) if num_rows else 1, 1)
+    page_table = np.zeros((total_rows, max_pages), dtype=np.int64)
+    for i, row in enumerate(rows):
+        page_table[i, : len(row.page_ids)] = row.page_ids
+    slots = page_table[token_row, positions // page_size] * page_size + positions % page_size
+
+    sources: np.ndarray | None = None
+    holes = np.nonzero(input_ids == PLACEHOLDER_TOKEN_ID)[0]
+    if holes.size:
+        if placeholder_source is None or row_ids is None:
+            raise RuntimeError("a row reads its input from the previous step, but none is in flight")
+        sources = np.full(num_tokens, -1, dtype=np.int64)
+        for t in holes.tolist():
+            stream = row_ids[int(token_row[t])]
+            if stream not in placeholder_source:
+                raise RuntimeError(f"stream {stream!r} reads a token the previous step did not sample")
+            sources[t] = placeholder_source[stream]
+
+    seq_lens = ends
+    if total_rows > num_rows:  # graph padding: one scratch token per padded row
+        pad = total_rows - num_rows
+        page_table[num_rows:, 0] = scratch_page
+        input_ids = np.concatenate([input_ids, np.zeros(pad, dtype=np.int64)])
+        positions = np.concatenate([positions, np.zeros(pad, dtype=np.int64)])
+        slots = np.concatenate([slots, np.full(pad, scratch_page * page_size, dtype=np.int64)])
+        seq_lens = np.concatenate([seq_lens, np.ones(pad, dtype=np.int64)])
+        query_start = np.concatenate([query_start, num_tokens + np.arange(1, pad + 1, dtype=np.int64)])
+        if sources is not None:
+            sources = np.concatenate([sources, np.full(pad, -1, dtype=np.int64)])
+    return HostBatch(
+        input_ids=input_ids,
+        positions=positions,
+        slot_mapping=slots,
+        logits_indices=np.asarray(logits_indices, dtype=np.int64),
+        seq_lens=seq_lens,
+        query_start=query_start,
+        page_table=page_table,
+        placeholder_sources=sources,
+        max_query_len=int(lens.max()) if num_rows else 0,
+    )
+
+
+class StagingRing:
+    """Pinned host buffers for the one H2D copy per step, reused round-robin once their copy is done."""
+
+    def __init__(self, device: torch.device, slots: int = 3) -> None:
+        self.device = device
+        self.pinned = device.type == "cuda"
+        self._buffers: list[torch.Tensor | None] = [None] * slots
+        self._events: list[torch.cuda.Event | None] = [None] * slots
+        self._next = 0
+
+    def upload(self, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
+        """Concatenate int64 arrays, copy them to the device in one transfer; views of each, in order."""
+        sizes = [int(a.size) for a in arrays]
+        total = max(sum(sizes), 1)
+        if not self.pinned:
+            flat = torch.from_numpy(np.concatenate(arrays) if arrays else np.zeros(1, dtype=np.int64))
+            return list(flat.split(sizes)) if arrays else []
+        i = self._next
+        self._next = (i + 1) % len(self._buffers)
+        event = self._events[i]
+        if event is not None:
+            event.synchronize()  # normally long done: the copy ran two steps ago
+        buf = self._buffers[i]
+        if buf is None or buf.numel() < total:
+            buf = torch.empty(max(total, 4096) * 2, dtype=torch.int64, pin_memory=True)
+            self._buffers[i] = buf
+        host = buf.numpy()
+        offset = 0
+        for a, n in zip(arrays, sizes):
+            host[offset : offset + n] = a.reshape(-1)
+            offset += n
+        dev = buf[:total].to(self.device, non_blocking=True)
+        if event is None:
+            event = self._events[i] = torch.cuda.Event()
+        event.record()
+        return list(dev[: sum(sizes)].split(sizes))
+
+
+def to_forward_batch(
+    host: HostBatch,
+    staging: StagingRing,
+    page_size: int,
+    previous_samples: torch.Tensor | None = None,
+) -> ForwardBatch:
+    """Send a HostBatch to the device and resolve placeholder tokens from `previous_samples`."""
+    views = staging.upload(host.arrays())
+    input_ids, positions, slots, logits_indices, seq_lens, query_start, table = views[:7]
+    if host.placeholder_sources is not None:
+        if previous_samples is None:
+            raise RuntimeError("placeholder tokens but no previous samples to read them from")
+        sources = views[7]
+        gathered = previous_samples.index_select(0, sources.clamp(min=0))
+        input_ids = torch.where(sources >= 0, gathered, input_ids)
+    rows = int(host.seq_lens.size)
+    attn = AttentionMetadata(
+        page_size=page_size,
+        query_start=host.query_start.tolist(),
+        seq_lens=host.seq_lens.tolist(),
+        page_table=table.view(rows, -1).to(torch.int32),
+        slot_mapping=slots,
+        max_query_len=host.max_query_len,
+        max_seq_len=int(host.seq_lens.max()) if rows else 0,
+        seq_lens_tensor=seq_lens.to(torch.int32),
+        query_start_tensor=query_start.to(torch.int32),
+    )
+    return ForwardBatch(input_ids=input_ids, positions=positions, attn=attn, logits_indices=logits_indices)
+
+
 def build_forward_batch(
     rows: Sequence[RowSpec],
     page_size: int,
     logits_indices: Sequence[int],
     device: torch.device | str = "cpu",
 ) -> ForwardBatch:
-    """Flatten rows into a ForwardBatch. Pure index arithmetic, done once per step on the host."""
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    query_start = [0]
-    seq_lens: list[int] = []
-    max_pages = max((len(r.page_ids) for r in rows), default=1) or 1
-    table = [[0] * max_pages for _ in rows]
-    for i, row in enumerate(rows):
-        n = len(row.input_token_ids)
-        end = row.start_position + n
-        needed_pages = -(-end // page_size)
-        if needed_pages > len(row.page_ids):
-            raise ValueError(f"row {i} covers {end} positions but has only {len(row.page_ids)} pages")
-        input_ids.extend(row.input_token_ids)
-        positions.extend(range(row.start_position, end))
-        for pos in range(row.start_position, end):
-            slots.append(row.page_ids[pos // page_size] * page_size + pos % page_size)
-        table[i][: len(row.page_ids)] = row.page_ids
-        query_start.append(query_start[-1] + n)
-        seq_lens.append(end)
-
-    def as_tensor(values: Sequence[int] | list[list[int]]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64, device=device)
-
-    attn = AttentionMetadata(
-        page_size=page_size,
-        query_start=query_start,
-        seq_lens=seq_lens,
-        page_table=as_tensor(table),
-        slot_mapping=as_tensor(slots),
-        max_query_len=max((len(r.input_token_ids) for r in rows), default=0),
-        max_seq_len=max(seq_lens, default=0),
-    )
-    return ForwardBatch(
-        input_ids=as_tensor(input_ids),
-        positions=as_tensor(positions),
-        attn=attn,
-        logits_indices=as_tensor(list(logits_indices)),
-    )
+    """Flatten rows into a ForwardBatch on `device` (tests and one-off callers; the runner stages)."""
+    host = build_host_batch(rows, page_size, logits_indices)
+    return to_forward_batch(host, StagingRing(torch.device(device)), page_size)

@@ -4,18 +4,34 @@ The runner never consults the scheduler: everything it needs is in the plan.
 Logits are computed only where they are used (each sampling row's last token,
 and the prompt positions whose logprobs were asked for), which on long
 prefills saves a `[tokens, vocab]` matmul.
+
+`launch(plan)` enqueues the whole step and returns a `StepHandle` at once; the
+sampled ids stay on the device (`handle.sampled`) until `handle.result()`
+fetches them, which is the step's only host synchronisation. A plan whose
+decode rows carry `PLACEHOLDER_TOKEN_ID` reads those inputs from the previous
+handle's device ids (overlap scheduling, see `engine/core.py`). Decode-only
+steps replay a CUDA graph when one fits (`executor/cuda_graphs.py`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from tokenspeed.executor.forward_batch import RowSpec, build_forward_batch
+from tokenspeed.executor.cuda_graphs import DecodeGraphs, context_class, decode_kv_splits
+from tokenspeed.executor.forward_batch import (
+    RowSpec,
+    StagingRing,
+    build_host_batch,
+    to_forward_batch,
+)
 from tokenspeed.executor.kv_storage import PagedKVStorage
+from tokenspeed.executor.sampling import needs_host_sampling, sample_on_device
 from tokenspeed.layers.sampler import Sampler, SampleSpec, token_logprobs
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, RowOutput, ScheduledRow
+from tokenspeed.scheduler.stepping import fork_ids
 
 
 @dataclass(slots=True)
@@ -36,19 +52,71 @@ def _prompt_logprob_positions(row: ScheduledRow) -> range:
     return range(max(row.start_position, row.prompt_logprobs_start), min(row.end_position, last_scored))
 
 
+class StepHandle:
+    """A launched step. `sampled` (device, one id per draw) is valid at once; `result()` waits for it."""
+
+    def __init__(self, plan: ExecutionPlan) -> None:
+        self.plan = plan
+        self.sampled: torch.Tensor | None = None
+        self.owners: list[int] = []  # plan row of each draw
+        self.stream_index: dict[str, int] = {}  # stream id -> its draw in `sampled`
+        self._host: torch.Tensor | None = None
+        self._event: torch.cuda.Event | None = None
+        self._finishers: list[Callable[[ExecutionResult], None]] = []
+        self._result: ExecutionResult | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+    def result(self) -> ExecutionResult:
+        if self._result is not None:
+            return self._result
+        plan = self.plan
+        result = ExecutionResult(step_id=plan.step_id, rows=[RowOutput(r.request_id) for r in plan.rows])
+        if self._host is not None:
+            if self._event is not None:
+                self._event.synchronize()
+            for owner, token_id in zip(self.owners, self._host.tolist()):
+                result.rows[owner].sampled_token_ids.append(int(token_id))
+        for finish in self._finishers:
+            finish(result)
+        self._result = result
+        return result
+
+
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv: PagedKVStorage, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv: PagedKVStorage,
+        device: torch.device,
+        *,
+        scratch_page: int | None = None,
+        graphs: DecodeGraphs | None = None,
+        max_model_len: int | None = None,
+        graph_sizes: list[int] | None = None,
+    ) -> None:
         self.model = model
         self.kv = kv
         self.device = device
         self.sampler = Sampler()
+        self.staging = StagingRing(device)
+        self.scratch_page = scratch_page if scratch_page is not None else 0
+        self.graphs = graphs
+        self.max_model_len = max_model_len
+        # Decode batches are sized by these buckets (for split-KV counts) even when running eagerly.
+        self.graph_sizes = graph_sizes or []
+
+    def run(self, plan: ExecutionPlan) -> ExecutionResult:
+        return self.launch(plan).result()
 
     @torch.inference_mode()
-    def run(self, plan: ExecutionPlan) -> ExecutionResult:
+    def launch(self, plan: ExecutionPlan, previous: StepHandle | None = None) -> StepHandle:
         self.kv.copy_pages(plan.page_copies)
-        result = ExecutionResult(step_id=plan.step_id, rows=[RowOutput(r.request_id) for r in plan.rows])
+        handle = StepHandle(plan)
         if not plan.rows:
-            return result
+            return handle
 
         logits_indices: list[int] = []
         prompt_slices: list[_PromptLogprobSlice] = []
@@ -64,15 +132,51 @@ class ModelRunner:
                 logits_indices.append(flat_start + len(row.input_token_ids) - 1)
             flat_start += len(row.input_token_ids)
 
-        batch = build_forward_batch(
+        num_rows = len(plan.rows)
+        decode_only = flat_start == num_rows
+        bucket = self.graphs.bucket(num_rows) if self.graphs is not None and decode_only else None
+        if (
+            bucket is not None
+            and self.graphs is not None
+            and max(len(r.page_ids) for r in plan.rows) > self.graphs.page_table.shape[1]
+        ):
+            bucket = None
+        host = build_host_batch(
             [RowSpec(r.input_token_ids, r.start_position, r.page_ids) for r in plan.rows],
             page_size=self.kv.page_size,
             logits_indices=logits_indices,
-            device=self.device,
+            placeholder_source=None if previous is None else previous.stream_index,
+            row_ids=[r.request_id for r in plan.rows],
+            pad_rows_to=bucket or 0,
+            scratch_page=self.scratch_page,
         )
-        hidden = self.model(batch, self.kv)
-        logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+        batch = to_forward_batch(
+            host, self.staging, self.kv.page_size, None if previous is None else previous.sampled
+        )
+        if decode_only and self.max_model_len is not None:
+            rows = next((b for b in self.graph_sizes if b >= num_rows), num_rows)
+            bound = context_class(batch.attn.max_seq_len, self.max_model_len)
+            batch.attn.num_kv_splits = decode_kv_splits(rows, self.kv.k[0].shape[2], bound, self.device)
+        if bucket is not None and self.graphs is not None:
+            logits = self.graphs.replay(batch, bucket)[:num_rows]
+            if logits_indices != list(range(num_rows)):  # decode rows that sample are all of them here
+                logits = logits.index_select(0, batch.logits_indices)
+        else:
+            hidden = self.model(batch, self.kv)
+            logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
 
+        if prompt_slices:
+            handle._finishers.append(lambda result: self._prompt_logprobs(plan, logits, prompt_slices, result))
+        self._sample(plan, logits, sample_slots, handle)
+        return handle
+
+    def _prompt_logprobs(
+        self,
+        plan: ExecutionPlan,
+        logits: torch.Tensor,
+        prompt_slices: list[_PromptLogprobSlice],
+        result: ExecutionResult,
+    ) -> None:
         for piece in prompt_slices:
             row = plan.rows[piece.row]
             assert row.prompt_logprobs_start is not None and row.sampling.prompt_logprobs is not None
@@ -83,36 +187,74 @@ class ModelRunner:
                 scored, targets, row.sampling.prompt_logprobs
             )
 
-        self._sample(plan, logits, sample_slots, result)
-        return result
-
     def _sample(
         self,
         plan: ExecutionPlan,
         logits: torch.Tensor,
         sample_slots: list[tuple[int, int]],
-        result: ExecutionResult,
+        handle: StepHandle,
     ) -> None:
         """One draw per seed: an `n > 1` row repeats its logits row once per fork."""
         if not sample_slots:
             return
         gather: list[int] = []
         specs: list[SampleSpec] = []
-        owners: list[int] = []
         for plan_row, logits_row in sample_slots:
             row = plan.rows[plan_row]
-            for seed in row.seeds:
+            streams = [row.request_id, *fork_ids(row.request_id, len(row.seeds))]
+            for seed, stream in zip(row.seeds, streams):
+                handle.stream_index[stream] = len(gather)
                 gather.append(logits_row)
-                owners.append(plan_row)
+                handle.owners.append(plan_row)
                 specs.append(
                     SampleSpec(row.sampling, seed, row.sample_index, row.prompt_token_ids, row.output_token_ids)
                 )
-        index = torch.tensor(gather, dtype=torch.int64, device=logits.device)
-        sampled = self.sampler(logits.index_select(0, index), specs)
-        for owner, token_id, logprob in zip(owners, sampled.token_ids, sampled.logprobs):
-            out = result.rows[owner]
-            out.sampled_token_ids.append(token_id)
-            if logprob is not None:
-                if out.logprobs is None:
-                    out.logprobs = []
-                out.logprobs.append(logprob)
+        if gather == list(range(logits.shape[0])):
+            chosen = logits
+        else:
+            index = torch.tensor(gather, dtype=torch.int64)
+            if logits.is_cuda:
+                index = index.pin_memory().to(logits.device, non_blocking=True)
+            chosen = logits.index_select(0, index)
+
+        if needs_host_sampling(plan):  # penalties read host history: sample there, synchronously
+            out = self.sampler(chosen, specs)
+            handle.sampled = torch.tensor(out.token_ids, dtype=torch.int64, device=logits.device)
+            handle._host = torch.tensor(out.token_ids, dtype=torch.int64)
+            logprobs = out.logprobs
+        else:
+            handle.sampled = sample_on_device(chosen, specs)
+            if logits.is_cuda:
+                handle._host = torch.empty(len(specs), dtype=torch.int64, pin_memory=True)
+                handle._host.copy_(handle.sampled, non_blocking=True)
+                handle._event = torch.cuda.Event()
+                handle._event.record()
+            else:
+                handle._host = handle.sampled
+            logprobs = None
+            if any(s.sampling.logprobs is not None for s in specs):
+                raw = torch.log_softmax(chosen.float(), dim=-1)
+                handle._finishers.append(lambda result: self._logprobs(raw, specs, handle.owners, result))
+
+        if logprobs is not None and any(lp is not None for lp in logprobs):
+            def attach(result: ExecutionResult) -> None:
+                for owner, lp in zip(handle.owners, logprobs):
+                    if lp is not None:
+                        out_row = result.rows[owner]
+                        out_row.logprobs = (out_row.logprobs or []) + [lp]
+
+            handle._finishers.append(attach)
+
+    @staticmethod
+    def _logprobs(raw: torch.Tensor, specs: list[SampleSpec], owners: list[int], result: ExecutionResult) -> None:
+        """Raw logprobs of the sampled tokens (after the ids are on the host)."""
+        cursor: dict[int, int] = {}
+        for i, (spec, owner) in enumerate(zip(specs, owners)):
+            k = cursor.get(owner, 0)
+            cursor[owner] = k + 1
+            if spec.sampling.logprobs is None:
+                continue
+            token = result.rows[owner].sampled_token_ids[k]
+            lp = token_logprobs(raw[i : i + 1], [token], spec.sampling.logprobs)[0]
+            out_row = result.rows[owner]
+            out_row.logprobs = (out_row.logprobs or []) + [lp]

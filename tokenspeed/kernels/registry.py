@@ -50,9 +50,21 @@ PLUGIN_ENTRY_POINT_GROUP = "tokenspeed.kernels"
 # query so importing the registry stays cheap and free of import cycles.
 _BUILTIN_MODULES = (
     "tokenspeed.kernels.attention.paged_reference",
+    "tokenspeed.kernels.kvstore.reference",
     "tokenspeed.kernels.norm.rms_reference",
     "tokenspeed.kernels.rope.reference",
     "tokenspeed.kernels.activation.reference",
+    "tokenspeed.kernels.sampling.reference",
+)
+# Triton (PORTABLE) kernels: skipped, with a debug note, where triton is not installed.
+_TRITON_MODULES = (
+    "tokenspeed.kernels.kvstore.write_triton",
+    "tokenspeed.kernels.attention.decode_triton",
+    "tokenspeed.kernels.attention.extend_triton",
+    "tokenspeed.kernels.norm.rms_triton",
+    "tokenspeed.kernels.rope.rope_triton",
+    "tokenspeed.kernels.activation.silu_triton",
+    "tokenspeed.kernels.sampling.sample_triton",
 )
 
 
@@ -295,6 +307,13 @@ def _load_builtins() -> None:
         _builtins_loaded = True
     for module in _BUILTIN_MODULES:
         import_module(module)
+    for module in _TRITON_MODULES:
+        try:
+            import_module(module)
+        except ImportError as exc:
+            if exc.name is None or not exc.name.startswith("triton"):
+                raise
+            logger.debug("triton is not importable; %s not registered", module)
 
 
 def _load_plugins() -> None:

@@ -3,9 +3,10 @@
 One layer covers Llama, Mistral and Qwen2/3 through flags rather than
 subclasses: optional q/k/v bias (Qwen2), optional per-head q/k RMSNorm before
 RoPE (Qwen3), and a per-layer sliding window (Mistral, Qwen with
-`use_sliding_window`). The attention kernel is chosen once here; the window is
-passed as a trait so a kernel without sliding-window support is never picked
-for a layer that needs it.
+`use_sliding_window`). The attention kernels (K/V store, decode, extend) are
+chosen once here into a `PagedAttentionBackend`; the window is passed as a
+trait so a kernel without sliding-window support is never picked for a layer
+that needs it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from tokenspeed.kernels.registry import platform_of, select_kernel
+from tokenspeed.kernels.attention.backend import PagedAttentionBackend
+from tokenspeed.kernels.registry import platform_of
 from tokenspeed.layers.linear import Linear, QKVLinear
 from tokenspeed.layers.norm import RMSNorm
 from tokenspeed.layers.rotary_embedding import RotaryEmbedding
@@ -66,13 +68,12 @@ class GQAAttention(nn.Module):
             self.q_norm = RMSNorm(head_dim, qk_norm_eps, dtype=dtype, device=device)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps, dtype=dtype, device=device)
         self.rotary = rotary
-        self._attention = select_kernel(
-            "attention",
-            "paged",
+        self.attention_backend = PagedAttentionBackend.select(
             platform=platform_of(device),
             dtype=dtype,
-            traits={"sliding_window": sliding_window is not None, "head_dim": head_dim},
-        ).impl
+            head_dim=head_dim,
+            sliding_window=sliding_window is not None,
+        )
 
     def forward(
         self,
@@ -92,7 +93,7 @@ class GQAAttention(nn.Module):
             q = self.q_norm(q)
             k = self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        out = self._attention(
+        out = self.attention_backend(
             q, k, v, k_cache, v_cache, attn, scale=self.scale, sliding_window=self.sliding_window
         )
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))

@@ -7,6 +7,11 @@ and computes in fp32; clarity matters more than speed here.
 
 Masking follows Hugging Face: key j is visible to query i iff j <= i and, with
 a sliding window w, i - j < w.
+
+Three registered modes share one row routine, so they agree to the last bit:
+`attention.extend` (any number of new tokens per row), `attention.decode` (one
+per row; the fast kernels for it differ, hence its own mode) and the older
+`attention.paged`, which also stores this step's K/V first.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tokenspeed.kernels.kvstore.reference import write_kv_reference
 from tokenspeed.kernels.registry import Band, register_kernel
 
 if TYPE_CHECKING:
@@ -25,17 +31,106 @@ def write_kv_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """Scatter new K/V rows `[tokens, kv_heads, head_dim]` into the paged caches at flat slots."""
-    num_kv_heads, head_dim = k_cache.shape[-2:]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    write_kv_reference(k, v, k_cache, v_cache, slot_mapping)
 
 
 def gather_row_kv(cache: torch.Tensor, page_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Positions 0..seq_len-1 of one row, read through its page table: `[seq_len, kv_heads, head_dim]`."""
     page_size = cache.shape[1]
     positions = torch.arange(seq_len, device=cache.device)
-    pages = page_table_row[positions // page_size]
+    pages = page_table_row[positions // page_size].long()
     return cache[pages, positions % page_size]
+
+
+def _attend_row(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table_row: torch.Tensor,
+    seq_len: int,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """The last `q.shape[0]` positions of one row attend causally to its `seq_len` cached positions."""
+    q_len, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not group evenly over {num_kv_heads} kv heads")
+    if seq_len == 0:  # a padding row (CUDA-graph batches): no keys, zero output
+        return torch.zeros_like(q)
+    group = num_heads // num_kv_heads
+    keys = gather_row_kv(k_cache, page_table_row, seq_len).float()  # [S, Hkv, D]
+    values = gather_row_kv(v_cache, page_table_row, seq_len).float()
+    # [Hkv, group, q_len, D] so each kv head serves its group of query heads.
+    queries = q.float().view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+    scores = torch.einsum("hgqd,shd->hgqs", queries, keys) * scale
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
+    k_pos = torch.arange(seq_len, device=q.device)[None, :]
+    visible = k_pos <= q_pos
+    if sliding_window is not None:
+        visible &= (q_pos - k_pos) < sliding_window
+    scores = scores.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    context = torch.einsum("hgqs,shd->qhgd", probs, values)
+    return context.reshape(q_len, num_heads, head_dim).to(q.dtype)
+
+
+@register_kernel("attention", "extend", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"))
+def extend_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    max_query_len: int | None = None,
+) -> torch.Tensor:
+    """Each row's new tokens attend to its cached prefix plus, causally, to each other.
+
+    q: `[tokens, heads, head_dim]`; caches: `[num_pages, page_size, kv_heads, head_dim]`
+    (this step's K/V already stored); query_start `[rows + 1]`, seq_lens `[rows]`
+    (KV length after this step), page_table `[rows, max_pages]`. `max_query_len`
+    is only a launch hint for fast kernels. Returns `[tokens, heads, head_dim]` in q's dtype.
+    """
+    del max_query_len
+    starts, lens = query_start.tolist(), seq_lens.tolist()
+    out = torch.empty_like(q)
+    for row, seq_len in enumerate(lens):
+        start, end = starts[row], starts[row + 1]
+        if end > start:
+            out[start:end] = _attend_row(
+                q[start:end], k_cache, v_cache, page_table[row], seq_len, scale, sliding_window
+            )
+    return out
+
+
+@register_kernel("attention", "decode", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"))
+def decode_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """One query token per row (q `[rows, heads, head_dim]`) over its `seq_lens[row]` cached positions.
+
+    `num_splits` only steers how fast kernels partition long contexts; rows with
+    seq_len 0 (batch padding) yield zeros.
+    """
+    del num_splits
+    out = torch.empty_like(q)
+    for row, seq_len in enumerate(seq_lens.tolist()):
+        out[row] = _attend_row(
+            q[row : row + 1], k_cache, v_cache, page_table[row], seq_len, scale, sliding_window
+        )[0]
+    return out
 
 
 @register_kernel("attention", "paged", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"))
@@ -57,29 +152,13 @@ def paged_attention_reference(
     in q's dtype. `heads` must be a multiple of `kv_heads` (GQA; MQA when kv_heads == 1).
     """
     write_kv_cache(k, v, k_cache, v_cache, attn.slot_mapping)
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = k_cache.shape[2]
-    if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads do not group evenly over {num_kv_heads} kv heads")
-    group = num_heads // num_kv_heads
-    out = torch.empty_like(q)
-    for row in range(attn.num_rows):
-        start, end = attn.query_start[row], attn.query_start[row + 1]
-        q_len, seq_len = end - start, attn.seq_lens[row]
-        if q_len == 0:
-            continue
-        keys = gather_row_kv(k_cache, attn.page_table[row], seq_len).float()  # [S, Hkv, D]
-        values = gather_row_kv(v_cache, attn.page_table[row], seq_len).float()
-        # [Hkv, group, q_len, D] so each kv head serves its group of query heads.
-        queries = q[start:end].float().view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
-        scores = torch.einsum("hgqd,shd->hgqs", queries, keys) * scale
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
-        k_pos = torch.arange(seq_len, device=q.device)[None, :]
-        visible = k_pos <= q_pos
-        if sliding_window is not None:
-            visible &= (q_pos - k_pos) < sliding_window
-        scores = scores.masked_fill(~visible, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        context = torch.einsum("hgqs,shd->qhgd", probs, values)
-        out[start:end] = context.reshape(q_len, num_heads, head_dim).to(q.dtype)
-    return out
+    return extend_attention_reference(
+        q,
+        k_cache,
+        v_cache,
+        torch.as_tensor(attn.query_start),
+        torch.as_tensor(attn.seq_lens),
+        attn.page_table,
+        scale=scale,
+        sliding_window=sliding_window,
+    )

@@ -8,7 +8,9 @@ checkpoint. Each file is the model's published config.json, unmodified.
 from __future__ import annotations
 
 import json
+import os
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from tokenspeed.models.config import ModelConfig
@@ -30,3 +32,27 @@ def preset_dict(name: str) -> dict[str, Any]:
 
 def load_preset(name: str) -> ModelConfig:
     return ModelConfig.from_dict(preset_dict(name))
+
+
+def preset_name(model: str | None) -> str | None:
+    """The preset a `--model` value names ("llama-3.1-8b" or "preset:llama-3.1-8b"), if any."""
+    if not model:
+        return None
+    key = model.strip().lower().removeprefix("preset:").removesuffix(".json")
+    return key if key in list_presets() else None
+
+
+def materialize_preset(name: str) -> Path:
+    """A checkpoint folder holding the preset's config.json (no weights: load it with load_format="dummy")."""
+    data = preset_dict(name)
+    key = name.strip().lower().removeprefix("preset:").removesuffix(".json")
+    root = Path(os.environ.get("TOKENSPEED_CACHE_DIR") or Path.home() / ".cache" / "tokenspeed")
+    folder = root / f"preset-{key}"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "config.json"
+    text = json.dumps(data, indent=2, sort_keys=True)
+    if not target.is_file() or target.read_text() != text:
+        staging = folder / f".config.json.{os.getpid()}"
+        staging.write_text(text)
+        staging.replace(target)
+    return folder

@@ -1,0 +1,208 @@
+"""CUDA graphs for decode-only steps.
+
+A decode step at batch size B launches a few hundred small kernels whose CPU
+launch cost exceeds their GPU time at small B; replaying a captured graph
+costs one launch. Graphs are captured once per bucket (1, 2, 4, 8, then
+multiples of 16 up to `max_bs`), largest first, sharing one memory pool. A
+step of n rows runs the smallest bucket >= n: the host batch is padded with
+rows that decode one token at position 0 on a scratch page (a page the
+scheduler never hands out), so padded rows write and read only that page and
+any KV-write kernel works for them.
+
+Decode attention splits long contexts over several programs (split-KV); the
+split count is a launch constant, so each bucket is captured once per distinct
+count over the context classes 2K/8K/32K/max_model_len (small buckets: up to
+three graphs; large ones need one). A step replays the graph of its bucket and
+of the class of its longest row; eager steps use the same counts.
+
+Inputs live in static buffers that every replay overwrites (a handful of
+device-to-device copies from the step's staging upload); the graph computes
+hidden states and fp32 logits for every row, and sampling runs after the
+replay, outside the graph, so any sampling parameters work.
+
+Capturability is checked, not assumed: before capturing, the model runs once
+with metadata whose host lists refuse element access (`GraphGuardList`) and
+with PyTorch's sync debug mode set to "error", so any read of a device value
+on the host raises. The torch reference attention fails that probe and the
+engine stays eager; a Triton decode kernel that reads only tensors passes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from tokenspeed.executor.forward_batch import (
+    AttentionMetadata,
+    ForwardBatch,
+    GraphGuardList,
+    NotCapturable,
+)
+from tokenspeed.executor.kv_storage import PagedKVStorage
+from tokenspeed.models.interface import CausalLM
+
+logger = logging.getLogger("tokenspeed.executor")
+
+
+# Context-length classes of decode steps: a step whose longest row fits a class uses the split-KV
+# count chosen for that class (few splits for short contexts, many for long ones).
+CONTEXT_CLASSES = (2048, 8192, 32768)
+
+
+def context_class(max_seq_len: int, max_model_len: int) -> int:
+    return next((c for c in CONTEXT_CLASSES if max_seq_len <= c < max_model_len), max_model_len)
+
+
+def decode_kv_splits(rows: int, num_kv_heads: int, max_model_len: int, device: torch.device) -> int | None:
+    """Split-KV partitions for a decode batch of `rows` (its graph bucket) whose contexts are at
+    most `max_model_len` (a context class). Eager and graph steps of one bucket and class use the
+    same count, so their attention reductions run in the same order and CUDA graphs on/off give
+    identical tokens."""
+    if device.type != "cuda":
+        return None
+    try:
+        from tokenspeed.kernels.attention.decode_triton import choose_num_splits
+    except ImportError:  # no Triton decode kernel: the kernel in use chooses
+        return None
+    return int(choose_num_splits(rows, num_kv_heads, max_model_len, device))
+
+
+def graph_batch_sizes(max_bs: int) -> list[int]:
+    sizes = [b for b in (1, 2, 4, 8) if b <= max_bs]
+    sizes += list(range(16, max_bs + 1, 16))
+    if max_bs not in sizes:
+        sizes.append(max_bs)
+    return sorted(sizes)
+
+
+@dataclass(slots=True)
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    logits: torch.Tensor  # [bs, vocab] fp32, written by every replay
+    num_kv_splits: int | None
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: CausalLM,
+        kv: PagedKVStorage,
+        *,
+        max_bs: int,
+        max_pages_per_seq: int,
+        max_model_len: int,
+        scratch_page: int,
+    ) -> None:
+        self.model = model
+        self.kv = kv
+        self.device = kv.k[0].device
+        self.page_size = kv.page_size
+        self.max_model_len = max_model_len
+        self.scratch_page = scratch_page
+        self.sizes = graph_batch_sizes(max_bs)
+        self.max_bs = self.sizes[-1]
+        b, d = self.max_bs, self.device
+        self.input_ids = torch.zeros(b, dtype=torch.int64, device=d)
+        self.positions = torch.zeros(b, dtype=torch.int64, device=d)
+        self.slot_mapping = torch.full((b,), scratch_page * self.page_size, dtype=torch.int64, device=d)
+        self.seq_lens = torch.ones(b, dtype=torch.int32, device=d)
+        self.query_start = torch.arange(b + 1, dtype=torch.int32, device=d)
+        self.logits_indices = torch.arange(b, dtype=torch.int64, device=d)
+        self.page_table = torch.full((b, max_pages_per_seq), scratch_page, dtype=torch.int32, device=d)
+        self.num_kv_heads = kv.k[0].shape[2]
+        self._graphs: dict[tuple[int, int | None], _Graph] = {}
+        self.pool: object | None = None
+
+    def splits_for(self, bs: int, max_seq_len: int) -> int | None:
+        bound = context_class(max_seq_len, self.max_model_len)
+        return decode_kv_splits(bs, self.num_kv_heads, bound, self.device)
+
+    def _split_variants(self, bs: int) -> list[int | None]:
+        bounds = [c for c in CONTEXT_CLASSES if c < self.max_model_len] + [self.max_model_len]
+        return list(dict.fromkeys(decode_kv_splits(bs, self.num_kv_heads, b, self.device) for b in bounds))
+
+    def _batch(self, bs: int, splits: int | None) -> ForwardBatch:
+        attn = AttentionMetadata(
+            page_size=self.page_size,
+            query_start=GraphGuardList([0] * (bs + 1)),
+            seq_lens=GraphGuardList([0] * bs),
+            page_table=self.page_table[:bs],
+            slot_mapping=self.slot_mapping[:bs],
+            max_query_len=1,
+            max_seq_len=self.max_model_len,
+            seq_lens_tensor=self.seq_lens[:bs],
+            query_start_tensor=self.query_start[: bs + 1],
+            num_kv_splits=splits,
+        )
+        return ForwardBatch(
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            attn=attn,
+            logits_indices=self.logits_indices[:bs],
+        )
+
+    def _forward(self, bs: int, splits: int | None) -> torch.Tensor:
+        hidden = self.model(self._batch(bs, splits), self.kv)
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def capture(self) -> bool:
+        """Capture every bucket; False (and eager decoding) when the model is not capturable."""
+        torch.cuda.synchronize(self.device)
+        previous_mode = torch.cuda.get_sync_debug_mode()
+        try:
+            # Probe: host-list reads raise NotCapturable, host synchronisations raise RuntimeError
+            # (sync debug mode); it also compiles the Triton kernels outside the capture.
+            torch.cuda.set_sync_debug_mode("error")
+            for splits in self._split_variants(self.max_bs):
+                self._forward(self.max_bs, splits)
+        except (NotCapturable, RuntimeError) as exc:
+            logger.warning("CUDA graphs off: the model cannot run inside a graph (%s)", exc)
+            return False
+        finally:
+            torch.cuda.set_sync_debug_mode(previous_mode)
+            torch.cuda.synchronize(self.device)
+        self.pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(self.device)
+        for bs in reversed(self.sizes):
+            for splits in self._split_variants(bs):
+                stream.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(stream):
+                    self._forward(bs, splits)  # warm-up on the capture stream (cuBLAS, Triton compiles)
+                torch.cuda.current_stream(self.device).wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    logits = self._forward(bs, splits)
+                self._graphs[(bs, splits)] = _Graph(graph, logits, splits)
+        torch.cuda.synchronize(self.device)
+        logger.info("captured %d decode CUDA graphs for batch sizes %s", len(self._graphs), self.sizes)
+        return True
+
+    def bucket(self, num_rows: int) -> int | None:
+        """The captured batch size that runs `num_rows` decode rows (None: run eagerly)."""
+        if not self._graphs:
+            return None
+        return self.size_for(num_rows)
+
+    def size_for(self, num_rows: int) -> int | None:
+        """The bucket of `num_rows`, captured or not (None: larger than any bucket)."""
+        if num_rows > self.max_bs:
+            return None
+        return next(b for b in self.sizes if b >= num_rows)
+
+    def replay(self, batch: ForwardBatch, bs: int) -> torch.Tensor:
+        """Run the bucket-`bs` graph of the batch's split count on `batch` (already padded to `bs`
+        rows); fp32 logits `[bs, vocab]`."""
+        attn = batch.attn
+        entry = self._graphs[(bs, attn.num_kv_splits)]
+        assert attn.seq_lens_tensor is not None
+        pages = attn.page_table.shape[1]
+        self.input_ids[:bs].copy_(batch.input_ids, non_blocking=True)
+        self.positions[:bs].copy_(batch.positions, non_blocking=True)
+        self.slot_mapping[:bs].copy_(attn.slot_mapping, non_blocking=True)
+        self.seq_lens[:bs].copy_(attn.seq_lens_tensor, non_blocking=True)
+        self.page_table[:bs, :pages].copy_(attn.page_table, non_blocking=True)
+        entry.graph.replay()
+        return entry.logits

@@ -1,0 +1,278 @@
+"""Triton paged decode attention: one query token per row, split-KV (flash-decoding).
+
+Decode is bound by reading K/V, so the kernel is shaped around reading each
+cached byte once:
+- a program serves *all* query heads of one kv head (GQA/MQA), so K/V are
+  loaded once per kv head rather than once per query head; the group (padded
+  to 16, the smallest MMA tile) is the M side of `tl.dot`;
+- one row's context is cut into `num_splits` ranges handled by separate
+  programs, so a batch of a few long rows still fills every SM; a second small
+  kernel merges the partial results through their log-sum-exp;
+- everything per row (length, pages) is read from device tensors, and the
+  grid depends only on (rows, heads, num_splits): the launch is a fixed shape
+  that a CUDA graph can capture once per batch bucket and replay for any
+  lengths. Rows of length 0 (batch padding) produce zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tokenspeed.kernels.registry import Band, register_kernel
+from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2, sm_count_of
+
+LOG2E = 1.4426950408889634
+_MIN_TOKENS_PER_SPLIT = 128
+_MAX_SPLITS = 64
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    page_table_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    scale_log2e,
+    window,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_pt,
+    stride_ob,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    G_BLOCKS: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1) // G_BLOCKS
+    g_block = tl.program_id(1) % G_BLOCKS
+    split = tl.program_id(2)
+
+    seq_len = tl.load(seq_lens_ptr + row)
+    lo = seq_len * 0
+    if HAS_WINDOW:
+        lo = tl.maximum(seq_len - window, 0)
+    split_len = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_g = g_block * BLOCK_G + tl.arange(0, BLOCK_G)
+    heads = kv_head * GROUP + offs_g
+    g_mask = offs_g < GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    q = tl.load(
+        q_ptr + row.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    table = page_table_ptr + row.to(tl.int64) * stride_pt
+    for block_start in range(start, end, BLOCK_N):
+        pos = block_start + tl.arange(0, BLOCK_N)
+        n_mask = pos < end
+        page = tl.load(table + pos // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+        slot = pos % PAGE_SIZE
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k_rows = page * stride_kp + slot * stride_ks + kv_head * stride_kh
+        k = tl.load(k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(k))
+        scores = tl.where(n_mask[None, :], scores * scale_log2e, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_rows = page * stride_vp + slot * stride_vs + kv_head * stride_vh
+        v = tl.load(v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    denom = tl.where(l_i > 0.0, l_i, 1.0)
+    result = acc / denom[:, None]
+    if NUM_SPLITS == 1:
+        dst = out_ptr + row.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(dst, result.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        part = (row.to(tl.int64) * NUM_HEADS + heads) * NUM_SPLITS + split
+        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], result, mask=out_mask)
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(denom), float("-inf"))
+        tl.store(part_lse_ptr + part, lse, mask=g_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    stride_ob,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < NUM_SPLITS
+    d_mask = offs_d < HEAD_DIM
+    base = (row.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
+    top = tl.max(lse, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    weight = tl.exp2(lse - top)
+    parts = tl.load(
+        part_out_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    total = tl.sum(weight, 0)
+    merged = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    dst = out_ptr + row.to(tl.int64) * stride_ob + head * stride_oh + offs_d
+    tl.store(dst, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def choose_num_splits(
+    num_rows: int, num_kv_heads: int, max_seq_len: int, device: torch.device | str | None = None
+) -> int:
+    """Splits per row: about 32 programs per SM, never under 128 tokens per split, at most 64.
+
+    Many small programs rather than one wave of big ones: each SM holds ~4 of
+    these programs at a time, and with only 1-3 waves the last, partly empty
+    wave would cost up to a third of the bandwidth. The partial results cost
+    little (4 bytes per head dim per split, against thousands of cached bytes).
+    For CUDA graphs call it once per batch bucket with the longest context the
+    pool allows: the extra splits of a short row are programs that exit at once.
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    programs = max(1, num_rows * num_kv_heads)
+    wanted = -(-32 * sm_count_of(torch.device(device)) // programs)
+    by_length = max(1, max_seq_len // _MIN_TOKENS_PER_SPLIT)
+    return max(1, min(wanted, by_length, _MAX_SPLITS))
+
+
+@register_kernel(
+    "attention", "decode", name="triton", band=Band.PORTABLE, platforms=("cuda",), dtypes=FLOAT_DTYPES
+)
+def decode_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """q `[rows, heads, head_dim]` over caches `[num_pages, page_size, kv_heads, head_dim]`.
+
+    page_table `[rows, max_pages]` and seq_lens `[rows]` are int32 or int64
+    device tensors. `num_splits` None picks one from the table width (the most
+    tokens a row can hold), which never reads the tensors' values.
+    """
+    rows, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    page_size = k_cache.shape[1]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not group evenly over {num_kv_heads} kv heads")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("q and the kv caches must be contiguous along head_dim")
+    out = torch.empty_like(q)
+    if rows == 0:
+        return out
+    if num_splits is None:
+        num_splits = choose_num_splits(rows, num_kv_heads, page_table.shape[1] * page_size, q.device)
+    group = num_heads // num_kv_heads
+    block_g = max(16, min(64, next_power_of_2(group)))
+    g_blocks = -(-group // block_g)
+    block_d = max(16, next_power_of_2(head_dim))
+    if num_splits > 1:
+        part_out = torch.empty(rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(rows, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out  # unused by the kernel when there is one split
+    for_tensor(_decode_split_kernel, q)[(rows, num_kv_heads * g_blocks, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        seq_lens,
+        out,
+        part_out,
+        part_lse,
+        scale * LOG2E,
+        sliding_window or 0,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        page_table.stride(0),
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=num_heads,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        NUM_SPLITS=num_splits,
+        G_BLOCKS=g_blocks,
+        BLOCK_G=block_g,
+        BLOCK_D=block_d,
+        BLOCK_N=64 if block_d <= 128 else 32,
+        HAS_WINDOW=sliding_window is not None,
+        IEEE=q.dtype == torch.float32,
+        num_warps=4,
+        num_stages=2,
+    )
+    if num_splits > 1:
+        for_tensor(_decode_reduce_kernel, q)[(rows, num_heads)](
+            part_out,
+            part_lse,
+            out,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=num_heads,
+            HEAD_DIM=head_dim,
+            NUM_SPLITS=num_splits,
+            BLOCK_S=next_power_of_2(num_splits),
+            BLOCK_D=block_d,
+            num_warps=4,
+        )
+    return out

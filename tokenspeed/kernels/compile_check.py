@@ -1,0 +1,168 @@
+"""Compile every Triton kernel for an NVIDIA target on a machine without a GPU.
+
+The CPU interpreter runs kernels as Python, so it cannot catch what only the
+compiler rejects (a non-constexpr global, a loop-carried value changing type)
+nor show register spills. This module lowers each kernel at its serving
+configuration (bf16, head_dim 128, GQA 32/8) through Triton's compiler and the
+`ptxas` bundled with triton, for sm_90 by default, and reports registers and
+spills. `python -m tokenspeed.kernels.compile_check [--arch 90]`; exit status 1
+if any kernel fails to compile. Must run without TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+_FLOAT_ARGS = {"scale_log2e", "eps", "greedy_epsilon"}
+_ALIGNED = re.compile(r"(_ptr$|^stride_(?!pt$|cos$|row$|x_inner$|r_inner$))")
+
+
+@dataclass(slots=True)
+class KernelConfig:
+    """One kernel at one set of constexprs; pointer dtypes default to `pointee`."""
+
+    name: str
+    kernel: Any
+    constexprs: dict[str, Any]
+    pointee: str = "bf16"
+    pointers: dict[str, str] = field(default_factory=dict)
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def _signature(config: KernelConfig) -> tuple[dict[str, str], dict[tuple[int, ...], Any]]:
+    """Triton types of every argument, plus the 16-divisibility hints the launcher would infer."""
+    signature: dict[str, str] = {}
+    attrs: dict[tuple[int, ...], Any] = {}
+    for index, arg in enumerate(config.kernel.arg_names):
+        if arg in config.constexprs:
+            signature[arg] = "constexpr"
+        elif arg.endswith("_ptr"):
+            signature[arg] = "*" + config.pointers.get(arg, config.pointee)
+        else:
+            signature[arg] = "fp32" if arg in _FLOAT_ARGS else "i32"
+        if signature[arg] != "constexpr" and _ALIGNED.search(arg):
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    return signature, attrs
+
+
+def serving_configs() -> Iterator[KernelConfig]:
+    from tokenspeed.kernels.activation import silu_triton
+    from tokenspeed.kernels.attention import decode_triton, extend_triton
+    from tokenspeed.kernels.kvstore import write_triton
+    from tokenspeed.kernels.norm import rms_triton
+    from tokenspeed.kernels.rope import rope_triton
+    from tokenspeed.kernels.sampling import sample_triton
+
+    tables = {"page_table_ptr": "i32", "seq_lens_ptr": "i32", "query_start_ptr": "i32"}
+    partials = {"part_out_ptr": "fp32", "part_lse_ptr": "fp32"}
+    for splits in (1, 8):
+        for window in (False, True):
+            yield KernelConfig(
+                f"attention.decode splits={splits} window={window}",
+                decode_triton._decode_split_kernel,
+                dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=splits, G_BLOCKS=1)
+                | dict(BLOCK_G=16, BLOCK_D=128, BLOCK_N=64, HAS_WINDOW=window, IEEE=False),
+                pointers=tables | partials,
+            )
+    yield KernelConfig(
+        "attention.decode reduce",
+        decode_triton._decode_reduce_kernel,
+        dict(NUM_HEADS=32, HEAD_DIM=128, NUM_SPLITS=8, BLOCK_S=8, BLOCK_D=128),
+        pointers=partials,
+    )
+    for block_m, block_n, warps in ((128, 64, 8), (16, 64, 4)):
+        for window in (False, True):
+            yield KernelConfig(
+                f"attention.extend {block_m}x{block_n} window={window}",
+                extend_triton._extend_kernel,
+                dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=128)
+                | dict(HAS_WINDOW=window, IEEE=False),
+                pointers=tables,
+                num_warps=warps,
+            )
+    yield KernelConfig(
+        "kvstore.write",
+        write_triton._write_kv_kernel,
+        dict(NUM_KV_HEADS=8, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_H=8, BLOCK_D=128),
+        pointers={"slot_ptr": "i64"},
+    )
+    yield KernelConfig(
+        "norm.rms residual",
+        rms_triton._rms_norm_kernel,
+        dict(INNER=1, N=4096, BLOCK=4096, HAS_RESIDUAL=True),
+        num_warps=16,
+    )
+    yield KernelConfig(
+        "rope.apply",
+        rope_triton._rope_kernel,
+        dict(NUM_Q_HEADS=32, NUM_K_HEADS=8, HALF=64, BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64),
+        pointers={"positions_ptr": "i64", "cos_ptr": "fp32", "sin_ptr": "fp32"},
+    )
+    yield KernelConfig("activation.silu_and_mul", silu_triton._silu_and_mul_kernel, dict(D=14336, BLOCK=1024))
+    for draw in (True, False):
+        yield KernelConfig(
+            f"sampling.sample draw={draw}",
+            sample_triton._sample_kernel,
+            dict(ONE_BITS=0x3F800000, BLOCK=1024, PROBES=16, DRAW=draw),
+            pointee="fp32",
+            pointers={"out_ptr": "i64", "top_k_ptr": "i32", "keys_ptr": "i64", "threshold_ptr": "i32"},
+            num_warps=8,
+        )
+
+
+def _ptxas_report(ptx: str, arch: int) -> str:
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        suffix = "a" if arch >= 90 else ""
+        cmd = [ptxas, "-v", f"--gpu-name=sm_{arch}{suffix}", f.name, "-o", os.devnull]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    finally:
+        os.unlink(f.name)
+    registers = re.findall(r"Used (\d+) registers", result.stderr)
+    spills = re.findall(r"(\d+) bytes spill stores", result.stderr)
+    return f"registers={max(map(int, registers), default=0)} spill_stores={sum(map(int, spills))}B"
+
+
+def compile_config(config: KernelConfig, arch: int) -> str:
+    """Compile one configuration; returns a one-line report (raises on a compile error)."""
+    signature, attrs = _signature(config)
+    source = ASTSource(fn=config.kernel, signature=signature, constexprs=config.constexprs, attrs=attrs)
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    return f"shared={compiled.metadata.shared}B {_ptxas_report(compiled.asm['ptx'], arch)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 80, 90")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("unset TRITON_INTERPRET: the interpreter does not compile", file=sys.stderr)
+        return 2
+    failures = 0
+    for config in serving_configs():
+        try:
+            print(f"ok    {config.name}: {compile_config(config, args.arch)}", flush=True)
+        except Exception as exc:  # report every kernel, then fail
+            failures += 1
+            print(f"FAIL  {config.name}: {type(exc).__name__}: {exc}", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

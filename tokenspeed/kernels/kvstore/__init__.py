@@ -1,0 +1,1 @@
+"""Writing new K/V rows into the paged cache."""

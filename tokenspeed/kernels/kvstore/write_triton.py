@@ -1,0 +1,109 @@
+"""Triton K/V store: one program per new token writes all its kv heads.
+
+Slots below zero are skipped (CUDA-graph padding, see `reference.py`). The
+page and in-page offset are computed from the flat slot so that any cache
+strides work, and the page index is widened to int64 because a large pool
+overflows 32-bit element offsets.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tokenspeed.kernels.registry import Band, register_kernel
+from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kcp,
+    stride_kcs,
+    stride_kch,
+    stride_vcp,
+    stride_vcs,
+    stride_vch,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    token = tl.program_id(0)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    if slot >= 0:
+        page = slot // PAGE_SIZE
+        offset = slot % PAGE_SIZE
+        offs_h = tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM)
+        src_k = k_ptr + token.to(tl.int64) * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
+        src_v = v_ptr + token.to(tl.int64) * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
+        dst_k = (
+            k_cache_ptr
+            + page * stride_kcp
+            + offset * stride_kcs
+            + offs_h[:, None] * stride_kch
+            + offs_d[None, :]
+        )
+        dst_v = (
+            v_cache_ptr
+            + page * stride_vcp
+            + offset * stride_vcs
+            + offs_h[:, None] * stride_vch
+            + offs_d[None, :]
+        )
+        k = tl.load(src_k, mask=mask)
+        v = tl.load(src_v, mask=mask)
+        tl.store(dst_k, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@register_kernel(
+    "kvstore", "write", name="triton", band=Band.PORTABLE, platforms=("cuda",), dtypes=FLOAT_DTYPES
+)
+def write_kv_triton(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """k, v `[tokens, kv_heads, head_dim]` (last axis contiguous) -> caches at `slot_mapping` (int32/int64)."""
+    tokens, num_kv_heads, head_dim = k.shape
+    if tokens == 0:
+        return
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("kv caches must be contiguous along head_dim")
+    for_tensor(_write_kv_kernel, k)[(tokens,)](
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=k_cache.shape[1],
+        BLOCK_H=next_power_of_2(num_kv_heads),
+        BLOCK_D=next_power_of_2(head_dim),
+    )
