@@ -34,7 +34,7 @@ from tokenspeed.config import EngineConfig
 from tokenspeed.engine import ipc
 from tokenspeed.engine.core_client import CoreClient, describe_exit
 from tokenspeed.engine.llm import _eos_token_ids, load_tokenizer
-from tokenspeed.engine.model_files import resolve_model_folder
+from tokenspeed.engine.model_files import is_preset, resolve_model_folder
 from tokenspeed.engine.output_processor import OutputProcessor
 from tokenspeed.engine.stream import EngineStats, RequestDelta, merge_deltas
 from tokenspeed.errors import ContextTooLong, EngineDead, EngineOverloaded, InvalidRequest
@@ -96,8 +96,10 @@ class AsyncEngine:
             raise RuntimeError("AsyncEngine.start() was called twice")
         self.config.validate()
         self.model_folder = await asyncio.to_thread(resolve_model_folder, self.config.model)
-        # The child gets the resolved folder: a hub download happens once, here.
-        self._client = CoreClient(self.config.replace(model=str(self.model_folder)))
+        # The child gets the resolved folder (a hub download happens once, here), except for a
+        # preset, whose name tells the core to make dummy weights.
+        child_model = self.config.model if is_preset(self.config.model) else str(self.model_folder)
+        self._client = CoreClient(self.config.replace(model=child_model))
         tokenizer_source = self.config.tokenizer or self.model_folder
         tokenizer = None
         if not self.config.skip_tokenizer_init:  # loads while the child loads the model

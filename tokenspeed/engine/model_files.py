@@ -1,4 +1,8 @@
-"""Find a model's folder: the embedded tiny model, a local folder, or a hub id.
+"""Find a model's folder: the embedded tiny model, a preset, a local folder, or a hub id.
+
+Presets (`llama-3.1-8b`, `preset:qwen3-8b`) are real model shapes with no
+weights: their folder holds the config (and tokenizer where one can be built
+offline), and the engine gives them dummy weights (`is_preset`).
 
 A hub id is tried only when the string cannot be a local path, and only
 through `huggingface_hub`'s cache/download, so an offline machine gets a
@@ -19,6 +23,10 @@ def resolve_model_folder(model: str | None) -> Path:
 
         return embedded_model_path()
     path = Path(model).expanduser()
+    if is_preset(model):
+        from tokenspeed.models.presets import materialize_preset, preset_name
+
+        return materialize_preset(preset_name(model) or "")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFound(f"Model folder {path} has no config.json.")
@@ -37,3 +45,10 @@ def resolve_model_folder(model: str | None) -> Path:
                 f"Model {model!r} is not a local folder and could not be fetched from the hub: {exc}"
             ) from exc
     raise ModelNotFound(f"Model path {model!r} does not exist (looked in {os.getcwd()}).")
+
+
+def is_preset(model: str | None) -> bool:
+    """True when `model` names a built-in preset rather than an existing path."""
+    from tokenspeed.models.presets import preset_name
+
+    return model is not None and not Path(model).expanduser().exists() and preset_name(model) is not None
