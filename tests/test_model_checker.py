@@ -15,6 +15,8 @@ contents of non-free pages). After EVERY action it proves:
 * every row's block table reads back its true history (SimulatedExecutor), and
   every stream's tokens are a prefix of what it produces alone in a big pool
   (exactly that, once it ends by stop/length);
+* the overlap protocol (provisional advance, then resolve) is explored the
+  same way by `tests/test_overlap_model_checker.py`, which reuses this search;
 * liveness: from every explored state, stepping alone finishes every request
   within a bound (the step successor of each state is itself explored, so this
   is checked on the explored graph; a step cycle fails it).
@@ -34,7 +36,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenspeed.errors import ContextTooLong
-from tokenspeed.scheduler import Prefilling, SamplingParams, Scheduler, SchedulerConfig
+from tokenspeed.scheduler import (
+    ExecutionPlan,
+    Prefilling,
+    RequestUpdate,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+)
+from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID
 from tokenspeed.scheduler.simulated_executor import SimulatedExecutor
 
 VOCAB = 4  # small, so the stop token 0 really comes up
@@ -59,13 +69,29 @@ class World:
     submitted: int = 0
     events: set[str] = field(default_factory=set)  # what the path exercised (coverage, not state)
     outputs: dict[str, list[int]] = field(default_factory=dict)  # tokens streamed so far
+    ended_by_user: set[str] = field(default_factory=set)  # streams finished or aborted from outside
+
+    def settled(self) -> bool:
+        """Nothing left to run or to report."""
+        return not self.scheduler.has_unfinished()
+
+    def extra_key(self) -> tuple[object, ...]:
+        """State a subclass adds to the fingerprint."""
+        return ()
+
+
+class Reference(dict[str, list[int]]):
+    """Each stream's tokens alone in a roomy pool, and how each ended (`reasons`)."""
+
+    reasons: dict[str, tuple[str | None, int | str | None]]
 
 
 def new_world(config: SchedulerConfig) -> World:
     return World(Scheduler(config), SimulatedExecutor(config.num_pages, config.page_size, VOCAB))
 
 
-def do_step(world: World, reference: dict[str, list[int]] | None = None) -> None:
+def plan_step(world: World) -> ExecutionPlan:
+    """`next_plan`, noting which mechanisms it exercised."""
     s = world.scheduler
     preemptions, indexed = s.num_preemptions, s.kv.stats().indexed
     waiting = {r.request_id for r in s.waiting()}
@@ -78,44 +104,66 @@ def do_step(world: World, reference: dict[str, list[int]] | None = None) -> None
         world.events.add("copy")
     if any(row.request_id in waiting and row.start_position > 0 for row in plan.rows):
         world.events.add("prefix hit")
-    if plan.is_empty():
-        return
-    for update in s.advance(plan, world.executor.run(plan)):
+    return plan
+
+
+def record(world: World, updates: list[RequestUpdate], reference: Reference | None) -> None:
+    """Stream `updates` out: always a prefix of the reference, all of it (and its reason) at the end."""
+    for update in updates:
+        assert update.request_id not in world.ended_by_user, f"{update.request_id} reported after it was ended"
         tokens = world.outputs.setdefault(update.request_id, [])
         tokens += update.new_token_ids
+        assert PLACEHOLDER_TOKEN_ID not in tokens, f"{update.request_id} streamed a placeholder"
+        if reference is not None:
+            assert tokens == reference[update.request_id][: len(tokens)], update.request_id
         if update.finished:
-            assert s.get(update.request_id) is None, "a finished stream is still live"
+            assert world.scheduler.get(update.request_id) is None, "a finished stream is still live"
             world.events.add(f"natural {update.finish_reason}")
             if reference is not None:  # ended by stop/length: exactly what it produces unpressured
                 assert tokens == reference[update.request_id], update.request_id
+                ending = (update.finish_reason, update.stop_reason)
+                assert ending == reference.reasons[update.request_id], update.request_id
 
 
-def reference_outputs(config: SchedulerConfig, specs: list[Spec]) -> dict[str, list[int]]:
+def do_step(world: World, reference: Reference | None = None) -> None:
+    plan = plan_step(world)
+    if not plan.is_empty():
+        record(world, world.scheduler.advance(plan, world.executor.run(plan)), reference)
+
+
+def reference_outputs(config: SchedulerConfig, specs: list[Spec]) -> Reference:
     """Each stream's tokens with no memory pressure (same seeds: same submission order)."""
     roomy = copy.copy(config)
     roomy.num_pages = 64
     world = new_world(roomy)
-    tokens: dict[str, list[int]] = {}
+    tokens = Reference()
+    tokens.reasons = {}
     for spec in specs:
         world.scheduler.submit(spec.request_id, list(spec.prompt), spec.sampling())
     while world.scheduler.has_unfinished():
         plan = world.scheduler.next_plan()
         for update in world.scheduler.advance(plan, world.executor.run(plan)):
             tokens.setdefault(update.request_id, []).extend(update.new_token_ids)
+            if update.finished:
+                tokens.reasons[update.request_id] = (update.finish_reason, update.stop_reason)
     assert world.scheduler.num_preemptions == 0
     return tokens
 
 
-def check(world: World, reference: dict[str, list[int]]) -> None:
+def check(world: World, reference: Reference) -> None:
     s = world.scheduler
     s.check_invariants()
     stats = s.kv.stats()
     assert stats.free + stats.referenced + stats.cached_unreferenced == stats.total
     if not s.has_unfinished():
         assert stats.referenced == 0
+    assert not any(PLACEHOLDER_TOKEN_ID in slots for slots in world.executor._slots), "a placeholder reached KV"
     for request in s.running() + s.waiting():
         expected = reference[request.request_id]
-        assert request.output_token_ids == expected[: len(request.output_token_ids)], request.request_id
+        known = request.output_token_ids
+        if known[-1:] == [PLACEHOLDER_TOKEN_ID]:  # sampled, not resolved yet (overlap)
+            known = known[:-1]
+        assert known == expected[: len(known)], request.request_id
 
 
 def fingerprint(world: World) -> tuple[object, ...]:
@@ -148,14 +196,21 @@ def fingerprint(world: World) -> tuple[object, ...]:
         tuple(pool._lru),
         tuple(sorted(s.kv.index._page_of.items())),
         kv_content,
+        world.extra_key(),
     )
 
 
-def actions(
-    world: World, specs: list[Spec], reference: dict[str, list[int]]
-) -> list[tuple[str, Callable[[World], None]]]:
+Actions = list[tuple[str, Callable[[World], None]]]
+
+
+def actions(world: World, specs: list[Spec], reference: Reference) -> Actions:
+    """Every move from `world`: a step, and whatever a user can do between steps."""
+    return [("step", partial(do_step, reference=reference)), *user_actions(world, specs)]
+
+
+def user_actions(world: World, specs: list[Spec]) -> Actions:
     s = world.scheduler
-    found: list[tuple[str, Callable[[World], None]]] = [("step", partial(do_step, reference=reference))]
+    found: Actions = []
     if world.submitted < len(specs):
         spec = specs[world.submitted]
 
@@ -174,25 +229,35 @@ def actions(
 
 def _finish(world: World, stream_id: str) -> None:
     assert world.scheduler.finish(stream_id, "stop", "STOP")
+    world.ended_by_user.add(stream_id)
 
 
 def _abort(world: World, user_id: str) -> None:
-    assert world.scheduler.abort(user_id)
+    s = world.scheduler
+    world.ended_by_user |= {r.request_id for r in s.running() + s.waiting() if r.parent_id == user_id}
+    assert s.abort(user_id)
 
 
-def explore(config: SchedulerConfig, specs: list[Spec], liveness_bound: int) -> tuple[int, set[str]]:
+def explore(
+    config: SchedulerConfig,
+    specs: list[Spec],
+    liveness_bound: int,
+    moves: Callable[[World, list[Spec], Reference], Actions] = actions,
+    make_world: Callable[[SchedulerConfig], World] = new_world,
+) -> tuple[int, set[str]]:
+    """DFS over every interleaving of `moves`; the move named "step" is the one liveness follows."""
     coverage: set[str] = set()
     reference = reference_outputs(config, specs)
-    root = new_world(config)
+    root = make_world(config)
     seen: dict[tuple[object, ...], tuple[object, ...] | None] = {}  # state -> its step successor
     done: set[tuple[object, ...]] = set()
     stack: list[tuple[World, tuple[object, ...], tuple[str, ...]]] = [(root, fingerprint(root), ())]
     seen[fingerprint(root)] = None
     while stack:
         world, key, path = stack.pop()
-        if not world.scheduler.has_unfinished():
+        if world.settled():
             done.add(key)
-        for name, act in actions(world, specs, reference):
+        for name, act in moves(world, specs, reference):
             child = copy.deepcopy(world)
             try:
                 act(child)

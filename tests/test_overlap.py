@@ -1,7 +1,7 @@
 """Overlap scheduling gives exactly the tokens, finish reasons and logprobs of the synchronous engine.
 
-Overlap advances the scheduler with placeholder samples and patches the real
-ids in one step later (see `engine/core.py`); these tests run the protocol on
+Overlap advances the scheduler with placeholder samples and resolves them to the
+real ids one step later (see `scheduler/provisional.py`); these tests run the protocol on
 the CPU, where it is the same code as on a GPU minus the asynchrony.
 """
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-PLACEHOLDER_TOKEN_ID = -1
+# Re-exported: defined by the scheduler/executor contract, used by the executor's callers.
+from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID as PLACEHOLDER_TOKEN_ID
 
 
 @dataclass(slots=True)

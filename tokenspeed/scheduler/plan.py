@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 
 from tokenspeed.scheduler.sampling_params import SamplingParams
 
+# A sampled id that is not known yet (overlap scheduling, see `scheduler/provisional.py`).
+# As a row's input it means "the token this stream sampled in the previous step", which
+# the executor reads where that step left it (on the device), never from the host.
+PLACEHOLDER_TOKEN_ID = -1
+
 
 @dataclass(slots=True)
 class ScheduledRow:

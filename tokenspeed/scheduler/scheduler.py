@@ -18,8 +18,10 @@ and nothing is admitted in a step that preempted (it would thrash).
 
 `advance` applies the executor's samples, checks stop conditions, forks
 `n > 1` requests, publishes newly full pages and frees finished requests'
-pages at once. Admission/preemption mechanics live here; per-row bookkeeping
-of `advance` lives in `stepping.py` to keep each file to one concern.
+pages at once. With overlap, `advance_provisional` + `resolve` split it in
+two around the device's work (see `provisional.py`). Admission/preemption
+mechanics live here; per-row bookkeeping of `advance` lives in `stepping.py`
+to keep each file to one concern.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from tokenspeed.errors import ContextTooLong, InvalidRequest
 from tokenspeed.kvcache import BlockTable, KVCache
 from tokenspeed.scheduler.config import SchedulerConfig
 from tokenspeed.scheduler.fsm import Admit, Decoding, Finish, Preempt, Prefilling, ReserveForkPages, Waiting
-from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ScheduledRow
+from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID, ExecutionPlan, ExecutionResult, ScheduledRow
+from tokenspeed.scheduler.provisional import UnresolvedStep, placeholder_result, resolve_step, unresolved_step
 from tokenspeed.scheduler.request import Request
 from tokenspeed.scheduler.sampling_params import SamplingParams
 from tokenspeed.scheduler.stepping import advance_row, fork_ids, publish
@@ -79,7 +82,8 @@ class Scheduler:
         self._waiting: list[Request] = []  # sorted by order_key
         self._running: list[Request] = []  # sorted by order_key
         self._new_forks: list[Request] = []  # forks whose page copy goes into the next plan
-        self._inflight: _Inflight | None = None
+        self._inflight: _Inflight | None = None  # planned, not yet advanced
+        self._unresolved: UnresolvedStep | None = None  # advanced on placeholders (overlap)
 
     # ---- queries ------------------------------------------------------------------
 
@@ -323,6 +327,38 @@ class Scheduler:
     # ---- applying a step's results --------------------------------------------------------
 
     def advance(self, plan: ExecutionPlan, result: ExecutionResult) -> list[RequestUpdate]:
+        """Record `plan`'s real results: samples, stop checks, forks, pages; one update per stream."""
+        self._require_resolved("advance")
+        return [update for _, _, _, update in self._apply(plan, result)]
+
+    def advance_provisional(self, plan: ExecutionPlan) -> None:
+        """Record `plan` as run with placeholder samples, so the next plan can be built now.
+
+        Its updates come from `resolve(result)`, which must be called before the
+        next step is advanced (see `provisional.py`).
+        """
+        self._require_resolved("advance_provisional")
+        self._unresolved = unresolved_step(plan, self._apply(plan, placeholder_result(plan)))
+
+    def resolve(self, result: ExecutionResult) -> list[RequestUpdate]:
+        """Patch the provisional step's placeholders with `result`; apply stop tokens; its updates."""
+        step = self._unresolved
+        if step is None:
+            raise RuntimeError(f"step {result.step_id} was not advanced provisionally")
+        resolved = resolve_step(step, result, lambda r: self._streams.get(r.request_id) is r)
+        self._unresolved = None
+        for stream, token in resolved.stops:
+            self.finish_request(stream, "stop", token)
+        return resolved.updates
+
+    def _require_resolved(self, caller: str) -> None:
+        if self._unresolved is not None:
+            raise RuntimeError(f"{caller}: step {self._unresolved.step_id} must be resolved first")
+
+    def _apply(
+        self, plan: ExecutionPlan, result: ExecutionResult
+    ) -> list[tuple[int, int, Request, RequestUpdate]]:
+        """Apply a result row by row; (plan row, sample within row, stream, update) per stream."""
         inflight = self._inflight
         if plan.is_empty() and inflight is None:
             return []
@@ -334,8 +370,8 @@ class Scheduler:
                 f"plan {plan.step_id} with {len(plan.rows)} rows"
             )
         self._inflight = None
-        updates: list[RequestUpdate] = []
-        for row, output, request in zip(plan.rows, result.rows, inflight.requests, strict=True):
+        applied: list[tuple[int, int, Request, RequestUpdate]] = []
+        for i, (row, output, request) in enumerate(zip(plan.rows, result.rows, inflight.requests, strict=True)):
             if output.request_id != row.request_id:
                 raise ValueError(f"result row {output.request_id!r} answers plan row {row.request_id!r}")
             if not request.is_running:
@@ -345,12 +381,12 @@ class Scheduler:
                 self._streams[fork.request_id] = fork
                 bisect.insort(self._running, fork, key=lambda r: r.order_key)
                 self._new_forks.append(fork)
-            for stream, update in outcome.streams:
+            for k, (stream, update) in enumerate(outcome.streams):
                 if update.finished:
                     assert update.finish_reason is not None
                     self.finish_request(stream, update.finish_reason, update.stop_reason)
-            updates.extend(update for _, update in outcome.streams)
-        return updates
+                applied.append((i, k, stream, update))
+        return applied
 
     # ---- checking -----------------------------------------------------------------------
 
@@ -369,6 +405,12 @@ class Scheduler:
             else:
                 assert request.num_uncomputed_tokens >= 1, f"{request.request_id} prefills with nothing left"
             assert len(state.table) >= self.kv.pages_for(request.num_computed_tokens), "computed KV has no page"
+        for request in self._running + self._waiting:
+            outputs = request.output_token_ids
+            holes = [i for i, t in enumerate(outputs) if t == PLACEHOLDER_TOKEN_ID]
+            assert holes in ([], [len(outputs) - 1]), f"{request.request_id} has placeholders at {holes}"
+            assert not holes or self._unresolved is not None, f"{request.request_id} keeps a resolved placeholder"
+            assert not holes or request.num_uncomputed_tokens >= 1, f"{request.request_id} computed a placeholder"
         for request in self._waiting:
             assert isinstance(request.state, Waiting), f"{request.request_id} queued in {request.state}"
             assert request.num_computed_tokens == 0, f"waiting {request.request_id} claims computed tokens"

@@ -13,6 +13,12 @@ greedy), so a request's output depends only on its history, never on batch
 composition, preemption or which pages it got: exactly the property the real
 engine must have, and what the scheduler tests compare.
 
+Overlap: `run(plan, previous)` stands in for a device that still holds the
+previous step's samples. A `PLACEHOLDER_TOKEN_ID` is only legal as the single
+input of a decode row (and, until resolved, as the last output token); it is
+replaced by what `previous` sampled for that stream, and anywhere else it
+raises, so a placeholder the scheduler computed, copied or hashed is caught.
+
 Pure Python, no torch: usable by the scheduler unit tests, the model checker
 and any engine test that wants a device-free executor.
 """
@@ -23,12 +29,14 @@ from array import array
 from hashlib import blake2b
 
 from tokenspeed.scheduler.plan import (
+    PLACEHOLDER_TOKEN_ID,
     ExecutionPlan,
     ExecutionResult,
     RowOutput,
     ScheduledRow,
     TokenLogprob,
 )
+from tokenspeed.scheduler.stepping import fork_ids
 
 
 class SimulatedExecutor:
@@ -41,21 +49,35 @@ class SimulatedExecutor:
         self.num_steps = 0
         self.num_tokens = 0
 
-    def run(self, plan: ExecutionPlan) -> ExecutionResult:
+    def run(self, plan: ExecutionPlan, previous: ExecutionResult | None = None) -> ExecutionResult:
+        """Run `plan`; `previous` is the step whose samples placeholder inputs stand for."""
+        sampled: dict[str, int] = {}
+        for out in previous.rows if previous is not None else []:
+            streams = [out.request_id, *fork_ids(out.request_id, len(out.sampled_token_ids))]
+            sampled.update(zip(streams, out.sampled_token_ids, strict=False))
         for src, dst in plan.page_copies:
             self._slots[dst] = list(self._slots[src])
-        outputs = [self._run_row(row) for row in plan.rows]
+        outputs = [self._run_row(row, sampled) for row in plan.rows]
         self.num_steps += 1
         self.num_tokens += plan.num_tokens
         return ExecutionResult(step_id=plan.step_id, rows=outputs)
 
-    def _run_row(self, row: ScheduledRow) -> RowOutput:
+    def _run_row(self, row: ScheduledRow, sampled: dict[str, int]) -> RowOutput:
         size = self.page_size
         context = row.prompt_token_ids + row.output_token_ids
         start, end = row.start_position, row.end_position
+        inputs = row.input_token_ids
+        if PLACEHOLDER_TOKEN_ID in inputs:
+            if inputs != [PLACEHOLDER_TOKEN_ID] or end != len(context) or row.request_id not in sampled:
+                raise AssertionError(f"{row.request_id}: a placeholder is fed other than as its decode input")
+            inputs = [sampled[row.request_id]]
+            if context[-1] == PLACEHOLDER_TOKEN_ID:  # not resolved on the host yet
+                context[-1] = inputs[0]
+        if PLACEHOLDER_TOKEN_ID in context[:end]:
+            raise AssertionError(f"{row.request_id}: the history it computes holds a placeholder")
         if not row.input_token_ids:
             raise AssertionError(f"{row.request_id}: a row without input tokens has no logits to sample")
-        if context[start:end] != row.input_token_ids:
+        if context[start:end] != inputs:
             raise AssertionError(f"{row.request_id}: input tokens are not the history at {start}..{end}")
         if len(row.page_ids) * size < end:
             raise AssertionError(f"{row.request_id}: {len(row.page_ids)} pages cannot hold {end} positions")

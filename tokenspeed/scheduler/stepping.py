@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from tokenspeed.kvcache import KVCache
 from tokenspeed.scheduler.fsm import ChunkDone, Decoding, PrefillDone, Prefilling
-from tokenspeed.scheduler.plan import RowOutput, ScheduledRow, TokenLogprob
+from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID, RowOutput, ScheduledRow, TokenLogprob
 from tokenspeed.scheduler.request import Request
 from tokenspeed.scheduler.updates import RequestUpdate
 
@@ -39,7 +39,9 @@ class RowOutcome:
 
 
 def publish(request: Request, kv: KVCache) -> None:
-    """Index the request's newly full, computed pages."""
+    """Index the request's newly full, computed pages (never a placeholder: it is never computed)."""
+    if request.num_computed_tokens == request.num_tokens and request.output_token_ids[-1:] == [PLACEHOLDER_TOKEN_ID]:
+        raise AssertionError(f"{request.request_id}: a placeholder sample counts as computed")
     table = request.table
     if kv.enable_prefix_caching and request.num_computed_tokens // kv.page_size > table.num_published:
         kv.publish(table, request.all_token_ids, request.num_computed_tokens)
