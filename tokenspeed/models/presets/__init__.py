@@ -3,6 +3,8 @@
 They let benchmarks and capacity planning run at true shapes with dummy
 weights (`load_format="dummy"`) on machines that never downloaded the
 checkpoint. Each file is the model's published config.json, unmodified.
+A materialised folder also holds the preset's tokenizer and chat template
+when they can be built offline (see `tokenizers.py`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ def list_presets() -> list[str]:
 
 
 def preset_dict(name: str) -> dict[str, Any]:
-    """The raw config.json of preset `name` (e.g. "llama-3.1-8b"; a trailing ".json" is accepted)."""
-    key = name.strip().lower().removesuffix(".json")
+    """The raw config.json of preset `name` (e.g. "llama-3.1-8b"; "preset:" and ".json" are accepted)."""
+    key = name.strip().lower().removeprefix("preset:").removesuffix(".json")
     if key not in list_presets():
         raise ValueError(f"unknown model preset {name!r}; available: {', '.join(list_presets())}")
     data: dict[str, Any] = json.loads(resources.files(__name__).joinpath(f"{key}.json").read_text())
@@ -43,7 +45,10 @@ def preset_name(model: str | None) -> str | None:
 
 
 def materialize_preset(name: str) -> Path:
-    """A checkpoint folder holding the preset's config.json (no weights: load it with load_format="dummy")."""
+    """A checkpoint folder holding the preset's config.json (no weights: load it with load_format="dummy").
+
+    The tokenizer files are built there at first use (cached) when an offline source exists.
+    """
     data = preset_dict(name)
     key = name.strip().lower().removeprefix("preset:").removesuffix(".json")
     root = Path(os.environ.get("TOKENSPEED_CACHE_DIR") or Path.home() / ".cache" / "tokenspeed")
@@ -55,4 +60,7 @@ def materialize_preset(name: str) -> Path:
         staging = folder / f".config.json.{os.getpid()}"
         staging.write_text(text)
         staging.replace(target)
+    from tokenspeed.models.presets.tokenizers import write_tokenizer_files
+
+    write_tokenizer_files(key, folder)
     return folder
