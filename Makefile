@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint typecheck unit test-gpu clean
+.PHONY: setup run serve test lint typecheck unit test-gpu clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -20,6 +20,9 @@ setup: $(STAMP)
 
 run: setup
 	$(VENV)/bin/tokenspeed generate "def fib(n):" --max-tokens 32
+
+serve: setup
+	$(VENV)/bin/tokenspeed serve
 
 lint: setup
 	$(VENV)/bin/ruff check tokenspeed tests $(wildcard benchmarks scripts)
