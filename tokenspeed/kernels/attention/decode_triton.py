@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed.kernels.attention.paged_tiles import dot, gather_kv_tile, online_softmax_step
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2, sm_count_of
 
@@ -97,24 +98,11 @@ def _decode_split_kernel(
         page = tl.load(table + pos // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
         slot = pos % PAGE_SIZE
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k_rows = page * stride_kp + slot * stride_ks + kv_head * stride_kh
-        k = tl.load(k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            scores = tl.dot(q, tl.trans(k))
+        k = gather_kv_tile(k_cache_ptr, page, slot, kv_head, stride_kp, stride_ks, stride_kh, offs_d, kv_mask)
+        scores = dot(q, tl.trans(k), IEEE)
         scores = tl.where(n_mask[None, :], scores * scale_log2e, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v_rows = page * stride_vp + slot * stride_vs + kv_head * stride_vh
-        v = tl.load(v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        v = gather_kv_tile(v_cache_ptr, page, slot, kv_head, stride_vp, stride_vs, stride_vh, offs_d, kv_mask)
+        m_i, l_i, acc = online_softmax_step(scores, v, m_i, l_i, acc, IEEE)
 
     out_mask = g_mask[:, None] & d_mask[None, :]
     denom = tl.where(l_i > 0.0, l_i, 1.0)

@@ -1,0 +1,44 @@
+"""Triton building blocks shared by the paged decode and extend attention kernels.
+
+Both kernels stream one row's keys/values in BLOCK_N positions at a time
+through its page table and fold them into an online softmax; only how they
+choose the key range and mask differs. Keeping the page gather and the
+softmax update here means a fix or a tuning of either reaches both kernels.
+`@triton.jit` helpers are inlined at compile time, so this costs nothing.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gather_kv_tile(cache_ptr, page, slot, kv_head, stride_p, stride_s, stride_h, offs_d, kv_mask):
+    """Load `[BLOCK_N, BLOCK_D]` of one kv head at (page, slot) positions; masked lanes read 0."""
+    rows = page * stride_p + slot * stride_s + kv_head * stride_h
+    return tl.load(cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+
+
+@triton.jit
+def dot(a, b, IEEE: tl.constexpr):
+    """`tl.dot`, in exact fp32 (IEEE) when checking against the reference, else on tensor cores."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def online_softmax_step(scores, v, m_i, l_i, acc, IEEE: tl.constexpr):
+    """Fold one block of base-2 scores and its values into the running (max, sum, accumulator).
+
+    A query row that sees no key in the block (all -inf: padding or a sliding
+    window) keeps exp2 finite by shifting with 0 instead of -inf.
+    """
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(scores - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, IEEE)
+    return m_new, l_i, acc
