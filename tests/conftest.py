@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import weakref
 from pathlib import Path
@@ -41,3 +42,11 @@ def kv_pages_accounted():
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("checkpoints")
     return {family: make_checkpoint(family, root / family) for family in ("llama", "qwen2", "qwen3", "mistral")}
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """One event loop per module, for tests that drive an `AsyncEngine` from sync code."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()

@@ -27,13 +27,6 @@ MAX_NUM_SEQS = 16
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def engine(loop):
     # One intra-op thread in the core process: on a small shared CPU two processes'
     # thread pools thrash each other (an order of magnitude slower).

@@ -23,13 +23,6 @@ def gone(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def engines(loop):
     """A healthy engine and one that cannot start, started side by side (each start imports torch)."""
     saved = os.environ.get("OMP_NUM_THREADS")

@@ -7,7 +7,7 @@ there (overlap scheduling) and the host fetches them with one non-blocking
 copy. Greedy batches are one argmax. Batches with random rows use the
 registry's `sampling.sample` kernel on GPUs (one launch for every row, Philox
 keyed by seed and sample index, no vocabulary sort), and on the CPU the very
-ops of `random_draw` (same generator, same draw) minus the `.item()`.
+ops of `random_draw` (`random_draw_tensor`: same generator, same draw) minus the `.item()`.
 
 Penalties need each request's token history on the host, which overlap
 scheduling leaves one token behind; plans with penalties therefore use the
@@ -21,7 +21,7 @@ import logging
 import torch
 
 from tokenspeed.kernels import platform_of, select_kernel
-from tokenspeed.layers.sampler import SampleSpec, draw_seed, filter_probs
+from tokenspeed.layers.sampler import SampleSpec, random_draw_tensor
 from tokenspeed.scheduler.plan import ExecutionPlan
 
 logger = logging.getLogger("tokenspeed.executor")
@@ -74,17 +74,6 @@ def needs_host_results(plan: ExecutionPlan) -> bool:
     )
 
 
-def _random_draw_tensor(logits_row: torch.Tensor, spec: SampleSpec) -> torch.Tensor:
-    """`layers.sampler.random_draw` without the host read: a 0-d int64 tensor on the logits' device."""
-    params = spec.sampling
-    probs = torch.softmax(logits_row.float() / params.temperature, dim=-1)
-    probs = filter_probs(probs, params)
-    generator = torch.Generator(device=probs.device)
-    generator.manual_seed(draw_seed(spec.seed, spec.sample_index))
-    race = torch.empty_like(probs).exponential_(generator=generator)
-    return torch.argmax(probs / race)
-
-
 def _mask_stop_tokens_before_min(logits: torch.Tensor, specs: list[SampleSpec]) -> torch.Tensor:
     rows: list[int] = []
     cols: list[int] = []
@@ -128,5 +117,5 @@ def sample_on_device(logits: torch.Tensor, specs: list[SampleSpec]) -> torch.Ten
     if random_rows:
         tokens = tokens.clone()
         for i in random_rows:
-            tokens[i] = _random_draw_tensor(processed[i], specs[i])
+            tokens[i] = random_draw_tensor(processed[i], specs[i])
     return tokens

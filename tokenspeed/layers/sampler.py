@@ -88,15 +88,23 @@ def filter_probs(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs
 
 
-def random_draw(logits_row: torch.Tensor, spec: SampleSpec) -> int:
-    """Sample one token with the exponential-race trick, keyed by (seed, sample_index)."""
+def random_draw_tensor(logits_row: torch.Tensor, spec: SampleSpec) -> torch.Tensor:
+    """Sample one token with the exponential-race trick, keyed by (seed, sample_index).
+
+    Returns a 0-d int64 tensor on the logits' device, so a caller that keeps
+    sampled ids on the device (overlap scheduling) never waits for the host.
+    """
     params = spec.sampling
     probs = torch.softmax(logits_row.float() / params.temperature, dim=-1)
     probs = filter_probs(probs, params)
     generator = torch.Generator(device=probs.device)
     generator.manual_seed(draw_seed(spec.seed, spec.sample_index))
     race = torch.empty_like(probs).exponential_(generator=generator)
-    return int(torch.argmax(probs / race).item())
+    return torch.argmax(probs / race)
+
+
+def random_draw(logits_row: torch.Tensor, spec: SampleSpec) -> int:
+    return int(random_draw_tensor(logits_row, spec).item())
 
 
 def token_logprobs(logprobs: torch.Tensor, token_ids: list[int], top_k: int) -> list[TokenLogprob]:
