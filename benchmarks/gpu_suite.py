@@ -239,6 +239,8 @@ def engine_section(args: argparse.Namespace) -> None:
 
     if args.profile:
         profile_steps(core, drv, rng, vocab, args)
+    if args.bs1_only:
+        return
 
     # -- prefill 8K and 64K (one step each; fresh prompts so the prefix cache cannot help)
     layer_params, lm_params = linear_params(core.model)
@@ -316,7 +318,9 @@ def ablations(args: argparse.Namespace) -> None:
         free()
 
 
-def profile_steps(core: Any, drv: Driver, rng: random.Random, vocab: int, args: argparse.Namespace) -> None:
+def profile_steps(
+    core: Any, drv: Driver, rng: random.Random, vocab: int, args: argparse.Namespace, prefill_len: int = 8192
+) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from tokenspeed.scheduler.sampling_params import SamplingParams
@@ -333,10 +337,10 @@ def profile_steps(core: Any, drv: Driver, rng: random.Random, vocab: int, args: 
         core.step()
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof2:
-        drv.run([random_prompt(rng, 8192, vocab)], 1)
+        drv.run([random_prompt(rng, prefill_len, vocab)], 1)
         torch.cuda.synchronize()
     table2 = prof2.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
-    text = f"== 20 decode steps, bs1, ~1K context ==\n{table}\n\n== one 8K prefill ==\n{table2}\n"
+    text = f"== 20 decode steps, bs1, ~1K context ==\n{table}\n\n== one {prefill_len}-token prefill ==\n{table2}\n"
     args.out.with_suffix(".profile.txt").write_text(text)
     print(text[:6000])
 
@@ -352,6 +356,7 @@ def main() -> int:
     parser.add_argument("--ablations", action="store_true", help="bs1 TPOT with graphs off / overlap off")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--disable-overlap", action="store_true")
+    parser.add_argument("--bs1-only", action="store_true", help="engine section: stop after bs1 decode (+ profile)")
     args = parser.parse_args()
     args.command = " ".join(["python", "benchmarks/gpu_suite.py", *sys.argv[1:]])
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

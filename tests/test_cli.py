@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -33,3 +34,30 @@ def test_bad_model_is_a_clear_error_not_a_traceback(tmp_path):
     result = tokenspeed("generate", "x", "--model", str(tmp_path / "missing"))
     assert result.returncode == 2
     assert "does not exist" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_kernels_explains_the_choice_for_a_gpu_and_honours_overrides():
+    result = tokenspeed("kernels", "--platform", "cuda", "--family", "attention")
+    assert result.returncode == 0, result.stderr
+    decode = result.stdout.split("\n\n")[0]
+    assert decode.startswith("attention.decode [platform=cuda dtype=bfloat16] -> triton")
+    assert "reference" in decode and "PORTABLE" in decode
+
+    forced = subprocess.run(
+        [sys.executable, "-m", "tokenspeed.cli", "kernels", "--platform", "cuda", "--family", "attention"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TOKENSPEED_KERNEL_ATTENTION_DECODE": "reference"},
+    )
+    assert "attention.decode [platform=cuda dtype=bfloat16] -> reference: forced by" in forced.stdout
+
+
+def test_kernels_on_the_cpu_and_bad_arguments():
+    result = tokenspeed("kernels", "--trait", "head_dim=64", "--workload", "num_tokens=1-8")
+    assert result.returncode == 0, result.stderr
+    assert "norm.rms [platform=cpu dtype=float32] -> reference" in result.stdout
+    assert "rejected: platform 'cpu' not in ['cuda']" in result.stdout
+    assert tokenspeed("kernels", "--family", "no-such-family").returncode == 2
+    bad = tokenspeed("kernels", "--workload", "num_tokens")
+    assert bad.returncode == 2 and "key=value" in bad.stderr

@@ -144,3 +144,54 @@ def test_unknown_architecture_names_supported_ones() -> None:
         ModelConfig.from_dict(raw)
     with pytest.raises(ModelNotSupported, match="supported architectures"):
         build_model(raw)
+
+
+# Mixture-of-experts checkpoints: per-expert tensors stacked into `experts.w13` / `experts.w2`.
+MOE_TINY = dict(TINY, num_experts=4, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+
+
+def _hf_moe(family: str) -> torch.nn.Module:
+    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    if family == "mixtral":
+        return MixtralForCausalLM(MixtralConfig(**MOE_TINY)).eval()
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE_TINY, head_dim=8)).eval()
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_moe_checkpoint_per_expert_and_stacked_layouts_load_the_same(family: str, tmp_path: Path) -> None:
+    """`save_pretrained` writes one tensor per expert; v5's in-memory state dict stacks them. Both load."""
+    hf = _hf_moe(family)
+    hf.save_pretrained(tmp_path / "per_expert")
+    names = load_file(str(tmp_path / "per_expert" / "model.safetensors"))
+    block = "block_sparse_moe" if family == "mixtral" else "mlp"
+    gate = "w1" if family == "mixtral" else "gate_proj"
+    assert f"model.layers.0.{block}.experts.3.{gate}.weight" in names
+    stacked = {name: t.contiguous() for name, t in hf.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in stacked
+    folder = _copy_with(tmp_path / "per_expert", tmp_path / "stacked", stacked)
+
+    a, b = _ours(tmp_path / "per_expert"), _ours(folder)
+    load_weights(a, tmp_path / "per_expert")
+    load_weights(b, folder)
+    hf_experts = hf.model.layers[1].mlp.experts
+    for model in (a, b):
+        ours = model.model.layers[1].mlp
+        assert torch.equal(ours.experts.w13, hf_experts.gate_up_proj)
+        assert torch.equal(ours.experts.w2, hf_experts.down_proj)
+        assert torch.equal(ours.gate.weight, hf.model.layers[1].mlp.gate.weight)
+
+
+def test_moe_missing_and_unexpected_expert_tensors_use_checkpoint_names(tmp_path: Path) -> None:
+    _hf_moe("mixtral").save_pretrained(tmp_path / "src")
+    tensors = load_file(str(tmp_path / "src" / "model.safetensors"))
+    del tensors["model.layers.1.block_sparse_moe.experts.2.w3.weight"]
+    tensors["model.layers.0.block_sparse_moe.experts.4.w1.weight"] = torch.ones(16, 32)
+    folder = _copy_with(tmp_path / "src", tmp_path / "ckpt", tensors)
+    with pytest.raises(
+        WeightLoadError,
+        match=r"missing tensors: model\.layers\.1\.block_sparse_moe\.experts\.2\.w3\.weight; "
+        r"unexpected tensors: model\.layers\.0\.block_sparse_moe\.experts\.4\.w1\.weight$",
+    ):
+        load_weights(_ours(folder), folder)

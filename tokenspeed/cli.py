@@ -1,4 +1,4 @@
-"""`tokenspeed`: serve | generate | chat | bench offline | env.
+"""`tokenspeed`: serve | generate | chat | bench | kernels | env.
 
 Every subcommand that builds an engine takes the same engine flags
 (`engine_args.py`); with no `--model` it uses the embedded tiny model.
@@ -91,6 +91,33 @@ def _env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kernels(args: argparse.Namespace) -> int:
+    from tokenspeed.kernels.selection_table import (
+        DTYPES,
+        default_dtype,
+        default_platform,
+        parse_assignments,
+        selection_table,
+    )
+
+    platform_name = args.platform or default_platform()
+    dtype = DTYPES[args.dtype] if args.dtype else default_dtype(platform_name)
+    try:
+        traits = parse_assignments(args.trait, as_range=False)
+        workload = parse_assignments(args.workload, as_range=True)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    reports = selection_table(
+        platform=platform_name, dtype=dtype, family=args.family, traits=traits, workload=workload
+    )
+    if not reports:
+        print(f"error: no kernels registered for family {args.family!r}", file=sys.stderr)
+        return 2
+    print("\n\n".join(str(report) for report in reports))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenspeed", description="LLM inference engine for agentic workloads")
     parser.add_argument("--log-level", default="WARNING")
@@ -130,6 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
     offline.add_parser(bench_sub)
     bench_serve.add_parser(bench_sub)
     bench_plot.add_parser(bench_sub)
+
+    kernels = sub.add_parser(
+        "kernels",
+        help="which kernel the registry picks for every op on this machine, and why",
+        description="Overrides (TOKENSPEED_KERNEL_<FAMILY>_<MODE>=name) are honoured, as in the engine.",
+    )
+    kernels.add_argument("--family", default=None, help="only this family (e.g. attention, moe, mla)")
+    kernels.add_argument("--platform", default=None, help="cpu | cuda (default: this machine)")
+    kernels.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None)
+    kernels.add_argument("--trait", action="append", help="key=value, e.g. head_dim=128 (repeatable)")
+    kernels.add_argument("--workload", action="append", help="key=n or key=lo-hi, e.g. num_tokens=1-8")
+    kernels.set_defaults(handler=_kernels)
 
     env = sub.add_parser("env", help="versions and devices")
     env.set_defaults(handler=_env)

@@ -31,6 +31,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cuda-graph-max-bs", type=int, default=None,
                        help="largest decode batch captured in a CUDA graph")
     group.add_argument("--disable-overlap", action="store_true", help="turn overlap scheduling off")
+    group.add_argument("--cpu-threads", type=int, default=None,
+                       help="torch threads of the engine on the CPU (serve default: all cores but one)")
     group.add_argument("--kernel", action="append", default=[], metavar="FAMILY.MODE=NAME",
                        help="force a kernel, e.g. attention.paged=reference (repeatable)")
 
@@ -55,4 +57,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         cuda_graph_max_bs=args.cuda_graph_max_bs,
         disable_overlap=args.disable_overlap,
         kernel_overrides=tuple(args.kernel),
+        cpu_threads=args.cpu_threads,
     )

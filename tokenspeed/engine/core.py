@@ -60,6 +60,8 @@ class EngineCore:
         for item in config.kernel_overrides:
             set_kernel_override(*parse_kernel_override(item))
         torch.manual_seed(config.seed)
+        if config.cpu_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(config.cpu_threads)
         self.model = build_model(self.model_config, dtype=self.dtype, device=self.device)
         load_weights(
             self.model,
@@ -72,12 +74,14 @@ class EngineCore:
 
         num_pages = self._resolve_num_pages()
         mc = self.model_config
+        kv_heads, k_dim, v_dim = mc.kv_cache_layout
         self.kv = PagedKVStorage(
             num_layers=mc.num_hidden_layers,
             num_pages=num_pages + 1,  # the last page is scratch for padded CUDA-graph rows
             page_size=config.page_size,
-            num_kv_heads=mc.num_key_value_heads,
-            head_dim=mc.head_dim,
+            num_kv_heads=kv_heads,
+            head_dim=k_dim,
+            v_head_dim=v_dim,
             dtype=self.dtype,
             device=self.device,
         )
@@ -106,7 +110,12 @@ class EngineCore:
         self._inflight: StepHandle | None = None  # launched, advanced on placeholders
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, max_model_len %d",
-            mc.architecture, self.device, self.dtype, num_pages, config.page_size, self.max_model_len,
+            mc.architecture,
+            self.device,
+            self.dtype,
+            num_pages,
+            config.page_size,
+            self.max_model_len,
         )
 
     def _graph_max_bs(self) -> int:
@@ -155,11 +164,13 @@ class EngineCore:
                 )
             return self.config.num_kv_pages
         mc = self.model_config
+        kv_heads, k_dim, v_dim = mc.kv_cache_layout
         per_page = PagedKVStorage.bytes_per_page(
             num_layers=mc.num_hidden_layers,
             page_size=self.config.page_size,
-            num_kv_heads=mc.num_key_value_heads,
-            head_dim=mc.head_dim,
+            num_kv_heads=kv_heads,
+            head_dim=k_dim,
+            v_head_dim=v_dim,
             dtype=self.dtype,
         )
         budget_pages = kv_cache_budget_bytes(self.config, self.device) // per_page

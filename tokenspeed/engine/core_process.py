@@ -186,10 +186,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace, inbox: zmq.Socket[bytes], outbox: zmq.Socket[bytes]) -> int:
     try:
-        from tokenspeed.config import EngineConfig
+        from tokenspeed.config import EngineConfig, default_cpu_threads, resolve_device
         from tokenspeed.engine.core import EngineCore
 
         config = ipc.config_from_wire(EngineConfig, args.config)
+        if config.cpu_threads is None and resolve_device(config.device).type == "cpu":
+            config = config.replace(cpu_threads=default_cpu_threads())
         core = EngineCore(config)
     except Exception as exc:
         logger.exception("engine core failed to start")

@@ -57,6 +57,7 @@ class LLM:
         cuda_graph_max_bs: int | None = None,
         disable_overlap: bool = False,
         kernel_overrides: tuple[str, ...] = (),
+        cpu_threads: int | None = None,
         show_progress: bool = True,
     ) -> None:
         config = EngineConfig(
@@ -79,6 +80,7 @@ class LLM:
             cuda_graph_max_bs=cuda_graph_max_bs,
             disable_overlap=disable_overlap,
             kernel_overrides=tuple(kernel_overrides),
+            cpu_threads=cpu_threads,
         )
         self.show_progress = show_progress
         self.core = EngineCore(config, progress=show_progress)

@@ -55,18 +55,33 @@ def context_class(max_seq_len: int, max_model_len: int) -> int:
     return next((c for c in CONTEXT_CLASSES if max_seq_len <= c < max_model_len), max_model_len)
 
 
-def decode_kv_splits(rows: int, num_kv_heads: int, max_model_len: int, device: torch.device) -> int | None:
+def decode_kv_splits(
+    rows: int, num_kv_heads: int, max_model_len: int, device: torch.device, *, mla_heads: int | None = None
+) -> int | None:
     """Split-KV partitions for a decode batch of `rows` (its graph bucket) whose contexts are at
     most `max_model_len` (a context class). Eager and graph steps of one bucket and class use the
     same count, so their attention reductions run in the same order and CUDA graphs on/off give
-    identical tokens."""
+    identical tokens. `mla_heads`: the model's query heads when it attends over a latent (MLA)
+    cache, whose decode kernel tiles heads rather than kv heads and sizes its splits itself."""
     if device.type != "cuda":
         return None
     try:
+        if mla_heads is not None:
+            from tokenspeed.kernels.mla.decode_triton import choose_num_splits as mla_splits
+
+            return int(mla_splits(rows, mla_heads, 1, max_model_len, device=device))
         from tokenspeed.kernels.attention.decode_triton import choose_num_splits
     except ImportError:  # no Triton decode kernel: the kernel in use chooses
         return None
     return int(choose_num_splits(rows, num_kv_heads, max_model_len, device))
+
+
+def mla_query_heads(model: torch.nn.Module) -> int | None:
+    """Query heads of an MLA model (see `decode_kv_splits`), None for any other model."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "mla", None) is None:
+        return None
+    return int(config.num_heads)
 
 
 def graph_batch_sizes(max_bs: int) -> list[int]:
@@ -112,16 +127,22 @@ class DecodeGraphs:
         self.logits_indices = torch.arange(b, dtype=torch.int64, device=d)
         self.page_table = torch.full((b, max_pages_per_seq), scratch_page, dtype=torch.int32, device=d)
         self.num_kv_heads = kv.k[0].shape[2]
+        self.mla_heads = mla_query_heads(model)
         self._graphs: dict[tuple[int, int | None], _Graph] = {}
         self.pool: object | None = None
 
     def splits_for(self, bs: int, max_seq_len: int) -> int | None:
         bound = context_class(max_seq_len, self.max_model_len)
-        return decode_kv_splits(bs, self.num_kv_heads, bound, self.device)
+        return decode_kv_splits(bs, self.num_kv_heads, bound, self.device, mla_heads=self.mla_heads)
 
     def _split_variants(self, bs: int) -> list[int | None]:
         bounds = [c for c in CONTEXT_CLASSES if c < self.max_model_len] + [self.max_model_len]
-        return list(dict.fromkeys(decode_kv_splits(bs, self.num_kv_heads, b, self.device) for b in bounds))
+        return list(
+            dict.fromkeys(
+                decode_kv_splits(bs, self.num_kv_heads, b, self.device, mla_heads=self.mla_heads)
+                for b in bounds
+            )
+        )
 
     def _batch(self, bs: int, splits: int | None) -> ForwardBatch:
         attn = AttentionMetadata(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenspeed.executor.cuda_graphs import DecodeGraphs, context_class, decode_kv_splits
+from tokenspeed.executor.cuda_graphs import DecodeGraphs, context_class, decode_kv_splits, mla_query_heads
 from tokenspeed.executor.forward_batch import (
     RowSpec,
     StagingRing,
@@ -107,6 +107,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         # Decode batches are sized by these buckets (for split-KV counts) even when running eagerly.
         self.graph_sizes = graph_sizes or []
+        self.mla_heads = mla_query_heads(model)  # MLA decode sizes its splits by query heads
 
     def run(self, plan: ExecutionPlan) -> ExecutionResult:
         return self.launch(plan).result()
@@ -156,7 +157,9 @@ class ModelRunner:
         if decode_only and self.max_model_len is not None:
             rows = next((b for b in self.graph_sizes if b >= num_rows), num_rows)
             bound = context_class(batch.attn.max_seq_len, self.max_model_len)
-            batch.attn.num_kv_splits = decode_kv_splits(rows, self.kv.k[0].shape[2], bound, self.device)
+            batch.attn.num_kv_splits = decode_kv_splits(
+                rows, self.kv.k[0].shape[2], bound, self.device, mla_heads=self.mla_heads
+            )
         if bucket is not None and self.graphs is not None:
             logits = self.graphs.replay(batch, bucket)[:num_rows]
             if logits_indices != list(range(num_rows)):  # decode rows that sample are all of them here

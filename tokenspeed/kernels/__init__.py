@@ -6,6 +6,26 @@ a torch REFERENCE (cpu and cuda) and a Triton PORTABLE kernel (cuda only; the
 CPU keeps the reference). Triton kernels also run on CPU tensors under
 `TRITON_INTERPRET=1` (tests), and `python -m tokenspeed.kernels.compile_check`
 compiles them all for a GPU target on a machine without one.
+
+Mixture of experts (`moe/`): `moe.route` (router logits -> top-k weights and
+expert ids; REFERENCE and Triton) and `moe.experts` (the routed SwiGLU
+experts: REFERENCE, a Triton fused grouped GEMM (PERFORMANT, fastest at every
+measured size), and torch's grouped GEMM (PORTABLE) for batches of at least
+`GROUPED_MM_MIN_TOKENS` tokens when the caller states `workload={"num_tokens": ...}`;
+`moe.experts_dispatch` picks between them per batch).
+
+Multi-head latent attention (`mla/`, DeepSeek-V2/V3, weight-absorbed form over
+a paged cache of latent + rope rows): `mla.write`, `mla.decode` (q_len tokens
+per row; the Triton kernel folds speculative tokens into the head axis and
+splits long contexts) and `mla.extend`; REFERENCE on cpu and cuda, Triton
+PORTABLE on cuda.
+
+Decode GEMMs (`gemm/`): `gemm.decode` (one-token GEMV with optional RMSNorm
+prologue, residual epilogue and fp32 output) and `gemm.decode_silu_mul` (the
+gate/up projection with SiLU-and-mul fused); REFERENCE (cpu, cuda: the off
+switch) and Triton PORTABLE (cuda), picked for `workload={"num_tokens": ...}`
+up to `gemm.DECODE_MAX_TOKENS`. `pdl.py`: programmatic dependent launch for the
+decode-step kernels (`TOKENSPEED_PDL=0` turns it off).
 """
 
 from tokenspeed.kernels.registry import (

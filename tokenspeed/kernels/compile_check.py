@@ -74,13 +74,13 @@ def serving_configs() -> Iterator[KernelConfig]:
                 f"attention.decode splits={splits} window={window}",
                 decode_triton._decode_split_kernel,
                 dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=splits, G_BLOCKS=1)
-                | dict(BLOCK_G=16, BLOCK_D=128, BLOCK_N=64, HAS_WINDOW=window, IEEE=False),
+                | dict(BLOCK_G=16, BLOCK_D=128, BLOCK_N=64, HAS_WINDOW=window, IEEE=False, USE_PDL=True),
                 pointers=tables | partials,
             )
     yield KernelConfig(
         "attention.decode reduce",
         decode_triton._decode_reduce_kernel,
-        dict(NUM_HEADS=32, HEAD_DIM=128, NUM_SPLITS=8, BLOCK_S=8, BLOCK_D=128),
+        dict(NUM_HEADS=32, HEAD_DIM=128, NUM_SPLITS=8, BLOCK_S=8, BLOCK_D=128, USE_PDL=True),
         pointers=partials,
     )
     for block_m, block_n, warps in ((128, 64, 8), (16, 64, 4)):
@@ -96,7 +96,7 @@ def serving_configs() -> Iterator[KernelConfig]:
     yield KernelConfig(
         "kvstore.write",
         write_triton._write_kv_kernel,
-        dict(NUM_KV_HEADS=8, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_H=8, BLOCK_D=128),
+        dict(NUM_KV_HEADS=8, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_H=8, BLOCK_D=128, USE_PDL=True),
         pointers={"slot_ptr": "i64"},
     )
     yield KernelConfig(
@@ -108,10 +108,17 @@ def serving_configs() -> Iterator[KernelConfig]:
     yield KernelConfig(
         "rope.apply",
         rope_triton._rope_kernel,
-        dict(NUM_Q_HEADS=32, NUM_K_HEADS=8, HALF=64, BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64),
+        dict(NUM_Q_HEADS=32, NUM_K_HEADS=8, HALF=64, BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64, USE_PDL=True),
         pointers={"positions_ptr": "i64", "cos_ptr": "fp32", "sin_ptr": "fp32"},
     )
     yield KernelConfig("activation.silu_and_mul", silu_triton._silu_and_mul_kernel, dict(D=14336, BLOCK=1024))
+    from tokenspeed.kernels.moe.compile_configs import moe_compile_configs
+
+    yield from moe_compile_configs()
+    yield from _gemm_configs()
+    from tokenspeed.kernels.mla.compile_configs import mla_compile_configs
+
+    yield from mla_compile_configs()
     for draw in (True, False):
         yield KernelConfig(
             f"sampling.sample draw={draw}",
@@ -121,6 +128,32 @@ def serving_configs() -> Iterator[KernelConfig]:
             pointers={"out_ptr": "i64", "top_k_ptr": "i32", "keys_ptr": "i64", "threshold_ptr": "i32"},
             num_warps=8,
         )
+
+
+def _gemm_configs() -> Iterator[KernelConfig]:
+    """The decode GEMV as the fused 8B decoder layer launches it (`choose_config`'s shapes)."""
+    from tokenspeed.kernels.gemm import gemv_triton
+
+    shapes = {  # name: (rows, K, silu, norm prologue, residual epilogue)
+        "qkv+norm": (6144, 4096, False, True, False),
+        "o+residual": (4096, 4096, False, False, True),
+        "gate_up+norm+silu": (14336, 4096, True, True, False),
+        "down+residual": (4096, 14336, False, False, True),
+        "lm_head": (128256, 4096, False, False, False),
+    }
+    for m in (1, 8):
+        for name, (n, k, silu, norm, residual) in shapes.items():
+            cfg = gemv_triton.choose_config(m, n, k, silu_mul=silu)
+            yield KernelConfig(
+                f"gemm.decode {name} m={m}",
+                gemv_triton._gemv_kernel,
+                dict(N=n, K=k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+                | dict(NORM_BLOCK=min(4096 // cfg.block_m, k), STAGES=cfg.stages, EVEN_N=n % cfg.block_n == 0)
+                | dict(EVEN_K=k % cfg.block_k == 0, USE_DOT=cfg.use_dot, SILU_MUL=silu, HAS_BIAS=False)
+                | dict(HAS_NORM=norm, HAS_RESIDUAL=residual, IEEE=False, USE_PDL=True),
+                pointers={"out_ptr": "fp32"} if name == "lm_head" else {},
+                num_warps=cfg.num_warps,
+            )
 
 
 def _ptxas_report(ptx: str, arch: int) -> str:

@@ -55,6 +55,11 @@ _BUILTIN_MODULES = (
     "tokenspeed.kernels.rope.reference",
     "tokenspeed.kernels.activation.reference",
     "tokenspeed.kernels.sampling.reference",
+    "tokenspeed.kernels.gemm.reference",
+    "tokenspeed.kernels.mla.reference",
+    "tokenspeed.kernels.moe.routing_reference",
+    "tokenspeed.kernels.moe.experts_reference",
+    "tokenspeed.kernels.moe.experts_grouped_mm",
 )
 # Triton (PORTABLE) kernels: skipped, with a debug note, where triton is not installed.
 _TRITON_MODULES = (
@@ -65,6 +70,12 @@ _TRITON_MODULES = (
     "tokenspeed.kernels.rope.rope_triton",
     "tokenspeed.kernels.activation.silu_triton",
     "tokenspeed.kernels.sampling.sample_triton",
+    "tokenspeed.kernels.moe.experts_triton",
+    "tokenspeed.kernels.moe.routing_triton",
+    "tokenspeed.kernels.mla.write_triton",
+    "tokenspeed.kernels.mla.decode_triton",
+    "tokenspeed.kernels.mla.extend_triton",
+    "tokenspeed.kernels.gemm.gemv_triton",
 )
 
 

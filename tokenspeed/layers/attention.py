@@ -75,6 +75,11 @@ class GQAAttention(nn.Module):
             sliding_window=sliding_window is not None,
         )
 
+    @property
+    def decode_max_tokens(self) -> int:
+        """Most tokens the fused decode form of `forward` (input_norm / residual) serves; -1: none."""
+        return min(self.qkv_proj.decode_max_tokens, self.o_proj.decode_max_tokens)
+
     def forward(
         self,
         positions: torch.Tensor,
@@ -82,10 +87,22 @@ class GQAAttention(nn.Module):
         attn: AttentionMetadata,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
+        *,
+        input_norm: RMSNorm | None = None,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """hidden `[tokens, hidden_size]` -> `[tokens, hidden_size]`; this step's K/V land in the caches."""
+        """hidden `[tokens, hidden_size]` -> `[tokens, hidden_size]`; this step's K/V land in the caches.
+
+        Decode form (at most `decode_max_tokens` rows): `input_norm` is applied
+        to `hidden` inside the QKV kernel and `residual` added inside the o_proj
+        kernel, so the result is the residual stream and no norm kernel runs.
+        """
         tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj.split_output(self.qkv_proj(hidden))
+        if input_norm is not None:
+            qkv = self.qkv_proj.forward_decode(hidden, norm_weight=input_norm.weight, eps=input_norm.eps)
+        else:
+            qkv = self.qkv_proj(hidden)
+        q, k, v = self.qkv_proj.split_output(qkv)
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
@@ -96,4 +113,7 @@ class GQAAttention(nn.Module):
         out = self.attention_backend(
             q, k, v, k_cache, v_cache, attn, scale=self.scale, sliding_window=self.sliding_window
         )
-        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+        flat = out.reshape(tokens, self.num_heads * self.head_dim)
+        if residual is not None:
+            return self.o_proj.forward_decode(flat, residual=residual)
+        return self.o_proj(flat)

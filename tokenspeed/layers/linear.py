@@ -5,13 +5,48 @@ turn three or two GEMMs into one, which matters most at decode batch sizes
 where each GEMM is bandwidth-bound. Checkpoints store the parts separately, so
 a fused layer knows its shards by name and `load_shard` writes each part into
 its slice; the loader never needs to know the layout.
+
+At decode batch sizes (a few tokens) a projection is a pure weight stream, and
+a GEMV kernel (`gemm.decode`, chosen once at build time through the registry)
+reads the weights faster than cuBLAS's split-K GEMMs and needs no reduction
+kernel. Per call the only Python left is one comparison of the token count
+with the most tokens that kernel serves (-1 when only the reference fits, so
+`--kernel gemm.decode=reference` restores plain `F.linear`). Inputs are
+`[tokens, in_features]`, as every layer of the engine passes them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tokenspeed.kernels.gemm import DECODE_MAX_TOKENS
+from tokenspeed.kernels.registry import Band, platform_of, select_kernel
+
+DecodeGemm = Callable[..., torch.Tensor]
+
+
+def select_decode_gemm(
+    mode: str, *, device: torch.device | str, dtype: torch.dtype
+) -> tuple[DecodeGemm | None, int]:
+    """(kernel, most tokens it serves) for `gemm.<mode>`, or (None, -1) when only the reference fits.
+
+    The reference is the oracle and the off switch, never a fast path: a layer
+    that gets it keeps its ordinary (cuBLAS / torch) code.
+    """
+    spec = select_kernel(
+        "gemm",
+        mode,
+        platform=platform_of(device),
+        dtype=dtype,
+        workload={"num_tokens": (1, DECODE_MAX_TOKENS)},
+    )
+    if spec.band == Band.REFERENCE:
+        return None, -1
+    return spec.impl, spec.workload.get("num_tokens", (1, DECODE_MAX_TOKENS))[1]
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -35,9 +70,30 @@ class Linear(nn.Module):
         self.out_features = out_features
         self.weight = _param(out_features, in_features, dtype=dtype, device=device)
         self.bias = _param(out_features, dtype=dtype, device=device) if bias else None
+        self._decode_gemm, self._decode_max_tokens = select_decode_gemm("decode", device=device, dtype=dtype)
+
+    @property
+    def decode_max_tokens(self) -> int:
+        """Most tokens `forward_decode` serves (-1: no decode kernel, e.g. on the CPU)."""
+        return self._decode_max_tokens
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= self._decode_max_tokens:
+            return self._decode_gemm(x, self.weight, self.bias)  # type: ignore[misc]
         return F.linear(x, self.weight, self.bias)
+
+    def forward_decode(
+        self,
+        x: torch.Tensor,
+        *,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 0.0,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[rms_norm(x)] W^T (+ b) [+ residual] in one decode kernel; only for `decode_max_tokens` or fewer rows."""
+        if self._decode_gemm is None:
+            raise RuntimeError("no decode GEMM kernel was selected for this layer")
+        return self._decode_gemm(x, self.weight, self.bias, norm_weight=norm_weight, eps=eps, residual=residual)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"

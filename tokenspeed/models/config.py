@@ -19,6 +19,8 @@ from typing import Any
 
 from tokenspeed.errors import ModelNotSupported
 from tokenspeed.layers.rope_scaling import SUPPORTED_ROPE_TYPES, RopeConfig
+from tokenspeed.models.mla_config import MLAConfig, mla_config_from_hf
+from tokenspeed.models.moe_config import MoEConfig, moe_config_from_hf
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,12 @@ _ARCHITECTURES: dict[str, _ArchitectureTraits] = {
         qkv_bias_always=True, o_proj_bias_follows_attention_bias=False, sliding_window_style="qwen"
     ),
     "Qwen3ForCausalLM": _ArchitectureTraits(qk_norm=True, default_head_dim=128, sliding_window_style="qwen"),
+    "Qwen3MoeForCausalLM": _ArchitectureTraits(
+        qk_norm=True, default_head_dim=128, sliding_window_style="qwen"
+    ),
+    "MixtralForCausalLM": _ArchitectureTraits(sliding_window_style="all"),
+    "DeepseekV2ForCausalLM": _ArchitectureTraits(),
+    "DeepseekV3ForCausalLM": _ArchitectureTraits(),
 }
 
 _MODEL_TYPE_TO_ARCHITECTURE = {
@@ -47,7 +55,13 @@ _MODEL_TYPE_TO_ARCHITECTURE = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
+
+_ARCHITECTURE_TO_MODEL_TYPE = {arch: model_type for model_type, arch in _MODEL_TYPE_TO_ARCHITECTURE.items()}
 
 
 def supported_architectures() -> list[str]:
@@ -77,6 +91,8 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     dtype: str | None = None  # checkpoint dtype name, e.g. "bfloat16"
+    moe: MoEConfig | None = None  # mixture-of-experts layers (Qwen3-MoE, Mixtral, DeepSeek)
+    mla: MLAConfig | None = None  # multi-head latent attention (DeepSeek-V2/V3)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +121,13 @@ class ModelConfig:
         return self.dtype
 
     @property
+    def kv_cache_layout(self) -> tuple[int, int, int]:
+        """(heads, K values per head, V values per head) stored per token and layer; V 0 = K only (MLA)."""
+        if self.mla is not None:
+            return 1, self.mla.cache_dim, 0
+        return self.num_kv_heads, self.head_dim, self.head_dim
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
@@ -130,6 +153,10 @@ class ModelConfig:
             raise ModelNotSupported(f"config.json of {architecture} lacks {missing.args[0]!r}") from None
         kv_heads = int(raw.get("num_key_value_heads") or heads)
         head_dim = raw.get("head_dim") or traits.default_head_dim or hidden // heads
+        model_type = str(raw.get("model_type") or _ARCHITECTURE_TO_MODEL_TYPE[architecture])
+        mla = mla_config_from_hf(raw, model_type)
+        if mla is not None:
+            head_dim = mla.qk_rope_head_dim  # the rotary width; MLA's other dims live in `mla`
         if heads % kv_heads:
             raise ModelNotSupported(f"{heads} attention heads do not group over {kv_heads} kv heads")
         attention_bias = bool(raw.get("attention_bias", False))
@@ -140,7 +167,7 @@ class ModelConfig:
         max_pos = int(raw.get("max_position_embeddings", 2048))
         return cls(
             architecture=architecture,
-            model_type=str(raw.get("model_type", "")),
+            model_type=model_type,
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=intermediate,
@@ -160,6 +187,8 @@ class ModelConfig:
             bos_token_id=None if raw.get("bos_token_id") is None else int(raw["bos_token_id"]),
             eos_token_ids=eos_ids,
             dtype=raw.get("dtype") or raw.get("torch_dtype"),
+            moe=moe_config_from_hf(raw, model_type, num_layers),
+            mla=mla,
             raw=dict(raw),
         )
 

@@ -24,6 +24,16 @@ class CausalLM(nn.Module):
     config: ModelConfig
     # HF checkpoint module name -> (our fused module name, shard id); read by the loader.
     packed_modules: ClassVar[dict[str, tuple[str, str]]] = {}
+    # HF checkpoint path part -> ours, where our module is named differently (Mixtral's block_sparse_moe).
+    checkpoint_renames: ClassVar[dict[str, str]] = {}
+
+    def optional_checkpoint_modules(self) -> list[str]:
+        """Module paths a checkpoint may leave out as a whole (DeepSeek's MTP layers); see `drop_module`."""
+        return []
+
+    def drop_module(self, path: str) -> None:
+        """Remove an optional module the checkpoint does not carry, rather than keep it with junk weights."""
+        raise NotImplementedError(f"{type(self).__name__} has no optional module {path!r}")
 
     @abstractmethod
     def forward(self, batch: ForwardBatch, kv: PagedKVStorage) -> torch.Tensor:

@@ -20,6 +20,7 @@ from torch import nn
 
 from tokenspeed.layers.attention import GQAAttention
 from tokenspeed.layers.embedding import LMHead, VocabEmbedding
+from tokenspeed.layers.linear import select_decode_gemm
 from tokenspeed.layers.mlp import GatedMLP
 from tokenspeed.layers.norm import RMSNorm
 from tokenspeed.layers.rotary_embedding import RotaryEmbedding
@@ -59,7 +60,20 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(
             config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device
         )
-        self.mlp = GatedMLP(
+        self.mlp = self.build_mlp(config, index, dtype=dtype, device=device)
+        # Decode-sized steps run the layer as four weight kernels with the norms and residual adds
+        # fused in (see `forward`); only a GatedMLP has the fused form, so MoE layers keep the plain one.
+        self._fused_decode_max_tokens = (
+            min(self.self_attn.decode_max_tokens, self.mlp.decode_max_tokens)
+            if isinstance(self.mlp, GatedMLP)
+            else -1
+        )
+
+    def build_mlp(
+        self, config: ModelConfig, index: int, *, dtype: torch.dtype, device: torch.device
+    ) -> nn.Module:
+        """The feed-forward block of layer `index`; MoE models override this and nothing else."""
+        return GatedMLP(
             config.hidden_size, config.intermediate_size, bias=config.mlp_bias, dtype=dtype, device=device
         )
 
@@ -70,7 +84,20 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         attn: AttentionMetadata,
         kv_layer: tuple[torch.Tensor, torch.Tensor],
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(hidden, residual), whose sum is the residual stream; residual None: hidden is the stream.
+
+        At most `_fused_decode_max_tokens` rows take the fused decode form: the
+        norms run in the QKV and gate/up kernels' prologues, the residual adds
+        in the o_proj and down kernels' epilogues, and the stream comes back
+        whole (residual None). Otherwise the add is fused into the next norm.
+        """
+        if hidden.shape[0] <= self._fused_decode_max_tokens:
+            stream = hidden if residual is None else hidden + residual
+            mid = self.self_attn(
+                positions, stream, attn, *kv_layer, input_norm=self.input_layernorm, residual=stream
+            )
+            return self.mlp.forward_decode(mid, norm=self.post_attention_layernorm, residual=mid), None
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -82,7 +109,14 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        layer_class: type[DecoderLayer] = DecoderLayer,
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
         self.rotary_emb = RotaryEmbedding(
@@ -93,7 +127,7 @@ class DecoderModel(nn.Module):
             device=device,
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, self.rotary_emb, dtype=dtype, device=device)
+            layer_class(config, i, self.rotary_emb, dtype=dtype, device=device)
             for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
@@ -103,7 +137,7 @@ class DecoderModel(nn.Module):
         residual: torch.Tensor | None = None
         for index, layer in enumerate(self.layers):
             hidden, residual = layer(batch.positions, hidden, residual, batch.attn, kv.layer(index))
-        if residual is None:  # a model without layers
+        if residual is None:  # no layers, or decode layers that return the whole stream
             return self.norm(hidden)
         hidden, _ = self.norm(hidden, residual)
         return hidden
@@ -112,6 +146,7 @@ class DecoderModel(nn.Module):
 class DenseDecoderForCausalLM(CausalLM):
     """Llama-family causal LM; see the module docstring for what it covers."""
 
+    layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer
     packed_modules: ClassVar[dict[str, tuple[str, str]]] = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
@@ -127,7 +162,7 @@ class DenseDecoderForCausalLM(CausalLM):
         device = torch.device(device)
         self.config = config
         self.dtype = dtype
-        self.model = DecoderModel(config, dtype=dtype, device=device)
+        self.model = DecoderModel(config, dtype=dtype, device=device, layer_class=self.layer_class)
         self.lm_head = LMHead(
             config.vocab_size,
             config.hidden_size,
@@ -135,9 +170,14 @@ class DenseDecoderForCausalLM(CausalLM):
             dtype=dtype,
             device=device,
         )
+        # Decode-sized batches stream the 0.5-1 GB head through the GEMV kernel, which writes the
+        # fp32 logits directly (rounded through the activation dtype, as `LMHead` returns them).
+        self._lm_head_gemm, self._lm_head_max_tokens = select_decode_gemm("decode", device=device, dtype=dtype)
 
     def forward(self, batch: ForwardBatch, kv: PagedKVStorage) -> torch.Tensor:
         return self.model(batch, kv)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if hidden.shape[0] <= self._lm_head_max_tokens:
+            return self._lm_head_gemm(hidden, self.lm_head.weight, out_dtype=torch.float32)  # type: ignore[misc]
         return self.lm_head(hidden)

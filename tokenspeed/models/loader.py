@@ -6,8 +6,11 @@ fails in a second with every offending name, not after minutes of copying.
 Tensors are then streamed one at a time into the model's parameters, which
 keeps host memory at one tensor regardless of model size.
 
-HF names map one-to-one onto ours except for fused projections, which the
-model declares in `packed_modules` (e.g. `q_proj` -> shard `q` of `qkv_proj`).
+HF names map one-to-one onto ours except where the model declares otherwise:
+fused projections in `packed_modules` (e.g. `q_proj` -> shard `q` of
+`qkv_proj`), renamed path components in `checkpoint_renames`, and modules
+that resolve the names below them (stacked MoE experts: per-expert tensors
+`experts.{e}.gate_proj.weight` -> shard `{e}.gate` of `experts.w13`); see `_NameMap`.
 
 Dummy weights (`load_format="dummy"`) let the engine be benchmarked and
 tested at real shapes without files: normal(0, 0.02) from a seed, norms at 1.
@@ -19,7 +22,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from safetensors import safe_open
@@ -94,37 +97,101 @@ def find_weight_files(folder: Path) -> list[Path]:
     )
 
 
-def _resolve(model: nn.Module, name: str) -> _Target | None:
-    """Our target for checkpoint tensor `name`, or None when the tensor is deliberately ignored."""
-    if name.endswith(_SKIPPED_SUFFIXES):
-        return None
-    if name == "lm_head.weight" and getattr(getattr(model, "config", None), "tie_word_embeddings", False):
-        return None  # tied: the embedding matrix is the head
-    module_path, _, attr = name.rpartition(".")
-    parent, _, leaf = module_path.rpartition(".")
-    packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
-    if leaf in packed:
-        fused, shard = packed[leaf]
-        return _Target(f"{parent}.{fused}.{attr}" if parent else f"{fused}.{attr}", shard)
-    return _Target(name, None)
+@runtime_checkable
+class CheckpointMappedModule(Protocol):
+    """A module that maps the checkpoint names below it onto its own parameters (stacked MoE experts).
+
+    `rest` is a checkpoint name relative to the module (`"3.gate_proj.weight"`);
+    shard ids are the module's own and only ever come back to it.
+    """
+
+    def resolve_checkpoint_name(self, rest: str) -> tuple[str, str | None] | None:
+        """(parameter, shard or None for the whole parameter), or None for a name that is not ours."""
+        ...
+
+    def checkpoint_shards(self, attr: str) -> tuple[str, ...]:
+        """The shards parameter `attr` is loaded in; () when it is loaded whole."""
+        ...
+
+    def checkpoint_name(self, attr: str, shard: str) -> str:
+        """The checkpoint name (relative to the module) of one shard, for error messages."""
+        ...
+
+    def load_shard(self, attr: str, shard: str, tensor: torch.Tensor) -> None:
+        """Copy one shard in; raise ValueError on a shape mismatch."""
+        ...
 
 
-def _expected_targets(model: nn.Module) -> dict[_Target, str]:
-    """Every (parameter, shard) the checkpoint must provide -> its name in HF spelling (for errors)."""
-    unpacked = {v: k for k, v in getattr(model, "packed_modules", {}).items()}
-    expected: dict[_Target, str] = {}
-    for name, _ in model.named_parameters():
+class _NameMap:
+    """How checkpoint tensor names map onto `model`'s parameters, in both directions (built once per load).
+
+    Three declarations on the model drive it, so new architectures never edit
+    the loader: `packed_modules` (HF module -> our fused module and shard),
+    `checkpoint_renames` (HF path component -> ours, e.g. Mixtral's
+    `block_sparse_moe` -> `mlp`, the rename transformers v5 makes too), and
+    modules that map the names below them themselves (`CheckpointMappedModule`:
+    stacked MoE experts).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
+        self.unpacked = {v: k for k, v in self.packed.items()}
+        self.renames: dict[str, str] = dict(getattr(model, "checkpoint_renames", {}))
+        self.unrenames = {ours: hf for hf, ours in self.renames.items()}
+        config = getattr(model, "config", None)
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.mapped = {n: m for n, m in model.named_modules() if isinstance(m, CheckpointMappedModule)}
+
+    @staticmethod
+    def _rename(name: str, table: dict[str, str]) -> str:
+        return ".".join(table.get(part, part) for part in name.split(".")) if table else name
+
+    def resolve(self, name: str) -> _Target | None:
+        """Our target for checkpoint tensor `name`, or None when the tensor is deliberately ignored."""
+        if name.endswith(_SKIPPED_SUFFIXES):
+            return None
+        if name == "lm_head.weight" and self.tied:
+            return None  # tied: the embedding matrix is the head
+        name = self._rename(name, self.renames)
+        prefix = name
+        while self.mapped and "." in prefix:
+            prefix = prefix.rpartition(".")[0]
+            module = self.mapped.get(prefix)
+            if module is not None:
+                resolved = module.resolve_checkpoint_name(name[len(prefix) + 1 :])
+                if resolved is None:
+                    return _Target(name, None)  # no such parameter: reported as unexpected
+                attr, shard = resolved
+                return _Target(f"{prefix}.{attr}", shard)
         module_path, _, attr = name.rpartition(".")
-        module = model.get_submodule(module_path)
-        shards: tuple[str, ...] = getattr(module, "shard_names", ())
-        if not shards:
-            expected[_Target(name, None)] = name
-            continue
         parent, _, leaf = module_path.rpartition(".")
-        for shard in shards:
-            hf_leaf = unpacked.get((leaf, shard), f"{leaf}[{shard}]")
-            expected[_Target(name, shard)] = f"{parent}.{hf_leaf}.{attr}"
-    return expected
+        if leaf in self.packed:
+            fused, shard = self.packed[leaf]
+            return _Target(f"{parent}.{fused}.{attr}" if parent else f"{fused}.{attr}", shard)
+        return _Target(name, None)
+
+    def expected(self) -> dict[_Target, str]:
+        """Every (parameter, shard) the checkpoint must provide -> its name in HF spelling (for errors)."""
+        expected: dict[_Target, str] = {}
+        for name, _ in self.model.named_parameters():
+            module_path, _, attr = name.rpartition(".")
+            module = self.model.get_submodule(module_path)
+            if isinstance(module, CheckpointMappedModule):
+                shards: tuple[str, ...] = module.checkpoint_shards(attr)
+            else:
+                shards = getattr(module, "shard_names", ())
+            if not shards:
+                expected[_Target(name, None)] = self._rename(name, self.unrenames)
+                continue
+            parent, _, leaf = module_path.rpartition(".")
+            for shard in shards:
+                if isinstance(module, CheckpointMappedModule):
+                    hf = f"{module_path}.{module.checkpoint_name(attr, shard)}"
+                else:
+                    hf = f"{parent}.{self.unpacked.get((leaf, shard), f'{leaf}[{shard}]')}.{attr}"
+                expected[_Target(name, shard)] = self._rename(hf, self.unrenames)
+        return expected
 
 
 def _shown(names: list[str]) -> str:
@@ -133,9 +200,21 @@ def _shown(names: list[str]) -> str:
     return ", ".join(names[:_MAX_NAMES_SHOWN]) + more
 
 
-def _plan(model: nn.Module, files: list[Path]) -> dict[Path, list[tuple[str, _Target]]]:
-    """Map every checkpoint tensor to its target, raising on any missing or unexpected name."""
-    expected = _expected_targets(model)
+def _plan(model: nn.Module, files: list[Path]) -> tuple[dict[Path, list[tuple[str, _Target]]], list[str]]:
+    """Map every checkpoint tensor to its target, raising on any missing or unexpected name.
+
+    A whole tensor for a parameter that is normally loaded in shards (v5's stacked
+    `experts.gate_up_proj`) provides every one of its shards at once. Optional
+    modules (`optional_checkpoint_modules`) of which the checkpoint has no tensor
+    at all are returned for dropping instead of reported missing; one that is only
+    partly present is still an error.
+    """
+    name_map = _NameMap(model)
+    expected = name_map.expected()
+    shards_of: dict[str, list[_Target]] = {}
+    for wanted in expected:
+        if wanted.shard is not None:
+            shards_of.setdefault(wanted.param, []).append(wanted)
     plan: dict[Path, list[tuple[str, _Target]]] = {}
     seen: set[_Target] = set()
     unexpected: list[str] = []
@@ -144,15 +223,28 @@ def _plan(model: nn.Module, files: list[Path]) -> dict[Path, list[tuple[str, _Ta
             names = list(f.keys())
         entries = plan.setdefault(path, [])
         for name in names:
-            target = _resolve(model, name)
+            target = name_map.resolve(name)
             if target is None:
+                continue
+            if target.shard is None and target.param in shards_of:
+                seen.update(shards_of[target.param])
+                entries.append((name, target))
                 continue
             if target not in expected:
                 unexpected.append(name)
                 continue
             seen.add(target)
             entries.append((name, target))
-    missing = [hf for target, hf in expected.items() if target not in seen]
+    absent = [
+        prefix
+        for prefix in _optional_modules(model)
+        if not any(t.param.startswith(prefix + ".") for t in seen)
+    ]
+    missing = [
+        hf
+        for target, hf in expected.items()
+        if target not in seen and not any(target.param.startswith(p + ".") for p in absent)
+    ]
     problems = []
     if missing:
         problems.append(f"missing tensors: {_shown(missing)}")
@@ -162,11 +254,19 @@ def _plan(model: nn.Module, files: list[Path]) -> dict[Path, list[tuple[str, _Ta
         architecture = getattr(getattr(model, "config", None), "architecture", type(model).__name__)
         folder = files[0].parent
         raise WeightLoadError(f"checkpoint {folder} does not match {architecture}: " + "; ".join(problems))
-    return plan
+    return plan, absent
+
+
+def _optional_modules(model: nn.Module) -> list[str]:
+    optional = getattr(model, "optional_checkpoint_modules", None)
+    return list(optional()) if callable(optional) else []
 
 
 def _load_safetensors(model: nn.Module, files: list[Path], *, progress: bool) -> None:
-    plan = _plan(model, files)
+    plan, absent = _plan(model, files)
+    for path in sorted(absent, reverse=True):  # deepest / last first, so list indices stay valid
+        logger.info("checkpoint has no %s (optional): dropped", path)
+        model.drop_module(path)  # type: ignore[operator]
     params = dict(model.named_parameters())
     with torch.no_grad():
         for path in tqdm(files, desc="Loading safetensors shards", unit="shard", disable=not progress):

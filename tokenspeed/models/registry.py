@@ -14,8 +14,10 @@ import torch
 
 from tokenspeed.errors import ModelNotSupported
 from tokenspeed.models.config import ModelConfig
+from tokenspeed.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from tokenspeed.models.interface import CausalLM
 from tokenspeed.models.llama import DenseDecoderForCausalLM
+from tokenspeed.models.moe_decoder import MixtralForCausalLM, Qwen3MoeForCausalLM
 
 ModelBuilder = Callable[..., CausalLM]
 
@@ -24,6 +26,12 @@ _BUILDERS: dict[str, ModelBuilder] = {
     "MistralForCausalLM": DenseDecoderForCausalLM,
     "Qwen2ForCausalLM": DenseDecoderForCausalLM,
     "Qwen3ForCausalLM": DenseDecoderForCausalLM,
+    # Mixture of experts (models/moe_decoder.py).
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    # Multi-head latent attention + MoE (models/deepseek.py).
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
 }
 
 

@@ -11,7 +11,10 @@ cached byte once:
 - everything per row (length, pages) is read from device tensors, and the
   grid depends only on (rows, heads, num_splits): the launch is a fixed shape
   that a CUDA graph can capture once per batch bucket and replay for any
-  lengths. Rows of length 0 (batch padding) produce zeros.
+  lengths. Rows of length 0 (batch padding) produce zeros;
+- both kernels launch with programmatic dependent launch on Hopper
+  (`kernels/pdl.py`): at short contexts they are latency-bound, and the
+  launch of each overlaps the kernel before it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.attention.paged_tiles import dot, gather_kv_tile, online_softmax_step
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2, sm_count_of
 
@@ -63,7 +68,11 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0)
     kv_head = tl.program_id(1) // G_BLOCKS
     g_block = tl.program_id(1) % G_BLOCKS
@@ -129,7 +138,11 @@ def _decode_reduce_kernel(
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -208,6 +221,7 @@ def decode_attention_triton(
     block_g = max(16, min(64, next_power_of_2(group)))
     g_blocks = -(-group // block_g)
     block_d = max(16, next_power_of_2(head_dim))
+    pdl = pdl_enabled(q.device)
     if num_splits > 1:
         part_out = torch.empty(rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(rows, num_heads, num_splits, dtype=torch.float32, device=q.device)
@@ -248,6 +262,7 @@ def decode_attention_triton(
         IEEE=q.dtype == torch.float32,
         num_warps=4,
         num_stages=2,
+        **pdl_launch_options(pdl),
     )
     if num_splits > 1:
         for_tensor(_decode_reduce_kernel, q)[(rows, num_heads)](
@@ -262,5 +277,6 @@ def decode_attention_triton(
             BLOCK_S=next_power_of_2(num_splits),
             BLOCK_D=block_d,
             num_warps=4,
+            **pdl_launch_options(pdl),
         )
     return out

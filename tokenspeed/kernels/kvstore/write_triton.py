@@ -3,7 +3,8 @@
 Slots below zero are skipped (CUDA-graph padding, see `reference.py`). The
 page and in-page offset are computed from the flat slot so that any cache
 strides work, and the page index is widened to int64 because a large pool
-overflows 32-bit element offsets.
+overflows 32-bit element offsets. Launched with programmatic dependent launch
+on Hopper (`kernels/pdl.py`), which hides most of this tiny kernel's launch.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -38,7 +41,11 @@ def _write_kv_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
+        gdc_wait()
+        gdc_launch_dependents()
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot >= 0:
@@ -106,4 +113,5 @@ def write_kv_triton(
         PAGE_SIZE=k_cache.shape[1],
         BLOCK_H=next_power_of_2(num_kv_heads),
         BLOCK_D=next_power_of_2(head_dim),
+        **pdl_launch_options(pdl_enabled(k.device)),
     )

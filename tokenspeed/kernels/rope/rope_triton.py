@@ -6,6 +6,8 @@ this one kernel serves them all. One program rotates every head of q and k for
 one token, reading that position's cos/sin row once. In place, because q and k
 are views of the fused QKV projection: rotating them there saves two copies.
 Only the first `rotary_dim` channels rotate (partial rotary); the rest stay.
+Launched with programmatic dependent launch on Hopper (`kernels/pdl.py`): a
+two-microsecond kernel otherwise spends much of its time being launched.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -36,7 +40,11 @@ def _rope_kernel(
     BLOCK_QH: tl.constexpr,
     BLOCK_KH: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
+        gdc_wait()
+        gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
     offs = tl.arange(0, BLOCK_HALF)
@@ -98,5 +106,6 @@ def apply_rope_triton(
             BLOCK_KH=next_power_of_2(k.shape[1]),
             BLOCK_HALF=next_power_of_2(half),
             num_warps=4,
+            **pdl_launch_options(pdl_enabled(q.device)),
         )
     return q, k

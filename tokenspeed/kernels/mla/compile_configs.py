@@ -1,0 +1,61 @@
+"""The MLA kernels at their serving configurations, for `tokenspeed.kernels.compile_check`.
+
+DeepSeek-V3 dims (latent 512 + rope 64, pages of 64, bf16), at exactly the
+tiles and launch sizes the launchers choose (`decode_plan`), so the sm_90
+compile-and-spill check covers what the GPU will run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from tokenspeed.kernels.compile_check import KernelConfig
+from tokenspeed.kernels.mla import decode_plan, decode_triton, extend_triton, write_triton
+
+_TABLES = {"page_table_ptr": "i32", "seq_lens_ptr": "i32", "query_start_ptr": "i32"}
+_PARTIALS = {"part_out_ptr": "fp32", "part_lse_ptr": "fp32"}
+_DIMS = dict(KV_LORA=512, ROPE=64, PAGE_SIZE=64, BLOCK_L=512, BLOCK_R=64, IEEE=False)
+
+
+def mla_compile_configs() -> Iterator[KernelConfig]:
+    for heads, q_len, split in ((16, 1, True), (16, 2, True), (16, 4, False), (128, 1, True)):
+        fold = decode_plan.choose_fold(heads, q_len)
+        per_block, blocks = decode_plan.head_tiling(heads, fold)
+        block_m = decode_plan.block_m_of(heads, fold)
+        launch = decode_plan.default_launch(block_m, torch.bfloat16)
+        yield KernelConfig(
+            f"mla.decode heads={heads} q_len={q_len} split={split}",
+            decode_triton._mla_decode_kernel,
+            dict(NUM_HEADS=heads, FOLD=fold, HEADS_PER_BLOCK=per_block, HEAD_BLOCKS=blocks)
+            | dict(SPLIT=split, BLOCK_M=block_m, BLOCK_N=launch.block_n)
+            | _DIMS,
+            pointers=_TABLES | _PARTIALS,
+            num_warps=launch.num_warps,
+            num_stages=launch.num_stages,
+        )
+    yield KernelConfig(
+        "mla.decode merge",
+        decode_triton._mla_merge_kernel,
+        dict(NUM_HEADS=16, KV_LORA=512, BLOCK_S=128, BLOCK_D=64),
+        pointers=_PARTIALS,
+    )
+    for heads in (128, 16):
+        tiles = extend_triton.extend_tiles(heads, torch.bfloat16)
+        yield KernelConfig(
+            f"mla.extend heads={heads}",
+            extend_triton._mla_extend_kernel,
+            dict(NUM_HEADS=heads, TOKENS=tiles.tokens, HEADS_PER_BLOCK=tiles.heads_per_block)
+            | dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n)
+            | _DIMS,
+            pointers=_TABLES,
+            num_warps=tiles.num_warps,
+            num_stages=tiles.num_stages,
+        )
+    yield KernelConfig(
+        "mla.write",
+        write_triton._mla_write_kernel,
+        dict(WIDTH=576, PAGE_SIZE=64, BLOCK=1024),
+        pointers={"slot_ptr": "i64"},
+    )

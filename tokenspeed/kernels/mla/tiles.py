@@ -1,0 +1,102 @@
+"""Triton building blocks shared by the MLA decode and extend kernels.
+
+Both stream one row's latent cache through its page table, BLOCK_N positions
+at a time, for a tile of BLOCK_M query rows (any mix of query tokens and
+heads: all heads share the one latent "kv head"). A cached position is 576
+values for DeepSeek-V3: 512 latent + 64 rope. `tl.dot` wants power-of-two
+sizes, so the score is two dots (latent part, rope part), and the value tile
+is the latent part of the *same* loaded tile: each cache byte is loaded once
+and used for both the scores and the output. Causality is a per-query-row
+bound (`q_pos`), which covers decode, folded speculative tokens and prefill
+chunks alike. `@triton.jit` helpers are inlined, so sharing costs nothing.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tokenspeed.kernels.attention.paged_tiles import dot, online_softmax_step
+
+
+@triton.jit
+def load_query_tile(
+    q_ptr,
+    token,
+    head,
+    m_mask,
+    stride_qt,
+    stride_qh,
+    KV_LORA: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """(latent part `[BLOCK_M, BLOCK_L]`, rope part `[BLOCK_M, BLOCK_R]`) of the query rows; masked rows are 0."""
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_r = tl.arange(0, BLOCK_R)
+    base = q_ptr + token.to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh
+    q_lat = tl.load(base + offs_l[None, :], mask=m_mask[:, None] & (offs_l < KV_LORA)[None, :], other=0.0)
+    q_rope = tl.load(
+        base + KV_LORA + offs_r[None, :], mask=m_mask[:, None] & (offs_r < ROPE)[None, :], other=0.0
+    )
+    return q_lat, q_rope
+
+
+@triton.jit
+def attend_latent_range(
+    q_lat,
+    q_rope,
+    q_pos,
+    cache_ptr,
+    table_ptr,
+    lo,
+    hi,
+    scale_log2e,
+    stride_cp,
+    stride_cs,
+    KV_LORA: tl.constexpr,
+    ROPE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """Online softmax of the query tile over cached positions [lo, hi) of one row; query row m sees pos <= q_pos[m].
+
+    Returns (running max in base 2, running sum, unnormalised `[BLOCK_M, BLOCK_L]` fp32 output).
+    """
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_r = tl.arange(0, BLOCK_R)
+    l_mask = offs_l < KV_LORA
+    r_mask = offs_r < ROPE
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_L], dtype=tl.float32)
+    for block_start in range(lo, hi, BLOCK_N):
+        pos = block_start + tl.arange(0, BLOCK_N)
+        n_mask = pos < hi
+        page = tl.load(table_ptr + pos // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+        rows = cache_ptr + page * stride_cp + (pos % PAGE_SIZE) * stride_cs
+        latent = tl.load(rows[:, None] + offs_l[None, :], mask=n_mask[:, None] & l_mask[None, :], other=0.0)
+        rope = tl.load(
+            rows[:, None] + KV_LORA + offs_r[None, :], mask=n_mask[:, None] & r_mask[None, :], other=0.0
+        )
+        scores = dot(q_lat, tl.trans(latent), IEEE) + dot(q_rope, tl.trans(rope), IEEE)
+        visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        scores = tl.where(visible, scores * scale_log2e, float("-inf"))
+        m_i, l_i, acc = online_softmax_step(scores, latent, m_i, l_i, acc, IEEE)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def store_latent_output(
+    out_ptr, token, head, m_mask, acc, l_i, stride_ot, stride_oh, KV_LORA: tl.constexpr, BLOCK_L: tl.constexpr
+):
+    """Normalise and store `[BLOCK_M, KV_LORA]`; a query row that saw no key stores zeros."""
+    offs_l = tl.arange(0, BLOCK_L)
+    result = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    dst = out_ptr + token.to(tl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + offs_l[None, :]
+    tl.store(dst, result.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & (offs_l < KV_LORA)[None, :])

@@ -1,0 +1,72 @@
+"""The MoE Triton kernels at their serving configurations, for `tokenspeed.kernels.compile_check`.
+
+Moonlight (hidden 2048, intermediate 1408, 64 experts, top-6) and
+Qwen3-30B-A3B (2048, 768, 128 experts, top-8) in bf16, at every tile
+configuration `experts_triton.tile_config` can choose and the alignment
+kernel at the batch sizes it serves, plus the router of each (and
+DeepSeek-V3's grouped one), so the sm_90 compile-and-spill check
+covers what the GPU will run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from tokenspeed.kernels.compile_check import KernelConfig
+from tokenspeed.kernels.moe import align_triton, experts_triton, routing_triton
+from tokenspeed.kernels.triton_launch import next_power_of_2
+
+SHAPES = {"moonlight": (2048, 1408, 64, 6), "qwen3_30b_a3b": (2048, 768, 128, 8)}
+# name: (experts, top_k, sigmoid, groups, kept groups, top-2 group scores, routed scaling factor)
+ROUTERS = {
+    "qwen3_30b_a3b": (128, 8, False, 1, 1, False, 1.0),
+    "moonlight": (64, 6, True, 1, 1, True, 2.446),
+    "deepseek_v3": (256, 8, True, 8, 4, True, 2.5),
+}
+_POINTERS = {"pair_ids_ptr": "i32", "block_expert_ptr": "i32", "weights_ptr": "fp32"}
+
+
+def moe_compile_configs() -> Iterator[KernelConfig]:
+    for name, (experts, top_k, sigmoid, groups, kept, top2, scaling) in ROUTERS.items():
+        yield KernelConfig(
+            f"moe.route {name}",
+            routing_triton._route_kernel,
+            dict(NUM_EXPERTS=experts, TOP_K=top_k, SIGMOID=sigmoid, HAS_BIAS=sigmoid, RENORMALIZE=True)
+            | dict(NUM_GROUPS=groups, TOPK_GROUPS=kept, GROUP_TOP2=top2, BLOCK_E=next_power_of_2(experts))
+            | dict(
+                BLOCK_G=next_power_of_2(groups), BLOCK_K=next_power_of_2(top_k), SCALING=scaling, EPS=1e-20
+            ),
+            pointers={"weights_ptr": "fp32", "ids_ptr": "i32", "bias_ptr": "fp32"},
+            num_warps=routing_triton.num_warps_for(experts),
+        )
+    for name, (hidden, inter, experts, top_k) in SHAPES.items():
+        for tokens in (1, 64, align_triton.ALIGN_TRITON_MAX_PAIRS // top_k):
+            block_p = next_power_of_2(tokens * top_k)
+            block_e = next_power_of_2(experts)
+            block_b, chunk = align_triton.reduction_tiles(block_p, block_e)
+            yield KernelConfig(
+                f"moe.align {name} tokens={tokens}",
+                align_triton._align_kernel,
+                dict(NUM_EXPERTS=experts, BLOCK_M=16, BLOCK_P=block_p, BLOCK_E=block_e, BLOCK_B=block_b)
+                | dict(CHUNK=chunk),
+                pointee="i32",
+                num_warps=align_triton.NUM_WARPS,
+            )
+        for tiles in (experts_triton.DECODE_TILES, experts_triton.MEDIUM_TILES, experts_triton.PREFILL_TILES):
+            common = dict(BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, IEEE=False)
+            yield KernelConfig(
+                f"moe.experts gate_up {name} block_m={tiles.block_m}",
+                experts_triton._moe_gate_up_kernel,
+                dict(TOP_K=top_k, HIDDEN=hidden, INTER=inter, BLOCK_N=tiles.block_n_up) | common,
+                pointers=_POINTERS,
+                num_warps=tiles.num_warps,
+                num_stages=tiles.num_stages,
+            )
+            yield KernelConfig(
+                f"moe.experts down {name} block_m={tiles.block_m}",
+                experts_triton._moe_down_kernel,
+                dict(HIDDEN=hidden, INTER=inter, BLOCK_N=tiles.block_n_down) | common,
+                pointers=_POINTERS,
+                num_warps=tiles.num_warps,
+                num_stages=tiles.num_stages,
+            )

@@ -1,0 +1,269 @@
+"""Triton fused MoE: two grouped GEMMs over expert-sorted (token, k) pairs.
+
+Signature: as `experts_reference.fused_experts_reference` (registered as
+`moe.experts`, name "triton", band PERFORMANT, cuda, any token count). It
+outranks `experts_grouped_mm` at every size because it measured faster at every
+size: 1.4-2.0x over 16-16384 tokens for the Moonlight and Qwen3-30B-A3B shapes
+on the H200 (`benchmarks/results/h200_moe_kernels.json`).
+
+Steps (no host sync anywhere, so the whole op can be captured in a CUDA graph):
+1. `align.align_by_expert` sorts the T*k pairs by expert and pads each
+   expert's run to BLOCK_M rows, so every row block of the GEMMs below reads
+   a single expert's weights (decode-sized batches use the single-launch
+   `align_triton.align_by_expert_triton`, same result);
+2. `_moe_gate_up_kernel`: for each block, gather the pairs' token rows of
+   `hidden`, multiply by the expert's gate and up projections (two
+   accumulators over the same A tile) and write silu(gate) * up for each pair,
+   i.e. the SiLU-and-mul is fused into the GEMM epilogue and the [T*k, 2I]
+   gate/up product never reaches memory;
+3. `_moe_down_kernel`: multiply those rows by the expert's down projection,
+   scale by the pair's routing weight and store row `pair` of a [T*k, H] buffer;
+4. the k-sum is `view(T, k, H).sum(1)` (pairs are indexed token-major), which
+   is deterministic, unlike atomics into the output.
+
+Rounding mirrors the reference where it is free: gate and up are rounded to
+the activation dtype before the activation, the activation before the product.
+Each routed row is rounded to the activation dtype once, after the routing
+weight is applied (the reference rounds the expert output before weighting),
+and the k-sum accumulates in fp32; the GPU tests bound the difference.
+
+Tile sizes come from `tile_config`, keyed on the mean pairs per expert (what
+decides how full a BLOCK_M-row block is): decode-sized batches are weight-
+bandwidth bound and use 16-row blocks with long K steps and 4 pipeline
+stages; prefill uses 128-row blocks on 8 warps (Hopper wgmma tiles).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tokenspeed.kernels.moe.align import BlockAlignment, align_by_expert
+from tokenspeed.kernels.moe.align_triton import ALIGN_TRITON_MAX_PAIRS, align_by_expert_triton
+from tokenspeed.kernels.moe.experts_reference import check_experts_args
+from tokenspeed.kernels.registry import Band, register_kernel
+from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor
+
+
+@dataclass(frozen=True, slots=True)
+class TileConfig:
+    """Tiles of both GEMMs; `block_n_up` counts columns of *each* of gate and up."""
+
+    block_m: int
+    block_n_up: int
+    block_n_down: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+
+
+# Chosen for H200 (sm_90) from the usual Hopper tile shapes, not yet measured one by one
+# (`benchmarks/moe_kernels.py` reports the achieved rate); keyed on the mean pairs per
+# expert, T*k/E (upper bounds, inclusive). compile_configs.py checks them for spills.
+# Decode: 32-column gate/up tiles so a single token's k experts still spread over
+# the SMs (k * I / 32 programs: 192 for Qwen3-30B-A3B), two programs resident per SM.
+DECODE_TILES = TileConfig(block_m=16, block_n_up=32, block_n_down=64, block_k=128, num_warps=4, num_stages=4)
+MEDIUM_TILES = TileConfig(block_m=64, block_n_up=64, block_n_down=128, block_k=64, num_warps=4, num_stages=4)
+PREFILL_TILES = TileConfig(
+    block_m=128, block_n_up=64, block_n_down=128, block_k=64, num_warps=8, num_stages=3
+)
+DECODE_MAX_PAIRS_PER_EXPERT = 16
+MEDIUM_MAX_PAIRS_PER_EXPERT = 64
+
+
+def tile_config(num_tokens: int, top_k: int, num_experts: int) -> TileConfig:
+    """Tiles for this batch: row blocks sized to how many pairs an expert gets on average."""
+    per_expert = num_tokens * top_k / max(num_experts, 1)
+    if per_expert <= DECODE_MAX_PAIRS_PER_EXPERT:
+        return DECODE_TILES
+    if per_expert <= MEDIUM_MAX_PAIRS_PER_EXPERT:
+        return MEDIUM_TILES
+    return PREFILL_TILES
+
+
+@triton.jit
+def _block_coordinates(num_m_blocks, N: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, column tile) of this program; GROUP_M row blocks share each weight tile while it is in L2."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    group_size = tl.minimum(num_m_blocks - first_m, GROUP_M)
+    return first_m + (pid % width) % group_size, (pid % width) // group_size
+
+
+@triton.jit
+def _moe_gate_up_kernel(
+    x_ptr,
+    w_ptr,
+    act_ptr,
+    pair_ids_ptr,
+    block_expert_ptr,
+    num_pairs,
+    num_m_blocks,
+    stride_x,
+    stride_we,
+    stride_wn,
+    stride_act,
+    TOP_K: tl.constexpr,
+    HIDDEN: tl.constexpr,
+    INTER: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    pid_m, pid_n = _block_coordinates(num_m_blocks, INTER, BLOCK_N, GROUP_M)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    pair = tl.load(pair_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    row_ok = pair < num_pairs
+    token = (pair // TOP_K).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < INTER
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + token[:, None] * stride_x + offs_k[None, :]
+    gate_ptrs = w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
+    up_ptrs = gate_ptrs + INTER * stride_wn
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, HIDDEN, BLOCK_K):
+        k_ok = offs_k < HIDDEN - k0
+        a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w_mask = k_ok[:, None] & n_ok[None, :]
+        gate_w = tl.load(gate_ptrs, mask=w_mask, other=0.0)
+        up_w = tl.load(up_ptrs, mask=w_mask, other=0.0)
+        if IEEE:
+            acc_gate = tl.dot(a, gate_w, acc_gate, input_precision="ieee")
+            acc_up = tl.dot(a, up_w, acc_up, input_precision="ieee")
+        else:
+            acc_gate = tl.dot(a, gate_w, acc_gate)
+            acc_up = tl.dot(a, up_w, acc_up)
+        x_ptrs += BLOCK_K
+        gate_ptrs += BLOCK_K
+        up_ptrs += BLOCK_K
+    dtype = act_ptr.dtype.element_ty
+    gate = acc_gate.to(dtype).to(tl.float32)
+    up = acc_up.to(dtype).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up
+    out_ptrs = act_ptr + pair.to(tl.int64)[:, None] * stride_act + offs_n[None, :]
+    tl.store(out_ptrs, act.to(dtype), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _moe_down_kernel(
+    act_ptr,
+    w_ptr,
+    out_ptr,
+    pair_ids_ptr,
+    block_expert_ptr,
+    weights_ptr,
+    num_pairs,
+    num_m_blocks,
+    stride_act,
+    stride_we,
+    stride_wn,
+    stride_out,
+    HIDDEN: tl.constexpr,
+    INTER: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    pid_m, pid_n = _block_coordinates(num_m_blocks, HIDDEN, BLOCK_N, GROUP_M)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    pair = tl.load(pair_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    row_ok = pair < num_pairs
+    rows = pair.to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < HIDDEN
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = act_ptr + rows[:, None] * stride_act + offs_k[None, :]
+    w_ptrs = w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, INTER, BLOCK_K):
+        k_ok = offs_k < INTER - k0
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, w, acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    routing = tl.load(weights_ptr + pair, mask=row_ok, other=0.0)
+    acc = acc * routing[:, None]
+    out_ptrs = out_ptr + rows[:, None] * stride_out + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+def launch_grouped_experts(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    alignment: BlockAlignment,
+    top_k: int,
+    tiles: TileConfig,
+) -> torch.Tensor:
+    """The two grouped GEMMs over an existing alignment; returns the weighted pair rows [T*k, H]."""
+    tokens, hidden_size = hidden.shape
+    inter = w2.shape[2]
+    num_pairs = tokens * top_k
+    act = torch.empty(num_pairs, inter, dtype=hidden.dtype, device=hidden.device)
+    pair_out = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
+    blocks = alignment.num_blocks
+    if num_pairs == 0 or blocks == 0:
+        return pair_out
+    ieee = hidden.dtype == torch.float32
+    common = dict(BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, IEEE=ieee)
+    launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    grid_up = (blocks * triton.cdiv(inter, tiles.block_n_up),)
+    for_tensor(_moe_gate_up_kernel, hidden)[grid_up](
+        hidden, w13, act, alignment.pair_ids, alignment.block_expert, num_pairs, blocks,
+        hidden.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+        TOP_K=top_k, HIDDEN=hidden_size, INTER=inter, BLOCK_N=tiles.block_n_up, **common, **launch,
+    )  # fmt: skip
+    grid_down = (blocks * triton.cdiv(hidden_size, tiles.block_n_down),)
+    for_tensor(_moe_down_kernel, hidden)[grid_down](
+        act, w2, pair_out, alignment.pair_ids, alignment.block_expert, topk_weights.reshape(-1), num_pairs,
+        blocks, act.stride(0), w2.stride(0), w2.stride(1), pair_out.stride(0),
+        HIDDEN=hidden_size, INTER=inter, BLOCK_N=tiles.block_n_down, **common, **launch,
+    )  # fmt: skip
+    return pair_out
+
+
+@register_kernel(
+    "moe", "experts", name="triton", band=Band.PERFORMANT, platforms=("cuda",), dtypes=FLOAT_DTYPES
+)
+def fused_experts_triton(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    tiles: TileConfig | None = None,
+) -> torch.Tensor:
+    """sum_k topk_weights[:, k] * Expert_{topk_ids[:, k]}(hidden); `tiles` overrides `tile_config` (tests)."""
+    tokens, hidden_size, _, experts = check_experts_args(hidden, w13, w2, topk_weights, topk_ids)
+    top_k = topk_ids.shape[1]
+    hidden, w13, w2 = hidden.contiguous(), w13.contiguous(), w2.contiguous()
+    tiles = tiles or tile_config(tokens, top_k, experts)
+    if tokens * top_k <= ALIGN_TRITON_MAX_PAIRS:
+        alignment = align_by_expert_triton(topk_ids, experts, tiles.block_m)
+    else:
+        alignment = align_by_expert(topk_ids, experts, tiles.block_m)
+    weights = topk_weights.to(torch.float32).contiguous()
+    pair_out = launch_grouped_experts(hidden, w13, w2, weights, alignment, top_k, tiles)
+    return pair_out.view(tokens, top_k, hidden_size).sum(dim=1)

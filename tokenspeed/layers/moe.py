@@ -1,0 +1,208 @@
+"""Sparse mixture-of-experts block: router, stacked routed experts, optional shared experts.
+
+One module serves Qwen3-MoE, Mixtral and DeepSeek-V2/V3 because `MoEConfig`
+already reduced their routing to one vocabulary; what differs per model is
+only the checkpoint spelling of the expert projections (`ExpertNames`).
+
+Layout, chosen for the kernels rather than for the checkpoint:
+
+- `gate` (`Router`): `weight` [E, H] and, for DeepSeek-V3, `e_score_correction_bias`
+  [E] (HF keeps the bias on the gate module, so the checkpoint name
+  `...mlp.gate.e_score_correction_bias` maps as is). Both are held in fp32 and
+  the router logits are computed in fp32: top-k over nearly tied bf16 logits
+  flips expert choices, and the [E, H] matrix is tiny next to the experts.
+- `experts` (`StackedExperts`): `w13` [E, 2I, H] (rows :I gate, I: up) and
+  `w2` [E, H, I], one tensor per projection for all experts, which is what a
+  grouped GEMM reads. Checkpoints store one matrix per expert
+  (`experts.{e}.gate_proj.weight`, Mixtral `experts.{e}.w1.weight`); the module
+  maps those names onto (parameter, shard) itself, so the generic loader keeps
+  checking missing and unexpected names. transformers v5 holds the same
+  stacked layout in memory (`experts.gate_up_proj`, `experts.down_proj`), and
+  those whole tensors load too.
+- `shared_experts` (`GatedMLP` of `num_shared_experts * moe_intermediate_size`):
+  DeepSeek's always-on experts, added to the routed output.
+
+Routing and the expert GEMMs are resolved through the kernel registry at build
+time (`moe.route`; `moe.experts` once for small and once for large batches, see
+`kernels/moe/experts_dispatch.py`), like every other hot op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenspeed.kernels.moe.experts_dispatch import select_experts_by_batch
+from tokenspeed.kernels.registry import platform_of, select_kernel
+from tokenspeed.layers.mlp import GatedMLP
+
+if TYPE_CHECKING:  # layers never import models at run time (models import layers)
+    from tokenspeed.models.moe_config import MoEConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertNames:
+    """Checkpoint names of one expert's gate, up and down projections."""
+
+    gate: str
+    up: str
+    down: str
+
+
+QWEN_EXPERT_NAMES = ExpertNames("gate_proj", "up_proj", "down_proj")  # Qwen3-MoE, DeepSeek
+MIXTRAL_EXPERT_NAMES = ExpertNames("w1", "w3", "w2")
+# transformers v5's in-memory stacked tensors: whole-parameter names of w13 and w2.
+_STACKED_NAMES = {"gate_up_proj": "w13", "down_proj": "w2"}
+
+
+class Router(nn.Module):
+    """Router logits in fp32: `weight` [E, H], plus DeepSeek-V3's choice-only correction bias."""
+
+    def __init__(
+        self, hidden_size: int, num_experts: int, *, correction_bias: bool, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(
+            torch.empty(num_experts, hidden_size, dtype=torch.float32, device=device), requires_grad=False
+        )
+        self.e_score_correction_bias = (
+            nn.Parameter(torch.empty(num_experts, dtype=torch.float32, device=device), requires_grad=False)
+            if correction_bias
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.float(), self.weight)
+
+
+class StackedExperts(nn.Module):
+    """The routed experts' weights, stacked; loads per-expert checkpoint tensors into their slices.
+
+    Implements the loader's checkpoint-mapping protocol (`checkpoint_shards`,
+    `resolve_checkpoint_name`, `checkpoint_name`, `load_shard`). Shard ids are
+    `"{expert}.gate"` / `"{expert}.up"` of `w13` and `"{expert}.down"` of `w2`.
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        names: ExpertNames,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.intermediate_size = intermediate_size
+        self.names = names
+        self.w13 = nn.Parameter(
+            torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype, device=device),
+            requires_grad=False,
+        )
+        self.w2 = nn.Parameter(
+            torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype, device=device),
+            requires_grad=False,
+        )
+        self._part_of = {names.gate: "gate", names.up: "up", names.down: "down"}
+        self._name_of = {part: name for name, part in self._part_of.items()}
+
+    def checkpoint_shards(self, attr: str) -> tuple[str, ...]:
+        parts = ("gate", "up") if attr == "w13" else ("down",)
+        return tuple(f"{e}.{part}" for e in range(self.num_experts) for part in parts)
+
+    def resolve_checkpoint_name(self, rest: str) -> tuple[str, str | None] | None:
+        """(parameter, shard) for a checkpoint name relative to this module, None if it is not ours."""
+        if rest in _STACKED_NAMES:
+            return _STACKED_NAMES[rest], None
+        expert, _, tail = rest.partition(".")
+        leaf, _, attr = tail.partition(".")
+        part = self._part_of.get(leaf)
+        if not expert.isdigit() or part is None or attr != "weight" or int(expert) >= self.num_experts:
+            return None
+        return ("w2" if part == "down" else "w13"), f"{int(expert)}.{part}"
+
+    def checkpoint_name(self, attr: str, shard: str) -> str:
+        expert, _, part = shard.partition(".")
+        return f"{expert}.{self._name_of[part]}.weight"
+
+    def load_shard(self, attr: str, shard: str, tensor: torch.Tensor) -> None:
+        expert_text, _, part = shard.partition(".")
+        expert = int(expert_text)
+        inter = self.intermediate_size
+        if part == "down":
+            target = self.w2.data[expert]
+        else:
+            target = self.w13.data[expert].narrow(0, 0 if part == "gate" else inter, inter)
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(
+                f"expert {expert} {part}: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}"
+            )
+        target.copy_(tensor)
+
+
+class SparseMoE(nn.Module):
+    """Top-k routed SwiGLU experts (+ shared experts) for one decoder layer; see the module docstring."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        moe: MoEConfig,
+        *,
+        expert_names: ExpertNames = QWEN_EXPERT_NAMES,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.moe = moe
+        self.gate = Router(
+            hidden_size, moe.num_experts, correction_bias=moe.has_correction_bias, device=device
+        )
+        self.experts = StackedExperts(
+            moe.num_experts,
+            hidden_size,
+            moe.moe_intermediate_size,
+            names=expert_names,
+            dtype=dtype,
+            device=device,
+        )
+        self.shared_experts = (
+            GatedMLP(
+                hidden_size, moe.num_shared_experts * moe.moe_intermediate_size, dtype=dtype, device=device
+            )
+            if moe.num_shared_experts
+            else None
+        )
+        platform = platform_of(device)
+        # Router logits are fp32 whatever the model dtype (see `Router`), so routing is selected for fp32.
+        self._route = select_kernel("moe", "route", platform=platform, dtype=torch.float32).impl
+        # The fastest experts kernel depends on the step's token count: resolved on both sides of the
+        # crossover here, picked per call by the host-side batch size (no sync, CUDA-graph safe).
+        self._experts = select_experts_by_batch(platform=platform, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        moe = self.moe
+        weights, ids = self._route(
+            self.gate(x),
+            top_k=moe.top_k,
+            scoring=moe.scoring,
+            renormalize=moe.renormalize,
+            num_groups=moe.num_groups,
+            topk_groups=moe.topk_groups,
+            group_scoring=moe.group_scoring,
+            correction_bias=self.gate.e_score_correction_bias,
+            routed_scaling_factor=moe.routed_scaling_factor,
+        )
+        out: torch.Tensor = self._experts(x, self.experts.w13, self.experts.w2, weights, ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+
+    def extra_repr(self) -> str:
+        moe = self.moe
+        return f"experts={moe.num_experts}, top_k={moe.top_k}, scoring={moe.scoring}"
