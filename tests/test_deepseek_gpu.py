@@ -12,14 +12,19 @@ tensors). The Moonlight preset must run at full shape with dummy weights.
 
 from __future__ import annotations
 
-import gc
-import json
-import os
-
 import pytest
 import torch
 
 from tests.checkpoints import make_deepseek_checkpoint, prompts
+from tests.gpu_parity import (
+    first_divergence,
+    free_cuda,
+    greedy_with_logprobs,
+    hf_greedy,
+    hf_references,
+    report,
+    teacher_forced_logprobs,
+)
 from tokenspeed import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -58,24 +63,6 @@ def deepseek_small(tmp_path_factory):
     )
 
 
-def _report(entry: dict) -> None:
-    """Printed, and appended as JSON to `TOKENSPEED_GPU_REPORT` when set (as test_gpu_generation does)."""
-    print(json.dumps(entry))
-    path = os.environ.get("TOKENSPEED_GPU_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(entry) + "\n")
-
-
-def _first_divergence(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-
-
-def _free() -> None:
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 def _engine(folder, **kw) -> LLM:
     args = dict(
         skip_tokenizer_init=True,
@@ -95,55 +82,29 @@ def _batch(count: int, seed: int) -> list[list[int]]:
 
 
 def test_greedy_bf16_matches_transformers(deepseek_small):
-    import transformers
-
     batch = _batch(4, seed=3)
     llm = _engine(deepseek_small)
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=1)
-    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-    ours = [o.outputs[0].token_ids for o in outs]
-    our_lps = [
-        [pos[t].logprob for t, pos in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs
-    ]
+    ours, our_lps = greedy_with_logprobs(llm, batch, NEW_TOKENS)
     del llm
-    _free()
+    free_cuda()
 
-    hf32 = (
-        transformers.AutoModelForCausalLM.from_pretrained(deepseek_small, dtype=torch.float32).cuda().eval()
-    )
-    hf32 = hf32.to(torch.bfloat16).float()
-    hf16 = (
-        transformers.AutoModelForCausalLM.from_pretrained(deepseek_small, dtype=torch.bfloat16).cuda().eval()
-    )
-
-    def teacher_forced(model, prompt, tokens):
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt + tokens], device="cuda")).logits
-        return torch.log_softmax(logits[0, len(prompt) - 1 : -1].float(), dim=-1)
+    hf32, hf16 = hf_references(deepseek_small)
 
     our_errs, hf_errs = [], []
     for prompt, tokens, lps in zip(batch, ours, our_lps):
         index = torch.tensor(tokens, device="cuda")[:, None]
-        lp32 = teacher_forced(hf32, prompt, tokens)
+        lp32 = teacher_forced_logprobs(hf32, prompt, tokens)
         ref32 = lp32.gather(1, index).squeeze(1)
-        ref16 = teacher_forced(hf16, prompt, tokens).gather(1, index).squeeze(1)
+        ref16 = teacher_forced_logprobs(hf16, prompt, tokens).gather(1, index).squeeze(1)
         our_errs.append((torch.tensor(lps, device="cuda") - ref32).abs())
         hf_errs.append((ref16 - ref32).abs())
         our_err, hf_err = our_errs[-1].max().item(), hf_errs[-1].max().item()
-        with torch.no_grad():
-            free_run = hf16.generate(
-                torch.tensor([prompt], device="cuda"),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device="cuda"),
-                max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                pad_token_id=0,
-            )[0, len(prompt) :].tolist()
-        _report(
+        free_run = hf_greedy(hf16, prompt, NEW_TOKENS)
+        report(
             {
                 "test": "deepseek_greedy_vs_transformers",
                 "prompt_len": len(prompt),
-                "first_divergence_vs_hf_bf16": _first_divergence(tokens, free_run),
+                "first_divergence_vs_hf_bf16": first_divergence(tokens, free_run),
                 "max_logprob_err_vs_fp32": round(our_err, 5),
                 "hf_bf16_max_logprob_err_vs_fp32": round(hf_err, 5),
             }
@@ -155,7 +116,7 @@ def test_greedy_bf16_matches_transformers(deepseek_small):
     ours_all, hf_all = torch.cat(our_errs), torch.cat(hf_errs)
     mean, hf_mean = ours_all.mean().item(), hf_all.mean().item()
     worst, hf_worst = ours_all.max().item(), hf_all.max().item()
-    _report(
+    report(
         {
             "test": "deepseek_logprob_error_pooled",
             "mean": mean,
@@ -167,7 +128,7 @@ def test_greedy_bf16_matches_transformers(deepseek_small):
     assert mean <= 2 * hf_mean + 0.01, f"mean logprob error {mean:.4f} vs HF bf16's {hf_mean:.4f}"
     assert worst <= 3 * hf_worst + 0.05, f"worst logprob error {worst:.4f} vs HF bf16's {hf_worst:.4f}"
     del hf32, hf16
-    _free()
+    free_cuda()
 
 
 def test_cuda_graphs_on_and_off_give_identical_tokens(deepseek_small):
@@ -182,10 +143,10 @@ def test_cuda_graphs_on_and_off_give_identical_tokens(deepseek_small):
         out = llm.generate([{"prompt_token_ids": p} for p in batch], greedy, use_tqdm=False)
         results[eager] = [o.outputs[0].token_ids for o in out]
         del llm
-        _free()
-    _report({"test": "deepseek_graphs_identical", "cuda_graphs_enabled": graphs_on})
+        free_cuda()
+    report({"test": "deepseek_graphs_identical", "cuda_graphs_enabled": graphs_on})
     for i, (g, w) in enumerate(zip(results[False], results[True])):
-        assert g == w, f"row {i}: graphs vs eager first divergence at {_first_divergence(g, w)}"
+        assert g == w, f"row {i}: graphs vs eager first divergence at {first_divergence(g, w)}"
     assert graphs_on, "the MLA + MoE decode step should be capturable on CUDA"
 
 
@@ -205,4 +166,4 @@ def test_moonlight_preset_runs_at_full_shape_with_dummy_weights():
     out = llm.generate([{"prompt_token_ids": list(range(1000, 1300))}], params, use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 8
     del llm
-    _free()
+    free_cuda()

@@ -16,14 +16,19 @@ paths run the same kernels on the same shapes.
 
 from __future__ import annotations
 
-import gc
-import json
-import os
-
 import pytest
 import torch
 
 from tests.checkpoints import make_checkpoint, prompts
+from tests.gpu_parity import (
+    first_divergence,
+    free_cuda,
+    greedy_with_logprobs,
+    hf_greedy,
+    hf_references,
+    report,
+    teacher_forced_logprobs,
+)
 from tokenspeed import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -44,11 +49,6 @@ def llama_small(tmp_path_factory):
     return make_checkpoint("llama", tmp_path_factory.mktemp("llama-small"), **LLAMA_SMALL)
 
 
-def _free() -> None:
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 def _engine(folder, **kw) -> LLM:
     args = dict(skip_tokenizer_init=True, dtype="bfloat16", device="cuda", num_kv_pages=2048,
                 max_model_len=1024, max_num_seqs=16, show_progress=False)
@@ -61,64 +61,35 @@ def _generate(llm: LLM, batch: list[list[int]], params: SamplingParams) -> list[
     return [o.outputs[0].token_ids for o in out]
 
 
-def _report(entry: dict) -> None:
-    print(json.dumps(entry))
-    path = os.environ.get("TOKENSPEED_GPU_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(entry) + "\n")
-
-
-def _first_divergence(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-
-
 @pytest.mark.parametrize("which", ["tiny-llama", "llama-small"])
 def test_greedy_bf16_matches_transformers(which, checkpoints, llama_small):
-    import transformers
-
     folder = checkpoints["llama"] if which == "tiny-llama" else llama_small
     vocab = 384 if which == "tiny-llama" else LLAMA_SMALL["vocab_size"]
     batch = [[t % vocab for t in p] for p in prompts(4, seed=3, min_len=5, max_len=200)]
     llm = _engine(folder)
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=1)
-    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-    ours = [o.outputs[0].token_ids for o in outs]
-    our_lps = [[pos[t].logprob for t, pos in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs]
+    ours, our_lps = greedy_with_logprobs(llm, batch, NEW_TOKENS)
     del llm
-    _free()
+    free_cuda()
 
-    hf32 = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda().eval()
-    hf32 = hf32.to(torch.bfloat16).float()  # fp32 compute on exactly the bf16 weights the engine runs
-    hf16 = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
-
-    def teacher_forced(model, prompt, tokens):
-        full = torch.tensor([prompt + tokens], device="cuda")
-        with torch.no_grad():
-            return torch.log_softmax(model(full).logits[0, len(prompt) - 1 : -1].float(), dim=-1)
+    hf32, hf16 = hf_references(folder)
 
     for prompt, tokens, lps in zip(batch, ours, our_lps):
         index = torch.tensor(tokens, device="cuda")[:, None]
-        lp32 = teacher_forced(hf32, prompt, tokens)
+        lp32 = teacher_forced_logprobs(hf32, prompt, tokens)
         ref32 = lp32.gather(1, index).squeeze(1)
-        ref16 = teacher_forced(hf16, prompt, tokens).gather(1, index).squeeze(1)
+        ref16 = teacher_forced_logprobs(hf16, prompt, tokens).gather(1, index).squeeze(1)
         our_err = (torch.tensor(lps, device="cuda") - ref32).abs().max().item()
         hf_err = (ref16 - ref32).abs().max().item()
         gap = (lp32.max(dim=1).values - ref32).max().item()
-        with torch.no_grad():
-            free_run = hf16.generate(
-                torch.tensor([prompt], device="cuda"),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device="cuda"),
-                max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
-            )[0, len(prompt):].tolist()
-        _report({"test": "greedy_vs_transformers", "model": which, "prompt_len": len(prompt),
-                 "first_divergence_vs_hf_bf16": _first_divergence(tokens, free_run),
+        free_run = hf_greedy(hf16, prompt, NEW_TOKENS)
+        report({"test": "greedy_vs_transformers", "model": which, "prompt_len": len(prompt),
+                 "first_divergence_vs_hf_bf16": first_divergence(tokens, free_run),
                  "max_logprob_err_vs_fp32": round(our_err, 5), "hf_bf16_max_logprob_err_vs_fp32": round(hf_err, 5),
                  "max_gap_below_fp32_argmax": round(gap, 5)})
         # Our bf16 path may err no more than HF's own bf16 path (x2, plus a small floor) on the same tokens.
         assert our_err <= 2 * hf_err + 0.02, f"logprob error {our_err:.4f} vs HF bf16's {hf_err:.4f}"
     del hf32, hf16
-    _free()
+    free_cuda()
 
 
 def test_cuda_graphs_and_overlap_give_identical_tokens(llama_small):
@@ -137,14 +108,14 @@ def test_cuda_graphs_and_overlap_give_identical_tokens(llama_small):
                 _generate(llm, batch, greedy), _generate(llm, batch, sampled), _generate(llm, batch[:5], greedy)
             )
             del llm
-            _free()
-    _report({"test": "graphs_overlap_identical", "cuda_graphs_enabled": graphs_on})
+            free_cuda()
+    report({"test": "graphs_overlap_identical", "cuda_graphs_enabled": graphs_on})
     reference = results[(True, False)]
     for key, value in results.items():
         for name, got, want in zip(("greedy-8", "sampled-8", "greedy-5"), value, reference):
             for i, (g, w) in enumerate(zip(got, want)):
                 assert g == w, (
-                    f"eager={key[0]} overlap={key[1]} {name} row {i}: first divergence at {_first_divergence(g, w)}"
+                    f"eager={key[0]} overlap={key[1]} {name} row {i}: first divergence at {first_divergence(g, w)}"
                 )
     assert graphs_on, "the decode attention kernel should be capturable on CUDA"
 
@@ -156,4 +127,4 @@ def test_preset_runs_at_full_shape_with_dummy_weights():
     out = _generate(llm, [list(range(1000, 1100))], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     assert len(out[0]) == 4
     del llm
-    _free()
+    free_cuda()

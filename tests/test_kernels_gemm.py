@@ -1,7 +1,7 @@
 """Decode GEMV kernels (`gemm.decode`, `gemm.decode_silu_mul`) against their references on the CPU.
 
 Runs under Triton's interpreter (set before triton is imported; otherwise the
-file reruns itself in a fresh process, as `test_kernels_triton.py` does), in
+file reruns itself in a fresh process; see `tests/triton_interpreter.py`), in
 fp32 and fp16 at tiny shapes: both inner loops (one token: register
 reduction; several: tensor-core dot), ragged N and K (masked tails), bias,
 and the fused SiLU-and-mul epilogue. The layer wiring is checked too: a
@@ -12,45 +12,29 @@ and under a `=reference` override.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
+import pytest
 import torch
 
-if "triton" not in sys.modules and not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-pytest.importorskip("triton")
-
-from tokenspeed.kernels.gemm.gemv_triton import (  # noqa: E402
+from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything imports triton
+    fresh_process_test,
+    interpreted,
+)
+from tokenspeed.kernels.gemm.gemv_triton import (
     GemvConfig,
     choose_config,
     gemv_silu_mul_triton,
     gemv_triton,
 )
-from tokenspeed.kernels.gemm.reference import gemv_reference, gemv_silu_mul_reference  # noqa: E402
-from tokenspeed.kernels.registry import set_kernel_override  # noqa: E402
-from tokenspeed.kernels.triton_launch import interpreter_active  # noqa: E402
-from tokenspeed.layers.linear import Linear, select_decode_gemm  # noqa: E402
-from tokenspeed.layers.mlp import GatedMLP  # noqa: E402
+from tokenspeed.kernels.gemm.reference import gemv_reference, gemv_silu_mul_reference
+from tokenspeed.kernels.registry import set_kernel_override
+from tokenspeed.layers.linear import Linear, select_decode_gemm
+from tokenspeed.layers.mlp import GatedMLP
 
-INTERPRETING = interpreter_active()
-interpreted = pytest.mark.skipif(
-    not INTERPRETING, reason="triton was imported without TRITON_INTERPRET=1 (see the fresh-process test)"
-)
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 CONFIGS = [None, GemvConfig(1, 8, 32, 4, 1), GemvConfig(1, 4, 16, 4, 2), GemvConfig(16, 16, 32, 4, 2)]
 
 
-@pytest.mark.skipif(INTERPRETING or torch.cuda.is_available(), reason="the kernels already run in-process")
-def test_interpreter_suite_in_fresh_process() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+test_interpreter_suite_in_fresh_process = fresh_process_test(__file__)
 
 
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:

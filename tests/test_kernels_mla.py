@@ -4,8 +4,8 @@ The references are checked against the most literal computation there is:
 each row's latent keys are generated densely, placed into shuffled pages one
 position at a time, and every (token, head) output is a softmax over the
 dense prefix slice it may see. The Triton kernels then run under Triton's
-interpreter (TRITON_INTERPRET=1 is set before triton is first imported, as in
-`test_kernels_triton.py`; if triton was already imported compiled, the file
+interpreter (TRITON_INTERPRET=1 is set before triton is first imported, by
+`tests/triton_interpreter.py`; if triton was already imported compiled, the file
 reruns in a fresh process) with tiny shapes in fp32 and fp16: latent 32, rope
 16, 4 heads, page sizes 4..16, q_len 1..4, ragged rows including padding
 rows, rows shorter than q_len and lengths that are not page multiples.
@@ -13,36 +13,24 @@ rows, rows shorter than q_len and lengths that are not page multiples.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
+import pytest
 import torch
 
-if "triton" not in sys.modules and not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-from tokenspeed.kernels.mla.reference import (  # noqa: E402
+from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything imports triton
+    fresh_process_test,
+    interpreted,
+)
+from tokenspeed.kernels.mla.decode_plan import choose_fold, choose_num_splits
+from tokenspeed.kernels.mla.decode_triton import mla_decode_triton
+from tokenspeed.kernels.mla.extend_triton import mla_extend_triton
+from tokenspeed.kernels.mla.reference import (
     mla_decode_reference,
     mla_extend_reference,
     mla_write_reference,
 )
-from tokenspeed.kernels.registry import Band, select_kernel  # noqa: E402
+from tokenspeed.kernels.mla.write_triton import mla_write_triton
+from tokenspeed.kernels.registry import Band, select_kernel
 
-triton = pytest.importorskip("triton")
-
-from tokenspeed.kernels.mla.decode_plan import choose_fold, choose_num_splits  # noqa: E402
-from tokenspeed.kernels.mla.decode_triton import mla_decode_triton  # noqa: E402
-from tokenspeed.kernels.mla.extend_triton import mla_extend_triton  # noqa: E402
-from tokenspeed.kernels.mla.write_triton import mla_write_triton  # noqa: E402
-from tokenspeed.kernels.triton_launch import interpreter_active  # noqa: E402
-
-INTERPRETING = interpreter_active()
-interpreted = pytest.mark.skipif(
-    not INTERPRETING, reason="triton was imported without TRITON_INTERPRET=1 (see the fresh-process test)"
-)
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
 
 LATENT, ROPE, HEADS = 32, 16, 4
@@ -169,12 +157,7 @@ def test_references_are_selected_on_cpu_and_registered_for_cuda() -> None:
 # --- Triton kernels under the interpreter ------------------------------------------------------
 
 
-@pytest.mark.skipif(INTERPRETING or torch.cuda.is_available(), reason="the kernels already run in-process")
-def test_interpreter_suite_in_fresh_process() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+test_interpreter_suite_in_fresh_process = fresh_process_test(__file__)
 
 
 DECODE_CASES = [
@@ -265,7 +248,8 @@ def test_fold_and_split_heuristics() -> None:
     assert 100 <= choose_num_splits(1, 16, 1, 65536, device="cpu") <= 128
     assert choose_num_splits(1, 16, 1, 1 << 20, device="cpu") <= 128
     assert choose_num_splits(64, 16, 1, 65536, device="cpu") == 4  # 256 programs fill the 264 slots
-    assert choose_num_splits(1, 16, 1, 300, device="cpu") == 1  # too short to be worth splitting
+    assert choose_num_splits(1, 16, 1, 100, device="cpu") == 1  # too short to be worth splitting
+    assert choose_num_splits(1, 16, 1, 4096, device="cpu") >= 32  # bs1 short context: 64-token splits
     # folded, a row's 4 tokens are one 64-row program (one per SM): 8 x 16 = 128 programs, not 8 x 17 =
     # 136, which would need a second wave for 4 programs; unfolded, four 16-row programs (two per SM)
     assert choose_num_splits(8, 16, 4, 16384, device="cpu") == 16

@@ -18,6 +18,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
+from tests.paged_kernels import capture_cuda_graph, shuffled_page_table  # noqa: E402
 from tokenspeed.kernels.mla.reference import (  # noqa: E402
     mla_decode_reference,
     mla_extend_reference,
@@ -41,14 +42,7 @@ def _paged_cache(
     lengths: list[int], page_size: int, gen: torch.Generator, spare_pages: int = 4
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A bf16 latent cache on the GPU with each row on its own shuffled pages; int32 table padded with 0."""
-    need = [-(-n // page_size) for n in lengths]
-    num_pages = sum(need) + spare_pages
-    order = torch.randperm(num_pages, generator=gen)
-    table = torch.zeros(len(lengths), max(max(need), 1), dtype=torch.int32)
-    used = 0
-    for row, n in enumerate(need):
-        table[row, :n] = order[used : used + n]
-        used += n
+    table, num_pages = shuffled_page_table(lengths, page_size, gen, spare_pages)
     cache = torch.randn(num_pages, page_size, 1, LATENT + ROPE, generator=gen).to(BF16).cuda()
     return cache, table.cuda()
 
@@ -121,14 +115,7 @@ def test_write_and_decode_replay_in_a_cuda_graph(writer: str) -> None:
         write(new_rows, cache, slots)
         return mla_decode_triton(q, cache, table, seq_lens, num_splits=splits, **kwargs)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = capture_cuda_graph(step)
 
     num_pages = cache.shape[0]
     for trial in range(3):

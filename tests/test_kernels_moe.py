@@ -9,7 +9,7 @@ greedy and group_limited_greedy, DeepSeek-V3 noaux_tc. Inputs are continuous
 random values, so ties (where top-k order is implementation-defined) do not occur.
 
 Triton chooses between interpreting and compiling when `triton.language` is
-first imported, so, as in `test_kernels_triton.py`, this module sets
+first imported, so, through `tests/triton_interpreter.py`, this module sets
 TRITON_INTERPRET=1 before anything imports triton and reruns its Triton tests
 in a fresh process when triton was already loaded in compiled mode. The
 interpreter mishandles bf16, so those tests use tiny fp32/fp16 shapes.
@@ -17,39 +17,34 @@ interpreter mishandles bf16, so those tests use tiny fp32/fp16 shapes.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from typing import Any
 
+import pytest
 import torch
 
-if "triton" not in sys.modules and not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything imports triton
+    fresh_process_test,
+    interpreted,
+)
 
-import pytest  # noqa: E402
-from transformers import DeepseekV2Config, DeepseekV3Config, MixtralConfig, Qwen3MoeConfig  # noqa: E402
-from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter  # noqa: E402
-from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter  # noqa: E402
-from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter  # noqa: E402
-from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeTopKRouter  # noqa: E402
+# isort: split
+from transformers import DeepseekV2Config, DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
+from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeTopKRouter
 
-from tokenspeed.kernels.moe.align import align_by_expert, max_blocks, sort_by_expert  # noqa: E402
-from tokenspeed.kernels.moe.experts_grouped_mm import (  # noqa: E402
+from tokenspeed.kernels.moe import experts_triton
+from tokenspeed.kernels.moe.align import align_by_expert, max_blocks, sort_by_expert
+from tokenspeed.kernels.moe.align_triton import ALIGN_TRITON_MAX_PAIRS, align_by_expert_triton
+from tokenspeed.kernels.moe.experts_dispatch import select_experts_by_batch
+from tokenspeed.kernels.moe.experts_grouped_mm import (
     GROUPED_MM_AVAILABLE,
     GROUPED_MM_MIN_TOKENS,
     fused_experts_grouped_mm,
 )
-from tokenspeed.kernels.moe.experts_reference import fused_experts_reference  # noqa: E402
-from tokenspeed.kernels.moe.routing_reference import route_reference  # noqa: E402
-from tokenspeed.kernels.registry import select_kernel, set_kernel_override  # noqa: E402
-
-pytest.importorskip("triton")
-
-from tokenspeed.kernels.moe import experts_triton  # noqa: E402
-from tokenspeed.kernels.moe.align_triton import ALIGN_TRITON_MAX_PAIRS, align_by_expert_triton  # noqa: E402
-from tokenspeed.kernels.moe.experts_dispatch import select_experts_by_batch  # noqa: E402
-from tokenspeed.kernels.moe.experts_triton import (  # noqa: E402
+from tokenspeed.kernels.moe.experts_reference import fused_experts_reference
+from tokenspeed.kernels.moe.experts_triton import (
     DECODE_TILES,
     MEDIUM_TILES,
     PREFILL_TILES,
@@ -57,13 +52,10 @@ from tokenspeed.kernels.moe.experts_triton import (  # noqa: E402
     fused_experts_triton,
     tile_config,
 )
-from tokenspeed.kernels.moe.routing_triton import route_triton  # noqa: E402
-from tokenspeed.kernels.triton_launch import interpreter_active  # noqa: E402
+from tokenspeed.kernels.moe.routing_reference import route_reference
+from tokenspeed.kernels.moe.routing_triton import route_triton
+from tokenspeed.kernels.registry import select_kernel, set_kernel_override
 
-INTERPRETING = interpreter_active()
-interpreted = pytest.mark.skipif(
-    not INTERPRETING, reason="triton was imported without TRITON_INTERPRET=1 (see the fresh-process test)"
-)
 needs_grouped_mm = pytest.mark.skipif(not GROUPED_MM_AVAILABLE, reason="this torch has no grouped_mm")
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3}  # rtol and atol
 # Small tiles keep the interpreter fast and make the tiny shapes span several row blocks and K/N tiles.
@@ -296,12 +288,7 @@ def test_registry_serves_the_references_on_cpu() -> None:
     )
 
 
-@pytest.mark.skipif(INTERPRETING or torch.cuda.is_available(), reason="the kernels already run in-process")
-def test_interpreter_suite_in_fresh_process() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton", __file__]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+test_interpreter_suite_in_fresh_process = fresh_process_test(__file__, "-k", "triton")
 
 
 @pytest.mark.parametrize(

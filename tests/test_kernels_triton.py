@@ -2,9 +2,9 @@
 
 Triton chooses between interpreting and compiling when `triton.language` is
 first imported, so this module sets TRITON_INTERPRET=1 before anything imports
-triton (the conftest does not). Should triton already be loaded in compiled
-mode (another module imported it first), the whole file reruns in a fresh
-process instead. With CUDA present the GPU versions
+triton (the conftest does not), through `tests/triton_interpreter.py`. Should
+triton already be loaded in compiled mode (another module imported it first),
+the whole file reruns in a fresh process instead. With CUDA present the GPU versions
 (`test_kernels_triton_gpu.py`) cover the kernels and this file is skipped.
 
 The interpreter runs every program in Python and mishandles bf16, so shapes are
@@ -15,68 +15,46 @@ pages), sliding windows, several KV splits and skipped slots.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
+import pytest
 import torch
 
-if "triton" not in sys.modules and not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-pytest.importorskip("triton")
-
-from tokenspeed.executor.forward_batch import RowSpec, build_forward_batch  # noqa: E402
-from tokenspeed.kernels.activation.reference import silu_and_mul_reference  # noqa: E402
-from tokenspeed.kernels.activation.silu_triton import silu_and_mul_triton  # noqa: E402
-from tokenspeed.kernels.attention.backend import PagedAttentionBackend  # noqa: E402
-from tokenspeed.kernels.attention.decode_triton import choose_num_splits, decode_attention_triton  # noqa: E402
-from tokenspeed.kernels.attention.extend_triton import extend_attention_triton  # noqa: E402
-from tokenspeed.kernels.attention.paged_reference import (  # noqa: E402
+from tests.paged_kernels import shuffled_page_table
+from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything imports triton
+    fresh_process_test,
+    interpreted,
+)
+from tokenspeed.executor.forward_batch import RowSpec, build_forward_batch
+from tokenspeed.kernels.activation.reference import silu_and_mul_reference
+from tokenspeed.kernels.activation.silu_triton import silu_and_mul_triton
+from tokenspeed.kernels.attention.backend import PagedAttentionBackend
+from tokenspeed.kernels.attention.decode_triton import choose_num_splits, decode_attention_triton
+from tokenspeed.kernels.attention.extend_triton import extend_attention_triton
+from tokenspeed.kernels.attention.paged_reference import (
     decode_attention_reference,
     extend_attention_reference,
 )
-from tokenspeed.kernels.kvstore.reference import write_kv_reference  # noqa: E402
-from tokenspeed.kernels.kvstore.write_triton import write_kv_triton  # noqa: E402
-from tokenspeed.kernels.norm.rms_reference import rms_norm_reference  # noqa: E402
-from tokenspeed.kernels.norm.rms_triton import rms_norm_triton  # noqa: E402
-from tokenspeed.kernels.registry import list_kernels  # noqa: E402
-from tokenspeed.kernels.rope.reference import apply_rope_reference  # noqa: E402
-from tokenspeed.kernels.rope.rope_triton import apply_rope_triton  # noqa: E402
-from tokenspeed.kernels.sampling.reference import filter_probs_reference, sample_reference  # noqa: E402
-from tokenspeed.kernels.sampling.sample_triton import kept_threshold_bits, sample_triton  # noqa: E402
-from tokenspeed.kernels.triton_launch import interpreter_active  # noqa: E402
+from tokenspeed.kernels.kvstore.reference import write_kv_reference
+from tokenspeed.kernels.kvstore.write_triton import write_kv_triton
+from tokenspeed.kernels.norm.rms_reference import rms_norm_reference
+from tokenspeed.kernels.norm.rms_triton import rms_norm_triton
+from tokenspeed.kernels.registry import list_kernels
+from tokenspeed.kernels.rope.reference import apply_rope_reference
+from tokenspeed.kernels.rope.rope_triton import apply_rope_triton
+from tokenspeed.kernels.sampling.reference import filter_probs_reference, sample_reference
+from tokenspeed.kernels.sampling.sample_triton import kept_threshold_bits, sample_triton
 
-INTERPRETING = interpreter_active()
-interpreted = pytest.mark.skipif(
-    not INTERPRETING, reason="triton was imported without TRITON_INTERPRET=1 (see the fresh-process test)"
-)
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
 LOG2E = 1.4426950408889634
 
 
-@pytest.mark.skipif(INTERPRETING or torch.cuda.is_available(), reason="the kernels already run in-process")
-def test_interpreter_suite_in_fresh_process() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+test_interpreter_suite_in_fresh_process = fresh_process_test(__file__)
 
 
 def _paged_kv(
     lengths: list[int], page_size: int, kv_heads: int, dim: int, dtype: torch.dtype, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random caches and a page table giving each row its own shuffled pages (unused entries 0)."""
-    need = [-(-n // page_size) for n in lengths]
-    num_pages = sum(need) + 2
-    order = torch.randperm(num_pages, generator=gen)
-    table = torch.zeros(len(lengths), max(max(need), 1), dtype=torch.int32)
-    used = 0
-    for row, n in enumerate(need):
-        table[row, :n] = order[used : used + n]
-        used += n
+    table, num_pages = shuffled_page_table(lengths, page_size, gen, spare_pages=2)
     shape = (num_pages, page_size, kv_heads, dim)
     k_cache = torch.randn(shape, generator=gen).to(dtype)
     v_cache = torch.randn(shape, generator=gen).to(dtype)

@@ -17,6 +17,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
+from tests.paged_kernels import capture_cuda_graph, shuffled_page_table  # noqa: E402
 from tokenspeed.kernels.activation.reference import silu_and_mul_reference  # noqa: E402
 from tokenspeed.kernels.attention.paged_reference import (  # noqa: E402
     decode_attention_reference,
@@ -48,14 +49,7 @@ def _paged_kv(
     lengths: list[int], page_size: int, gen: torch.Generator, spare_pages: int = 4
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """bf16 caches on the GPU, each row on its own shuffled pages; int32 table padded with 0."""
-    need = [-(-n // page_size) for n in lengths]
-    num_pages = sum(need) + spare_pages
-    order = torch.randperm(num_pages, generator=gen)
-    table = torch.zeros(len(lengths), max(max(need), 1), dtype=torch.int32)
-    used = 0
-    for row, n in enumerate(need):
-        table[row, :n] = order[used : used + n]
-        used += n
+    table, num_pages = shuffled_page_table(lengths, page_size, gen, spare_pages)
     shape = (num_pages, page_size, KV_HEADS, DIM)
     k_cache = torch.randn(shape, generator=gen).to(BF16).cuda()
     v_cache = torch.randn(shape, generator=gen).to(BF16).cuda()
@@ -96,14 +90,7 @@ def test_decode_and_kv_write_replay_in_a_cuda_graph() -> None:
         write_kv_triton(new_k, new_v, k_cache, v_cache, slots)
         return decode_attention_triton(q, k_cache, v_cache, table, seq_lens, scale=SCALE, num_splits=splits)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = capture_cuda_graph(step)
 
     num_pages = k_cache.shape[0]
     for trial in range(3):

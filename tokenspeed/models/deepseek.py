@@ -25,6 +25,7 @@ the layers are dropped (one with only some of them is still an error).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -39,11 +40,10 @@ from tokenspeed.layers.moe import QWEN_EXPERT_NAMES, SparseMoE
 from tokenspeed.layers.norm import RMSNorm
 from tokenspeed.layers.rotary_embedding import RotaryEmbedding
 from tokenspeed.models.config import ModelConfig
-from tokenspeed.models.interface import CausalLM
+from tokenspeed.models.llama import DecoderForCausalLM, DecoderModel
 
 if TYPE_CHECKING:
-    from tokenspeed.executor.forward_batch import AttentionMetadata, ForwardBatch
-    from tokenspeed.executor.kv_storage import PagedKVStorage
+    from tokenspeed.executor.forward_batch import AttentionMetadata
 
 
 class DeepseekDecoderLayer(nn.Module):
@@ -53,7 +53,6 @@ class DeepseekDecoderLayer(nn.Module):
         index: int,
         rotary: RotaryEmbedding,
         *,
-        sparse: bool,
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
@@ -72,14 +71,23 @@ class DeepseekDecoderLayer(nn.Module):
             device=device,
         )
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype=dtype, device=device)
-        self.mlp: nn.Module
+        self.mlp = self.build_mlp(config, self.routes(config, index), dtype=dtype, device=device)
+
+    @staticmethod
+    def routes(config: ModelConfig, index: int) -> bool:
+        """Whether layer `index` is a `SparseMoE` (past first_k_dense_replace) rather than a dense MLP."""
+        return config.moe is not None and config.moe.is_sparse(index)
+
+    @staticmethod
+    def build_mlp(
+        config: ModelConfig, sparse: bool, *, dtype: torch.dtype, device: torch.device
+    ) -> nn.Module:
         if sparse:
             assert config.moe is not None
-            self.mlp = SparseMoE(
-                hidden, config.moe, expert_names=QWEN_EXPERT_NAMES, dtype=dtype, device=device
+            return SparseMoE(
+                config.hidden_size, config.moe, expert_names=QWEN_EXPERT_NAMES, dtype=dtype, device=device
             )
-        else:
-            self.mlp = GatedMLP(hidden, config.intermediate_size, dtype=dtype, device=device)
+        return GatedMLP(config.hidden_size, config.intermediate_size, dtype=dtype, device=device)
 
     def forward(
         self,
@@ -121,11 +129,10 @@ class MTPLayer(DeepseekDecoderLayer):
         index: int,
         rotary: RotaryEmbedding,
         *,
-        sparse: bool,
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        super().__init__(config, index, rotary, sparse=sparse, dtype=dtype, device=device)
+        super().__init__(config, index, rotary, dtype=dtype, device=device)
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.embed_tokens = VocabEmbedding(config.vocab_size, hidden, dtype=dtype, device=device)
         self.enorm = RMSNorm(hidden, eps, dtype=dtype, device=device)
@@ -133,10 +140,16 @@ class MTPLayer(DeepseekDecoderLayer):
         self.eh_proj = Linear(2 * hidden, hidden, dtype=dtype, device=device)
         self.shared_head = SharedHead(config, dtype=dtype, device=device)
 
+    @staticmethod
+    def routes(config: ModelConfig, index: int) -> bool:
+        """As the last decoder layer (V3: layer 61 is past first_k_dense_replace, so MoE)."""
+        return config.num_layers > 0 and DeepseekDecoderLayer.routes(config, config.num_layers - 1)
 
-class DeepseekModel(nn.Module):
+
+class DeepseekModel(DecoderModel):
+    """The shared decoder stack with MLA/MoE layers, plus the MTP layers that the forward pass skips."""
+
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__()
         mla = config.mla
         if mla is None:
             raise ModelNotSupported(
@@ -144,48 +157,36 @@ class DeepseekModel(nn.Module):
             )
         if config.raw.get("mlp_bias"):
             raise ModelNotSupported("DeepSeek with mlp_bias is unsupported (no DeepSeek checkpoint uses it)")
-        self.num_layers = config.num_layers
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
-        self.rotary_emb = RotaryEmbedding(
-            config.rope,
-            head_dim=mla.qk_rope_head_dim,
-            max_position_embeddings=config.max_position_embeddings,
+        super().__init__(
+            config,
             dtype=dtype,
             device=device,
+            layer_class=DeepseekDecoderLayer,
+            rope_head_dim=mla.qk_rope_head_dim,
         )
-        sparse = [config.moe is not None and config.moe.is_sparse(i) for i in range(config.num_layers)]
-        layers: list[nn.Module] = [
-            DeepseekDecoderLayer(config, i, self.rotary_emb, sparse=sparse[i], dtype=dtype, device=device)
-            for i in range(config.num_layers)
+
+    def build_layers(
+        self,
+        config: ModelConfig,
+        layer_class: Callable[..., nn.Module],
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> list[nn.Module]:
+        # MTP layers continue the numbering (checkpoint names `model.layers.{N+k}`).
+        assert config.mla is not None
+        end = config.num_layers + config.mla.num_mtp_layers
+        return super().build_layers(config, layer_class, dtype=dtype, device=device) + [
+            MTPLayer(config, i, self.rotary_emb, dtype=dtype, device=device)
+            for i in range(config.num_layers, end)
         ]
-        # MTP layers continue the numbering (checkpoint names `model.layers.{N+k}`) and route like the
-        # last decoder layer (V3: layer 61 is past first_k_dense_replace, so MoE).
-        last_sparse = bool(sparse and sparse[-1])
-        layers += [
-            MTPLayer(config, i, self.rotary_emb, sparse=last_sparse, dtype=dtype, device=device)
-            for i in range(config.num_layers, config.num_layers + mla.num_mtp_layers)
-        ]
-        self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
 
     @property
     def mtp_layers(self) -> list[MTPLayer]:
         return [layer for layer in self.layers[self.num_layers :] if isinstance(layer, MTPLayer)]
 
-    def forward(self, batch: ForwardBatch, kv: PagedKVStorage) -> torch.Tensor:
-        hidden = self.embed_tokens(batch.input_ids)
-        residual: torch.Tensor | None = None
-        for index in range(self.num_layers):
-            hidden, residual = self.layers[index](
-                batch.positions, hidden, residual, batch.attn, kv.layer(index)
-            )
-        if residual is None:
-            return self.norm(hidden)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
 
-
-class DeepseekForCausalLM(CausalLM):
+class DeepseekForCausalLM(DecoderForCausalLM):
     """MLA + DeepSeek-MoE causal LM; see the module docstring."""
 
     packed_modules: ClassVar[dict[str, tuple[str, str]]] = {
@@ -196,21 +197,10 @@ class DeepseekForCausalLM(CausalLM):
         "up_proj": ("gate_up_proj", "up"),
     }
 
-    def __init__(
-        self, config: ModelConfig, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
-    ) -> None:
-        super().__init__()
-        device = torch.device(device)
-        self.config = config
-        self.dtype = dtype
-        self.model = DeepseekModel(config, dtype=dtype, device=device)
-        self.lm_head = LMHead(
-            config.vocab_size,
-            config.hidden_size,
-            tied_to=self.model.embed_tokens if config.tie_word_embeddings else None,
-            dtype=dtype,
-            device=device,
-        )
+    model: DeepseekModel
+
+    def build_model(self, config: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> DeepseekModel:
+        return DeepseekModel(config, dtype=dtype, device=device)
 
     def optional_checkpoint_modules(self) -> list[str]:
         return [f"model.layers.{i}" for i in range(self.model.num_layers, len(self.model.layers))]
@@ -219,12 +209,6 @@ class DeepseekForCausalLM(CausalLM):
         if path not in self.optional_checkpoint_modules() or path != f"model.layers.{len(self.model.layers) - 1}":
             super().drop_module(path)  # only the trailing MTP layer can go without renumbering the rest
         del self.model.layers[len(self.model.layers) - 1]
-
-    def forward(self, batch: ForwardBatch, kv: PagedKVStorage) -> torch.Tensor:
-        return self.model(batch, kv)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
 
 
 class DeepseekV2ForCausalLM(DeepseekForCausalLM):

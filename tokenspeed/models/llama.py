@@ -9,10 +9,16 @@ fused projections listed in `packed_modules`.
 The residual stream is carried beside the hidden state and added inside the
 next norm (fused add+norm), which is where fast kernels and the tensor-parallel
 all-reduce want it.
+
+`DecoderModel` (embedding, rope, layer loop, final norm) and
+`DecoderForCausalLM` (that plus the LM head) also serve DeepSeek
+(`deepseek.py`), which brings its own MLA layers and MTP layers.
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -109,41 +115,92 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
+    """Embedding, rope, the decoder layers and the final norm; shared by every decoder-only model.
+
+    Subclasses (DeepSeek) choose the rope width and extend `build_layers`;
+    layers past `num_layers` (DeepSeek's MTP layers) are built but not run.
+    """
+
     def __init__(
         self,
         config: ModelConfig,
         *,
         dtype: torch.dtype,
         device: torch.device,
-        layer_class: type[DecoderLayer] = DecoderLayer,
+        layer_class: Callable[..., nn.Module] = DecoderLayer,
+        rope_head_dim: int | None = None,
     ) -> None:
         super().__init__()
+        self.num_layers = config.num_layers
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
         self.rotary_emb = RotaryEmbedding(
             config.rope,
-            head_dim=config.head_dim,
+            head_dim=config.head_dim if rope_head_dim is None else rope_head_dim,
             max_position_embeddings=config.max_position_embeddings,
             dtype=dtype,
             device=device,
         )
-        self.layers = nn.ModuleList(
+        self.layers = nn.ModuleList(self.build_layers(config, layer_class, dtype=dtype, device=device))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
+
+    def build_layers(
+        self,
+        config: ModelConfig,
+        layer_class: Callable[..., nn.Module],
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> list[nn.Module]:
+        """The `num_layers` decoder layers, `layer_class(config, i, rotary, dtype=, device=)` each."""
+        return [
             layer_class(config, i, self.rotary_emb, dtype=dtype, device=device)
             for i in range(config.num_layers)
-        )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
+        ]
 
     def forward(self, batch: ForwardBatch, kv: PagedKVStorage) -> torch.Tensor:
         hidden = self.embed_tokens(batch.input_ids)
         residual: torch.Tensor | None = None
-        for index, layer in enumerate(self.layers):
-            hidden, residual = layer(batch.positions, hidden, residual, batch.attn, kv.layer(index))
+        for index in range(self.num_layers):
+            hidden, residual = self.layers[index](
+                batch.positions, hidden, residual, batch.attn, kv.layer(index)
+            )
         if residual is None:  # no layers, or decode layers that return the whole stream
             return self.norm(hidden)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
 
-class DenseDecoderForCausalLM(CausalLM):
+class DecoderForCausalLM(CausalLM):
+    """A `DecoderModel` (`build_model`) and an LM head, tied to the embedding where the config says so."""
+
+    def __init__(
+        self, config: ModelConfig, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    ) -> None:
+        super().__init__()
+        device = torch.device(device)
+        self.config = config
+        self.dtype = dtype
+        self.model = self.build_model(config, dtype=dtype, device=device)
+        self.lm_head = LMHead(
+            config.vocab_size,
+            config.hidden_size,
+            tied_to=self.model.embed_tokens if config.tie_word_embeddings else None,
+            dtype=dtype,
+            device=device,
+        )
+
+    @abstractmethod
+    def build_model(self, config: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> DecoderModel:
+        """The decoder stack, stored as `self.model` (checkpoint names `model.*`)."""
+
+    def forward(self, batch: ForwardBatch, kv: PagedKVStorage) -> torch.Tensor:
+        return self.model(batch, kv)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+
+class DenseDecoderForCausalLM(DecoderForCausalLM):
     """Llama-family causal LM; see the module docstring for what it covers."""
 
     layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer
@@ -158,26 +215,17 @@ class DenseDecoderForCausalLM(CausalLM):
     def __init__(
         self, config: ModelConfig, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
     ) -> None:
-        super().__init__()
-        device = torch.device(device)
-        self.config = config
-        self.dtype = dtype
-        self.model = DecoderModel(config, dtype=dtype, device=device, layer_class=self.layer_class)
-        self.lm_head = LMHead(
-            config.vocab_size,
-            config.hidden_size,
-            tied_to=self.model.embed_tokens if config.tie_word_embeddings else None,
-            dtype=dtype,
-            device=device,
-        )
+        super().__init__(config, dtype=dtype, device=device)
         # Decode-sized batches stream the 0.5-1 GB head through the GEMV kernel, which writes the
         # fp32 logits directly (rounded through the activation dtype, as `LMHead` returns them).
-        self._lm_head_gemm, self._lm_head_max_tokens = select_decode_gemm("decode", device=device, dtype=dtype)
+        self._lm_head_gemm, self._lm_head_max_tokens = select_decode_gemm(
+            "decode", device=torch.device(device), dtype=dtype
+        )
 
-    def forward(self, batch: ForwardBatch, kv: PagedKVStorage) -> torch.Tensor:
-        return self.model(batch, kv)
+    def build_model(self, config: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> DecoderModel:
+        return DecoderModel(config, dtype=dtype, device=device, layer_class=self.layer_class)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if hidden.shape[0] <= self._lm_head_max_tokens:
             return self._lm_head_gemm(hidden, self.lm_head.weight, out_dtype=torch.float32)  # type: ignore[misc]
-        return self.lm_head(hidden)
+        return super().compute_logits(hidden)

@@ -24,7 +24,12 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tokenspeed.kernels.attention.paged_tiles import dot, gather_kv_tile, online_softmax_step
+from tokenspeed.kernels.attention.paged_tiles import (
+    dot,
+    gather_kv_tile,
+    merge_split_partials,
+    online_softmax_step,
+)
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2, sm_count_of
@@ -150,17 +155,7 @@ def _decode_reduce_kernel(
     s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
     base = (row.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS
-    lse = tl.load(part_lse_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
-    top = tl.max(lse, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)
-    weight = tl.exp2(lse - top)
-    parts = tl.load(
-        part_out_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-        mask=s_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    total = tl.sum(weight, 0)
-    merged = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    merged = merge_split_partials(part_out_ptr, part_lse_ptr, base, offs_s, s_mask, offs_d, d_mask, HEAD_DIM)
     dst = out_ptr + row.to(tl.int64) * stride_ob + head * stride_oh + offs_d
     tl.store(dst, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
 

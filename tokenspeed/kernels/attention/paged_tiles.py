@@ -4,6 +4,8 @@ Both kernels stream one row's keys/values in BLOCK_N positions at a time
 through its page table and fold them into an online softmax; only how they
 choose the key range and mask differs. Keeping the page gather and the
 softmax update here means a fix or a tuning of either reaches both kernels.
+The split-KV merge (`merge_split_partials`) serves the GQA and MLA decode
+kernels alike.
 `@triton.jit` helpers are inlined at compile time, so this costs nothing.
 """
 
@@ -42,3 +44,23 @@ def online_softmax_step(scores, v, m_i, l_i, acc, IEEE: tl.constexpr):
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, IEEE)
     return m_new, l_i, acc
+
+
+@triton.jit
+def merge_split_partials(part_out_ptr, part_lse_ptr, base, offs_s, s_mask, offs_d, d_mask, DIM: tl.constexpr):
+    """One (token, head)'s split-KV partials merged: each split's output weighted by exp2(lse - max lse).
+
+    Splits `base + offs_s` hold a normalised `[DIM]` output and its base-2
+    log-sum-exp (-inf: the split saw no key); returns the `offs_d` lanes, fp32.
+    """
+    lse = tl.load(part_lse_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
+    top = tl.max(lse, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    weight = tl.exp2(lse - top)
+    parts = tl.load(
+        part_out_ptr + (base + offs_s)[:, None] * DIM + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    total = tl.sum(weight, 0)
+    return tl.sum(parts * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)

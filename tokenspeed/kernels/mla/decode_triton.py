@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed.kernels.attention.paged_tiles import merge_split_partials
 from tokenspeed.kernels.mla.decode_plan import (
     BLOCK_H,
     DecodeLaunch,
@@ -157,17 +158,7 @@ def _mla_merge_kernel(
     s_mask = offs_s < num_splits
     d_mask = offs_d < KV_LORA
     base = (token.to(tl.int64) * NUM_HEADS + head) * num_splits
-    lse = tl.load(part_lse_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
-    top = tl.max(lse, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)
-    weight = tl.exp2(lse - top)
-    parts = tl.load(
-        part_out_ptr + (base + offs_s)[:, None] * KV_LORA + offs_d[None, :],
-        mask=s_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    total = tl.sum(weight, 0)
-    merged = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    merged = merge_split_partials(part_out_ptr, part_lse_ptr, base, offs_s, s_mask, offs_d, d_mask, KV_LORA)
     dst = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
     tl.store(dst, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
 

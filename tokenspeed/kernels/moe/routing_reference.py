@@ -79,6 +79,30 @@ def check_route_args(
         raise ValueError(f"top_k={top_k} exceeds the experts in {kept} kept groups")
 
 
+def route_inputs(
+    router_logits: torch.Tensor,
+    *,
+    top_k: int,
+    scoring: str,
+    num_groups: int | None,
+    topk_groups: int | None,
+    group_scoring: str,
+) -> tuple[torch.Tensor, int, int]:
+    """Checked `moe.route` input (see `check_route_args`): logits as [T, E], groups, groups kept (1, 1 ungrouped)."""
+    num_experts = router_logits.shape[-1]
+    check_route_args(
+        num_experts,
+        top_k=top_k,
+        scoring=scoring,
+        num_groups=num_groups,
+        topk_groups=topk_groups,
+        group_scoring=group_scoring,
+    )
+    groups = num_groups or 1
+    kept = groups if topk_groups is None else topk_groups
+    return router_logits.reshape(-1, num_experts), groups, kept
+
+
 def group_mask(choice: torch.Tensor, num_groups: int, topk_groups: int, group_scoring: str) -> torch.Tensor:
     """Bool [T, E]: True for experts in the `topk_groups` best-scoring groups of each row."""
     tokens, experts = choice.shape
@@ -106,23 +130,19 @@ def route_reference(
     routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 weights [T, top_k], int32 expert ids [T, top_k]); see the module docstring."""
-    num_experts = router_logits.shape[-1]
-    check_route_args(
-        num_experts,
+    logits, groups, kept = route_inputs(
+        router_logits,
         top_k=top_k,
         scoring=scoring,
         num_groups=num_groups,
         topk_groups=topk_groups,
         group_scoring=group_scoring,
     )
-    logits = router_logits.reshape(-1, num_experts).float()
+    logits = logits.float()
     scores = logits.softmax(dim=-1) if scoring == "softmax" else logits.sigmoid()
     choice = scores if correction_bias is None else scores + correction_bias.float()
-    if num_groups is not None and num_groups > 1:
-        kept = num_groups if topk_groups is None else topk_groups
-        if kept < num_groups:
-            mask = group_mask(choice, num_groups, kept, group_scoring)
-            choice = choice.masked_fill(~mask, float("-inf"))
+    if kept < groups:
+        choice = choice.masked_fill(~group_mask(choice, groups, kept, group_scoring), float("-inf"))
     ids = torch.topk(choice, k=top_k, dim=-1, sorted=False).indices
     weights = scores.gather(1, ids)
     if renormalize:

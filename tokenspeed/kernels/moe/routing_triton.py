@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed.kernels.moe.routing_reference import RENORM_EPS, check_route_args
+from tokenspeed.kernels.moe.routing_reference import RENORM_EPS, route_inputs
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -115,23 +115,19 @@ def route_triton(
     routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 weights [T, top_k], int32 expert ids [T, top_k]); see `route_reference`."""
-    num_experts = router_logits.shape[-1]
-    check_route_args(
-        num_experts,
+    logits, groups, kept = route_inputs(
+        router_logits,
         top_k=top_k,
         scoring=scoring,
         num_groups=num_groups,
         topk_groups=topk_groups,
         group_scoring=group_scoring,
     )
-    logits = router_logits.reshape(-1, num_experts)
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
-    tokens = logits.shape[0]
+    tokens, num_experts = logits.shape
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=logits.device)
-    groups = num_groups or 1
-    kept = groups if topk_groups is None else topk_groups
     block_e = next_power_of_2(num_experts)
     if tokens:
         bias = correction_bias if correction_bias is not None else logits
