@@ -183,9 +183,9 @@ def test_extend_spans_several_query_tiles() -> None:
 # --- the layer's backend: decode vs extend per batch ---------------------------------------------
 
 
-def _triton_backend() -> PagedAttentionBackend:
+def _backend(name: str) -> PagedAttentionBackend:
     def spec(family: str, mode: str):  # noqa: ANN202
-        return next(s for s in list_kernels(family) if s.mode == mode and s.name == "triton")
+        return next(s for s in list_kernels(family) if s.mode == mode and s.name == name)
 
     return PagedAttentionBackend(
         spec("kvstore", "write"), spec("attention", "decode"), spec("attention", "extend")
@@ -196,11 +196,8 @@ def _triton_backend() -> PagedAttentionBackend:
 def test_backend_prefill_then_decode_matches_reference_backend() -> None:
     gen = torch.Generator().manual_seed(11)
     heads, kv_heads, dim, page_size = 4, 2, 16, 4
-    reference = PagedAttentionBackend.select(
-        platform="cpu", dtype=torch.float32, head_dim=dim, sliding_window=False
-    )
-    assert (reference.write.name, reference.decode.name, reference.extend.name) == ("reference",) * 3
-    triton_backend = _triton_backend()
+    reference = _backend("reference")
+    triton_backend = _backend("triton")
     pages = [[3, 0, 5], [1, 4]]
     caches = [torch.zeros(6, page_size, kv_heads, dim) for _ in range(4)]
     for step_rows in (

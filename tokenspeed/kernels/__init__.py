@@ -3,9 +3,11 @@
 Families and modes: `attention.{decode,extend,paged}`, `kvstore.write`,
 `norm.rms`, `rope.apply`, `activation.silu_and_mul`, `sampling.sample`. Each has
 a torch REFERENCE (cpu and cuda) and a Triton PORTABLE kernel (cuda only; the
-CPU keeps the reference). Triton kernels also run on CPU tensors under
-`TRITON_INTERPRET=1` (tests), and `python -m tokenspeed.kernels.compile_check`
-compiles them all for a GPU target on a machine without one.
+CPU keeps the reference, except `attention.decode`, whose PORTABLE CPU kernel
+`torch_batched` attends the whole batch in a few torch ops). Triton kernels
+also run on CPU tensors under `TRITON_INTERPRET=1` (tests), and
+`python -m tokenspeed.kernels.compile_check` compiles them all for a GPU
+target on a machine without one.
 
 Mixture of experts (`moe/`): `moe.route` (router logits -> top-k weights and
 expert ids; REFERENCE and Triton) and `moe.experts` (the routed SwiGLU

@@ -50,6 +50,7 @@ PLUGIN_ENTRY_POINT_GROUP = "tokenspeed.kernels"
 # query so importing the registry stays cheap and free of import cycles.
 _BUILTIN_MODULES = (
     "tokenspeed.kernels.attention.paged_reference",
+    "tokenspeed.kernels.attention.decode_torch_batched",
     "tokenspeed.kernels.kvstore.reference",
     "tokenspeed.kernels.norm.rms_reference",
     "tokenspeed.kernels.rope.reference",
