@@ -113,8 +113,12 @@ def time_decode(
     *,
     fold: int | None = None,
     launch: DecodeLaunch | None = None,
-) -> tuple[float, int]:
-    """(median µs, num_splits) of one decode launch (split kernel + merge) over full-length rows."""
+) -> tuple[float, int, torch.Tensor]:
+    """(median µs, num_splits, output) of one decode launch (split kernel + merge) over full-length rows.
+
+    Tables and queries come from a generator seeded by the case, so every launch of a case sees the same input.
+    """
+    torch.manual_seed(hash((heads, batch, context, q_len)) % 2**31)
     table = pool.table(batch, context)
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device=DEVICE)
     q = torch.randn(batch * q_len, heads, WIDTH, dtype=BF16, device=DEVICE)
@@ -134,7 +138,7 @@ def time_decode(
             launch=launch,
         )
 
-    return bench_graph_us(run), splits
+    return bench_graph_us(run), splits, run()
 
 
 def decode_section(pool: Pool) -> None:
@@ -150,7 +154,7 @@ def decode_section(pool: Pool) -> None:
                 if batch * context * WIDTH * 2 > CACHE_LIMIT_BYTES:
                     continue
                 for q_len in Q_LENS:
-                    us, splits = time_decode(pool, heads, batch, context, q_len)
+                    us, splits, _ = time_decode(pool, heads, batch, context, q_len)
                     nbytes = batch * context * WIDTH * 2
                     flops = 2 * batch * q_len * heads * context * (WIDTH + LATENT)
                     k = key(heads, batch, context, q_len)
@@ -187,7 +191,7 @@ def fold_section(pool: Pool) -> None:
                 folded = (
                     RESULTS.get("mla_decode_us", {}).get(k) or time_decode(pool, heads, batch, context, 4)[0]
                 )
-                unfolded, _ = time_decode(pool, heads, batch, context, 4, fold=1)
+                unfolded, _, _ = time_decode(pool, heads, batch, context, 4, fold=1)
                 speedups[k] = round(unfolded / folded, 3)
         log(
             f"fold h{heads}: "
@@ -236,24 +240,47 @@ def extend_section(pool: Pool) -> None:
     log(f"extend: {out}")
 
 
+def sweep_launches() -> list[DecodeLaunch]:
+    """Tile sizes with the online ("q") and the anchored ("a") softmax."""
+    grid = [(n, w, st) for n in (32, 64) for w in (4, 8) for st in (2, 3)] + [(16, 4, 3)]
+    return [DecodeLaunch(n, w, st) for n, w, st in grid] + [
+        DecodeLaunch(n, w, st, anchored=True) for n, w, st in grid
+    ]
+
+
+def launch_name(launch: DecodeLaunch) -> str:
+    major = "a" if launch.anchored else "q"
+    return f"{major}_n{launch.block_n}_w{launch.num_warps}_s{launch.num_stages}"
+
+
 def sweep_section(pool: Pool) -> None:
-    cases = [(16, 64, 65536, 1), (16, 8, 65536, 1), (16, 8, 16384, 4), (16, 32, 65536, 8), (128, 8, 16384, 1)]
+    cases = [
+        (16, 64, 65536, 1),
+        (16, 8, 65536, 1),
+        (16, 1, 65536, 1),
+        (16, 32, 16384, 1),
+        (16, 32, 65536, 2),
+        (16, 8, 16384, 4),
+        (16, 32, 65536, 8),
+        (128, 8, 16384, 1),
+    ]
     sweep: dict[str, dict[str, float | str]] = {}
     for heads, batch, context, q_len in cases:
         k = key(heads, batch, context, q_len)
         block_m = block_m_of(heads, choose_fold(heads, q_len))
-        sweep[k] = {"default": str(default_launch(block_m, BF16))}
-        for block_n in (16, 32, 64):
-            for warps in (4, 8):
-                for stages in (2, 3, 4):
-                    name = f"n{block_n}_w{warps}_s{stages}"
-                    try:
-                        us, _ = time_decode(
-                            pool, heads, batch, context, q_len, launch=DecodeLaunch(block_n, warps, stages)
-                        )
-                        sweep[k][name] = round(us, 1)
-                    except Exception as exc:  # out of shared memory / registers: record why
-                        sweep[k][name] = f"{type(exc).__name__}"
+        us, _, expected = time_decode(pool, heads, batch, context, q_len)
+        split_tokens = context // choose_num_splits(batch, heads, q_len, context)
+        default = default_launch(block_m, BF16, split_tokens)
+        sweep[k] = {"default": launch_name(default), "default_us": round(us, 1)}
+        for launch in sweep_launches():
+            try:
+                us, _, out = time_decode(pool, heads, batch, context, q_len, launch=launch)
+                error = (out.float() - expected.float()).abs().max().item()
+                sweep[k][launch_name(launch)] = (
+                    round(us, 1) if error < 2e-2 else f"wrong output (max err {error:.3g})"
+                )
+            except Exception as exc:  # out of shared memory / registers: record why
+                sweep[k][launch_name(launch)] = f"{type(exc).__name__}"
         log(f"sweep {k}: {sweep[k]}")
     RESULTS["mla_decode_launch_sweep"] = sweep
 
@@ -289,6 +316,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200_mla_kernels.json"))
     parser.add_argument("--sweep", action="store_true", help="also time other decode launch configurations")
+    parser.add_argument(
+        "--sections", default="decode,fold,extend", help="comma-separated subset of decode,fold,extend"
+    )
     args = parser.parse_args()
     command = " ".join(["python", "benchmarks/mla_kernels.py", *sys.argv[1:]])
     start = time.perf_counter()
@@ -296,11 +326,8 @@ def main() -> int:
     gpu_suite.free()
     max_tokens = max(b * c for b in BATCHES for c in CONTEXTS if b * c * WIDTH * 2 <= CACHE_LIMIT_BYTES)
     pool = Pool(max_tokens)
-    sections: list[tuple[str, Any]] = [
-        ("decode", decode_section),
-        ("fold", fold_section),
-        ("extend", extend_section),
-    ]
+    available = {"decode": decode_section, "fold": fold_section, "extend": extend_section}
+    sections: list[tuple[str, Any]] = [(name, available[name]) for name in args.sections.split(",") if name]
     if args.sweep:
         sections.append(("sweep", sweep_section))
     for name, section in sections:

@@ -20,7 +20,7 @@ from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything 
     fresh_process_test,
     interpreted,
 )
-from tokenspeed.kernels.mla.decode_plan import choose_fold, choose_num_splits
+from tokenspeed.kernels.mla.decode_plan import DecodeLaunch, choose_fold, choose_num_splits, default_launch
 from tokenspeed.kernels.mla.decode_triton import mla_decode_triton
 from tokenspeed.kernels.mla.extend_triton import mla_extend_triton
 from tokenspeed.kernels.mla.reference import (
@@ -172,18 +172,54 @@ DECODE_CASES = [
 ]
 
 
+SOFTMAX_FORMS = {"online": DecodeLaunch(16, 4, 2), "anchored": DecodeLaunch(16, 4, 2, anchored=True)}
+
+
 @interpreted
+@pytest.mark.parametrize("softmax", list(SOFTMAX_FORMS))
 @pytest.mark.parametrize(("dtype", "q_len", "page_size", "fold", "num_splits"), DECODE_CASES)
 def test_decode_triton_matches_reference(
-    dtype: torch.dtype, q_len: int, page_size: int, fold: int | None, num_splits: int
+    dtype: torch.dtype, q_len: int, page_size: int, fold: int | None, num_splits: int, softmax: str
 ) -> None:
+    """The online and the anchored softmax on every case."""
     q, cache, table, seq_lens, _ = _decode_case(DECODE_LENGTHS, q_len, page_size, dtype, 10 + q_len)
     kwargs = {"q_len": q_len, "scale": SCALE, "kv_lora_rank": LATENT}
-    out = mla_decode_triton(q, cache, table, seq_lens, num_splits=num_splits, fold=fold, **kwargs)
+    launch = SOFTMAX_FORMS[softmax]
+    out = mla_decode_triton(
+        q, cache, table, seq_lens, num_splits=num_splits, fold=fold, launch=launch, **kwargs
+    )
     expected = mla_decode_reference(q, cache, table, seq_lens, **kwargs)
     assert out.dtype == dtype and out.shape == expected.shape
     torch.testing.assert_close(out.float(), expected.float(), rtol=TOL[dtype], atol=TOL[dtype])
     assert bool((out[q_len : 2 * q_len] == 0).all())  # padding row
+
+
+@interpreted
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the first walk overflows, by design
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_anchored_softmax_walks_again_when_a_later_score_towers_over_the_first_tile(
+    dtype: torch.dtype,
+) -> None:
+    """A key far past the first tile scoring ~150 (base 2) above it: exp2 would overflow at the first-tile anchor.
+
+    The kernel must notice and redo the range with the row's true max; the
+    result is then (nearly) that key's latent for the head aimed at it, and
+    the other heads are unaffected.
+    """
+    q, cache, table, seq_lens, _ = _decode_case(DECODE_LENGTHS, 1, 4, dtype, 21)
+    row, position, head = 3, DECODE_LENGTHS[3] - 3, 1
+    page, slot = int(table[row, position // 4]), position % 4
+    aim = q[row, head].float() / q[row, head].float().norm()
+    cache[page, slot, 0] = (100.0 * aim).to(dtype)
+    kwargs = {"q_len": 1, "scale": SCALE, "kv_lora_rank": LATENT}
+    expected = mla_decode_reference(q, cache, table, seq_lens, **kwargs)
+    assert float(expected[row, head].float().sub(cache[page, slot, 0, :LATENT].float()).abs().max()) < 1e-2
+    for num_splits in (1, 2):
+        out = mla_decode_triton(
+            q, cache, table, seq_lens, num_splits=num_splits, launch=SOFTMAX_FORMS["anchored"], **kwargs
+        )
+        assert bool(torch.isfinite(out).all())
+        torch.testing.assert_close(out.float(), expected.float(), rtol=TOL[dtype], atol=TOL[dtype])
 
 
 @interpreted
@@ -238,6 +274,16 @@ def test_write_triton_matches_reference() -> None:
     mla_write_triton(rows, caches[0], slots)
     mla_write_reference(rows, caches[1], slots)
     assert torch.equal(caches[0], caches[1])
+
+
+def test_long_splits_of_narrow_tiles_take_the_anchored_softmax() -> None:
+    """Latency-bound short splits stay online, as do 64-row (wgmma) tiles, where the anchored form measured slower."""
+    bf16 = torch.bfloat16
+    assert default_launch(16, bf16, 64) == DecodeLaunch(32, 4, 2)
+    assert default_launch(16, bf16, 4096) == DecodeLaunch(64, 4, 2, anchored=True)
+    assert default_launch(16, bf16) == default_launch(16, bf16, 4096)
+    assert default_launch(32, bf16, 4096).anchored and not default_launch(32, bf16, 128).anchored
+    assert not default_launch(64, bf16, 65536).anchored
 
 
 def test_fold_and_split_heuristics() -> None:

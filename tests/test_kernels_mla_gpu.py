@@ -70,10 +70,13 @@ def test_decode_matches_reference(heads: int, page_size: int, q_len: int) -> Non
 
 
 @pytest.mark.parametrize(
-    "launch", [DecodeLaunch(16, 4, 4), DecodeLaunch(32, 8, 2), DecodeLaunch(64, 8, 2), DecodeLaunch(64, 4, 3)]
+    "launch",
+    [DecodeLaunch(16, 4, 4), DecodeLaunch(32, 8, 2), DecodeLaunch(64, 8, 2), DecodeLaunch(64, 4, 3)]
+    + [DecodeLaunch(32, 4, 2, anchored=True), DecodeLaunch(64, 4, 2, anchored=True)]
+    + [DecodeLaunch(64, 8, 3, anchored=True), DecodeLaunch(16, 4, 3, anchored=True)],
 )
 def test_decode_launch_variants_stay_correct(launch: DecodeLaunch) -> None:
-    """The configurations `benchmarks/mla_kernels.py --sweep` times, so a retuned default is already tested.
+    """Configurations like those `benchmarks/mla_kernels.py --sweep` times, both softmax forms, so a retuned default is tested.
 
     A configuration that does not fit the chip (shared memory) may refuse to launch; it must not miscompute.
     """
@@ -92,6 +95,30 @@ def test_decode_launch_variants_stay_correct(launch: DecodeLaunch) -> None:
             continue
         expected = mla_decode_reference(q, cache, table, seq_lens, **kwargs)
         torch.testing.assert_close(out.float(), expected.float(), **TOL)
+
+
+@pytest.mark.parametrize("anchored", [False, True])
+def test_decode_survives_a_score_far_above_the_first_tile(anchored: bool) -> None:
+    """One key scoring ~150 (base 2) above the rest, 3000 positions into a 4K row (the anchored form must redo).
+
+    bf16 exp2 of that shift against the first tile's max is inf; the result
+    must still be that key's latent for the aimed head and the reference elsewhere.
+    """
+    gen = torch.Generator().manual_seed(5)
+    lengths = [4096, 300]
+    cache, table = _paged_cache(lengths, 64, gen)
+    q = torch.randn(2, 16, LATENT + ROPE, generator=gen).to(BF16).cuda()
+    page, slot = int(table[0, 3000 // 64]), 3000 % 64
+    cache[page, slot, 0] = (60.0 * q[0, 3].float() / q[0, 3].float().norm()).to(BF16)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    kwargs = {"q_len": 1, "scale": SCALE, "kv_lora_rank": LATENT}
+    expected = mla_decode_reference(q, cache, table, seq_lens, **kwargs).float()
+    torch.testing.assert_close(expected[0, 3], cache[page, slot, 0, :LATENT].float(), rtol=1e-2, atol=1e-2)
+    for splits in (1, 5):
+        launch = DecodeLaunch(64, 4, 2, anchored=anchored)
+        out = mla_decode_triton(q, cache, table, seq_lens, num_splits=splits, launch=launch, **kwargs)
+        assert bool(torch.isfinite(out).all())
+        torch.testing.assert_close(out.float(), expected, **TOL)
 
 
 @pytest.mark.parametrize("writer", ["triton", "reference"])

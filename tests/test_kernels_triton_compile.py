@@ -1,4 +1,4 @@
-"""Every Triton kernel compiles for sm_90 on this (GPU-less) machine, without register spills.
+"""Every Triton kernel compiles for sm_90 on this (GPU-less) machine, without register spills beyond its allowance.
 
 The interpreter tests (`test_kernels_triton.py`) check what kernels compute but
 run them as Python, so compile-only mistakes would first surface on the GPU
@@ -29,6 +29,8 @@ def test_triton_kernels_compile_for_hopper_without_spills() -> None:
     cmd = [sys.executable, "-m", "tokenspeed.kernels.compile_check", "--arch", "90"]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    spills = re.findall(r"^ok\s+(.*): .*spill_stores=(\d+)B", result.stdout, flags=re.MULTILINE)
+    spills = re.findall(
+        r"^ok\s+(.*): .*spill_stores=(\d+)B(?: allowance=(\d+)B)?$", result.stdout, flags=re.MULTILINE
+    )
     assert spills, result.stdout
-    assert [name for name, stored in spills if int(stored)] == []
+    assert [name for name, stored, allowed in spills if int(stored) > int(allowed or 0)] == []

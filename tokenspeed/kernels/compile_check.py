@@ -31,7 +31,11 @@ _ALIGNED = re.compile(r"(_ptr$|^stride_(?!pt$|cos$|row$|x_inner$|r_inner$))")
 
 @dataclass(slots=True)
 class KernelConfig:
-    """One kernel at one set of constexprs; pointer dtypes default to `pointee`."""
+    """One kernel at one set of constexprs; pointer dtypes default to `pointee`.
+
+    `spill_allowance`: register spill bytes this configuration is known to
+    have and was measured to be fastest with anyway (0 for nearly all).
+    """
 
     name: str
     kernel: Any
@@ -40,6 +44,7 @@ class KernelConfig:
     pointers: dict[str, str] = field(default_factory=dict)
     num_warps: int = 4
     num_stages: int = 2
+    spill_allowance: int = 0
 
 
 def _signature(config: KernelConfig) -> tuple[dict[str, str], dict[tuple[int, ...], Any]]:
@@ -177,7 +182,8 @@ def compile_config(config: KernelConfig, arch: int) -> str:
     source = ASTSource(fn=config.kernel, signature=signature, constexprs=config.constexprs, attrs=attrs)
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
-    return f"shared={compiled.metadata.shared}B {_ptxas_report(compiled.asm['ptx'], arch)}"
+    report = f"shared={compiled.metadata.shared}B {_ptxas_report(compiled.asm['ptx'], arch)}"
+    return report + (f" allowance={config.spill_allowance}B" if config.spill_allowance else "")
 
 
 def main(argv: list[str] | None = None) -> int:

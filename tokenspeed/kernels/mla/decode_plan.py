@@ -17,20 +17,27 @@ import torch
 from tokenspeed.kernels.triton_launch import next_power_of_2, sm_count_of
 
 BLOCK_H = 64  # query rows per program on the GPU: one wgmma tile (m64) per warpgroup
-# Short splits for short contexts: a program walks its split as a chain of dependent 32-position
-# tiles (~1.7 us each on the H200), so at bs1 with 1K tokens 256-token splits left 5 programs of
-# 8 tiles each (14.7 us per layer in the Moonlight profile); 64-token splits give 18 of 2 tiles.
+# Short splits for short contexts: a program walks its split as a chain of dependent tiles
+# (~1.7 us each on the H200), so at bs1 with 1K tokens 256-token splits left 5 programs of
+# 8 tiles each (14.7 us per layer in the Moonlight profile); 64-token splits give 18 short ones.
 _MIN_TOKENS_PER_SPLIT = 64
 _MAX_SPLITS = 128  # one 64K row of 16 heads: 128 programs of 512 tokens cover the 132 SMs
+# Splits at least this long take the anchored softmax (measured: splits of <= 128 positions run
+# faster online, of >= 512 anchored; see `default_launch`).
+_ANCHORED_MIN_SPLIT_TOKENS = 512
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeLaunch:
-    """Tile and pipeline sizes of the decode kernel (`block_n` cached positions per step)."""
+    """Tile and pipeline sizes of the decode kernel (`block_n` cached positions per step) and its softmax form.
+
+    `anchored` False is the online softmax (the off switch of the anchored one).
+    """
 
     block_n: int
     num_warps: int
     num_stages: int
+    anchored: bool = False
 
 
 def choose_fold(num_heads: int, q_len: int, block_h: int = BLOCK_H) -> int:
@@ -49,24 +56,44 @@ def block_m_of(num_heads: int, fold: int) -> int:
     return max(16, next_power_of_2(head_tiling(num_heads, fold)[0] * fold))
 
 
-def default_launch(block_m: int, dtype: torch.dtype) -> DecodeLaunch:
-    """Sizes that compile for sm_90 without register spills (see compile_check), picked by measurement.
+def default_launch(block_m: int, dtype: torch.dtype, split_tokens: int | None = None) -> DecodeLaunch:
+    """Sizes that compile for sm_90 (see compile_check), picked by measurement on the H200.
 
-    The fp32 accumulator is block_m x 512: a 64-row tile needs two warpgroups
-    (8 warps, one wgmma m64 each), as does a 32-row one (4 warps spill); a
-    16-row tile fits 4 warps and leaves room for two programs per SM. The
-    launch sweep of `benchmarks/mla_kernels.py --sweep` on the H200 (bf16, 16
-    heads) chose the rest: 16-row tiles (q_len 1) are fastest with 32 cached
-    positions per step and two stages (2% ahead of three; 16 positions or 8
-    warps lose 40%+), folded 32/64-row tiles with 64 positions per step and
-    three stages (1.25x faster than 32 at q_len 4). fp32 (exact tests) uses
-    16 positions per step to fit.
+    `split_tokens` bounds the cached positions one program walks (the
+    longest context the table allows / num_splits; None: long). Long splits
+    of tiles up to 32 query rows take the anchored softmax (`tiles.
+    _attend_anchored`): it keeps cross-warp reductions out of the loop and,
+    with 64 positions per step, reads 16 heads x 64K tokens at 0.83 of the
+    copy bandwidth against 0.68 for the online softmax. A program of a tile
+    or two is bound by its latency instead, where the online softmax over
+    32-position steps is a few µs faster (Moonlight bs1 at 1K tokens: 2.91
+    against 3.01 ms per token); both sides are in
+    `benchmarks/results/h200/mla_decode_launch_sweep.log`. 64-row tiles (128
+    heads, or 16 heads x 4 folded tokens) run on wgmma, and there the
+    anchored form measured 1.3x slower (its extra row tiles spill), so they
+    stay online.
+    Other sizes (bf16): 32- and 64-row tiles take 64 positions, 8 warps (the
+    512-wide fp32 accumulator needs two warpgroups) and three stages. fp32
+    (exact tests) uses 16 positions per step to fit.
     """
+    anchored = block_m <= 32 and (split_tokens is None or split_tokens >= _ANCHORED_MIN_SPLIT_TOKENS)
     if dtype == torch.float32:
-        return DecodeLaunch(block_n=16, num_warps=4 if block_m <= 16 else 8, num_stages=3)
+        return DecodeLaunch(block_n=16, num_warps=4 if block_m <= 16 else 8, num_stages=3, anchored=anchored)
     if block_m <= 16:
+        if anchored:
+            return DecodeLaunch(block_n=64, num_warps=4, num_stages=2, anchored=True)
         return DecodeLaunch(block_n=32, num_warps=4, num_stages=2)
-    return DecodeLaunch(block_n=64, num_warps=8, num_stages=3)
+    return DecodeLaunch(block_n=64, num_warps=8, num_stages=3, anchored=anchored)
+
+
+def anchor_headroom(dtype: torch.dtype) -> float:
+    """How far (base 2) a score may rise above its row's anchored shift before the range is walked again.
+
+    exp2 of it must stay finite in the dtype P is multiplied in: fp16 tops out
+    at 65504 (~2^16); bf16 shares fp32's exponent range, where fp32 row sums
+    of 2^20 positions x 2^64 stay far from 2^128.
+    """
+    return 15.0 if dtype == torch.float16 else 64.0
 
 
 def programs_per_sm(block_m: int) -> int:
