@@ -29,6 +29,7 @@ from tokenspeed.kernels.attention.paged_tiles import (
     gather_kv_tile,
     merge_split_partials,
     online_softmax_step,
+    store_split_partial,
 )
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.registry import Band, register_kernel
@@ -118,17 +119,13 @@ def _decode_split_kernel(
         v = gather_kv_tile(v_cache_ptr, page, slot, kv_head, stride_vp, stride_vs, stride_vh, offs_d, kv_mask)
         m_i, l_i, acc = online_softmax_step(scores, v, m_i, l_i, acc, IEEE)
 
-    out_mask = g_mask[:, None] & d_mask[None, :]
-    denom = tl.where(l_i > 0.0, l_i, 1.0)
-    result = acc / denom[:, None]
     if NUM_SPLITS == 1:
+        result = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         dst = out_ptr + row.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-        tl.store(dst, result.to(out_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(dst, result.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
     else:
         part = (row.to(tl.int64) * NUM_HEADS + heads) * NUM_SPLITS + split
-        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], result, mask=out_mask)
-        lse = tl.where(l_i > 0.0, m_i + tl.log2(denom), float("-inf"))
-        tl.store(part_lse_ptr + part, lse, mask=g_mask)
+        store_split_partial(part_out_ptr, part_lse_ptr, part, g_mask, acc, m_i, l_i, offs_d, d_mask, HEAD_DIM)
 
 
 @triton.jit

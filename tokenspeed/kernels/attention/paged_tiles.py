@@ -4,8 +4,8 @@ Both kernels stream one row's keys/values in BLOCK_N positions at a time
 through its page table and fold them into an online softmax; only how they
 choose the key range and mask differs. Keeping the page gather and the
 softmax update here means a fix or a tuning of either reaches both kernels.
-The split-KV merge (`merge_split_partials`) serves the GQA and MLA decode
-kernels alike.
+The split-KV partials (`store_split_partial`, `merge_split_partials`) serve the
+GQA and MLA decode kernels alike.
 `@triton.jit` helpers are inlined at compile time, so this costs nothing.
 """
 
@@ -44,6 +44,18 @@ def online_softmax_step(scores, v, m_i, l_i, acc, IEEE: tl.constexpr):
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, IEEE)
     return m_new, l_i, acc
+
+
+@triton.jit
+def store_split_partial(part_out_ptr, part_lse_ptr, part, row_mask, acc, m_i, l_i, offs_d, d_mask, DIM: tl.constexpr):
+    """Store one split's rows `part` for `merge_split_partials`: the normalised `[DIM]` output and its base-2 lse.
+
+    (m_i, l_i, acc) are the online-softmax state; a row that saw no key stores lse -inf.
+    """
+    denom = tl.where(l_i > 0.0, l_i, 1.0)
+    mask = row_mask[:, None] & d_mask[None, :]
+    tl.store(part_out_ptr + part[:, None] * DIM + offs_d[None, :], acc / denom[:, None], mask=mask)
+    tl.store(part_lse_ptr + part, tl.where(l_i > 0.0, m_i + tl.log2(denom), float("-inf")), mask=row_mask)
 
 
 @triton.jit

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed.kernels.attention.paged_tiles import merge_split_partials
+from tokenspeed.kernels.attention.paged_tiles import merge_split_partials, store_split_partial
 from tokenspeed.kernels.mla.decode_plan import (
     BLOCK_H,
     DecodeLaunch,
@@ -135,11 +135,9 @@ def _mla_decode_kernel(
     else:
         offs_l = tl.arange(0, BLOCK_L)
         part = (token.to(tl.int64) * NUM_HEADS + head) * num_splits + split
-        denom = tl.where(l_i > 0.0, l_i, 1.0)
-        mask = m_mask[:, None] & (offs_l < KV_LORA)[None, :]
-        tl.store(part_out_ptr + part[:, None] * KV_LORA + offs_l[None, :], acc / denom[:, None], mask=mask)
-        lse = tl.where(l_i > 0.0, m_i + tl.log2(denom), float("-inf"))
-        tl.store(part_lse_ptr + part, lse, mask=m_mask)
+        store_split_partial(
+            part_out_ptr, part_lse_ptr, part, m_mask, acc, m_i, l_i, offs_l, offs_l < KV_LORA, KV_LORA
+        )
 
 
 @triton.jit
