@@ -37,8 +37,9 @@ from tokenspeed.engine.llm import _eos_token_ids, load_tokenizer
 from tokenspeed.engine.model_files import is_preset, resolve_model_folder
 from tokenspeed.engine.output_processor import OutputProcessor
 from tokenspeed.engine.stream import EngineStats, RequestDelta, merge_deltas
-from tokenspeed.errors import ContextTooLong, EngineDead, EngineOverloaded, InvalidRequest
+from tokenspeed.errors import EngineDead, EngineOverloaded, InvalidRequest
 from tokenspeed.models import ModelConfig
+from tokenspeed.scheduler.admission import AdmissionLimits, check_admission
 from tokenspeed.scheduler.sampling_params import SamplingParams
 
 logger = logging.getLogger("tokenspeed.engine")
@@ -79,6 +80,7 @@ class AsyncEngine:
         self.eos_token_ids: tuple[int, ...] = ()
         self._client: CoreClient | None = None
         self._ready: ipc.Ready | None = None
+        self._limits: AdmissionLimits | None = None
         self._processor = OutputProcessor(None, self._finish_stream)
         self._slots: dict[str, _RequestSlot] = {}
         self._stats = EngineStats()
@@ -115,6 +117,13 @@ class AsyncEngine:
             self._dead = "The engine failed to start."
             raise
         self._ready = ready
+        self._limits = AdmissionLimits(
+            max_model_len=ready.max_model_len,
+            max_num_seqs=ready.max_num_seqs,
+            page_size=ready.page_size,
+            num_kv_pages=ready.num_kv_pages,
+            vocab_size=ready.vocab_size,
+        )
         self.eos_token_ids = _eos_token_ids(self.model_folder, model_config, self.tokenizer)
         self.max_model_len = self._ready.max_model_len
         self.vocab_size = self._ready.vocab_size
@@ -212,7 +221,12 @@ class AsyncEngine:
             raise InvalidRequest(f"Request id {request_id!r} is already in use.")
         slot = self._slots[request_id] = _RequestSlot(request_id)
         self._processor.add_request(request_id, None, prompt, params)
-        self._send(ipc.AddRequest(request_id, prompt, params))
+        try:
+            self._send(ipc.AddRequest(request_id, prompt, params))
+        except BaseException:  # nothing reached the core: forget the request entirely
+            del self._slots[request_id]
+            self._processor.abort_delta(request_id)
+            raise
         self._num_sent += 1
         return slot
 
@@ -235,33 +249,12 @@ class AsyncEngine:
             raise EngineDead(self._dead)
 
     def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
-        assert self._ready is not None
+        assert self._limits is not None
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequest("The request id must be a non-empty string.")
         if request_id in self._slots:
             raise InvalidRequest(f"Request id {request_id!r} is already in use.")
-        if not prompt:
-            raise InvalidRequest("The prompt is empty: it must contain at least one token.")
-        if len(prompt) >= self.max_model_len:
-            raise ContextTooLong(
-                f"This model's maximum context length is {self.max_model_len} tokens, but the prompt has "
-                f"{len(prompt)} tokens; it must be shorter to leave room for at least one output token."
-            )
-        bad = [t for t in prompt if type(t) is not int or not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequest(
-                f"Prompt token ids must be integers in [0, {self.vocab_size}); got {bad[:5]}"
-                + (" ..." if len(bad) > 5 else "")
-            )
-        if params.n > self._ready.max_num_seqs:
-            raise InvalidRequest(f"n={params.n} exceeds max_num_seqs={self._ready.max_num_seqs}.")
-        page_size = self._ready.page_size
-        pages_at_fork = -(-len(prompt) // page_size) + (params.n - 1) * (len(prompt) % page_size != 0)
-        if pages_at_fork > self._ready.num_kv_pages:
-            raise ContextTooLong(
-                f"A {len(prompt)}-token prompt with n={params.n} needs {pages_at_fork} KV pages; "
-                f"the engine has {self._ready.num_kv_pages}."
-            )
+        check_admission(prompt, params, self._limits)
 
     def _check_load(self) -> None:
         """`EngineOverloaded` once `max_waiting_requests` requests would wait in the core's queue.

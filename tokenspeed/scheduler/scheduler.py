@@ -30,8 +30,9 @@ import bisect
 import random
 from dataclasses import dataclass, field
 
-from tokenspeed.errors import ContextTooLong, InvalidRequest
+from tokenspeed.errors import InvalidRequest
 from tokenspeed.kvcache import BlockTable, KVCache
+from tokenspeed.scheduler.admission import check_admission
 from tokenspeed.scheduler.config import SchedulerConfig
 from tokenspeed.scheduler.fsm import Admit, Decoding, Finish, Preempt, Prefilling, ReserveForkPages, Waiting
 from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID, ExecutionPlan, ExecutionResult, ScheduledRow
@@ -112,29 +113,14 @@ class Scheduler:
 
     def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
         cfg = self.config
-        if not prompt_token_ids:
-            raise InvalidRequest("The prompt is empty: it must contain at least one token.")
+        check_admission(prompt_token_ids, sampling, cfg.limits)
         if request_id in self._owner or request_id in self._users:
             raise InvalidRequest(f"Request id {request_id!r} is already in use by a live request.")
         num_prompt = len(prompt_token_ids)
-        if num_prompt >= cfg.max_model_len:
-            raise ContextTooLong(
-                f"The prompt has {num_prompt} tokens but max_model_len is {cfg.max_model_len}; "
-                f"it must be shorter to leave room for at least one output token."
-            )
         n = sampling.n
-        if n > cfg.max_num_seqs:
-            raise InvalidRequest(f"n={n} exceeds max_num_seqs={cfg.max_num_seqs}.")
         forks = fork_ids(request_id, n)
         if any(f in self._owner or f in self._users for f in forks):
             raise InvalidRequest(f"The stream ids of request {request_id!r} (n={n}) collide with live ones.")
-        partial = 1 if num_prompt % cfg.page_size else 0
-        pages_at_fork = self.kv.pages_for(num_prompt) + (n - 1) * partial
-        if pages_at_fork > cfg.num_pages:
-            raise ContextTooLong(
-                f"A {num_prompt}-token prompt with n={n} needs {pages_at_fork} KV pages when it forks; "
-                f"the pool has {cfg.num_pages}."
-            )
         max_output = cfg.max_model_len - num_prompt
         if sampling.max_tokens is not None:
             max_output = min(max_output, sampling.max_tokens)
