@@ -19,7 +19,9 @@ LIMITS = AdmissionLimits(max_model_len=64, max_num_seqs=4, page_size=16, num_kv_
         ([1, 100], SamplingParams(), InvalidRequest, r"Prompt token ids .*\[0, 100\)"),
         ([1, 2], SamplingParams(stop_token_ids=[100]), InvalidRequest, r"stop_token_ids .*\[0, 100\).*100"),
         ([1, 2], SamplingParams(n=5), InvalidRequest, "n=5 exceeds max_num_seqs=4"),
-        (list(range(60)), SamplingParams(n=4), ContextTooLong, "needs 7 KV pages when it forks; the engine has 6"),
+        # Refused, not clamped: 60 + 16 > 64.
+        (list(range(60)), SamplingParams(max_tokens=16), ContextTooLong, "ask for at most 4 new tokens"),
+        (list(range(60)), SamplingParams(n=4, max_tokens=2), ContextTooLong, "needs 7 KV pages when it forks; the engine has 6"),
     ],
 )
 def test_refusals(prompt, params, error, words):
@@ -28,7 +30,7 @@ def test_refusals(prompt, params, error, words):
 
 
 def test_fitting_request_passes_and_pages_are_counted():
-    check_admission([1] * 63, SamplingParams(n=1, stop_token_ids=[99]), LIMITS)
+    check_admission([1] * 63, SamplingParams(n=1, max_tokens=1, stop_token_ids=[99]), LIMITS)
     assert pages_needed(16, 3, 16) == 1 and pages_needed(17, 3, 16) == 2 + 2
 
 

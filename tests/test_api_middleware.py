@@ -125,3 +125,15 @@ def test_cli_refuses_metrics_auth_without_a_key():
     args = parser.parse_args(["--max-request-body-bytes", "0"])
     with pytest.raises(SystemExit):
         serve_config(args)
+
+
+async def test_docs_version_and_count_tokens_without_a_tool_parser(tokenizer):
+    _, http, _, _ = make(tokenizer, tool_call_parser=None)
+    assert (await http.get("/docs")).status_code == 200
+    assert (await http.get("/openapi.json")).json()["info"]["title"] == "TokenSpeed"
+    assert (await http.get("/version")).json()["version"]
+    tool = {"name": "get_weather", "input_schema": {"type": "object"}}
+    body = {"model": "embedded", "messages": USER, "tools": [tool]}
+    with_tools = await http.post("/v1/messages/count_tokens", json=body)
+    without = await http.post("/v1/messages/count_tokens", json={"model": "embedded", "messages": USER})
+    assert with_tools.status_code == 200 and with_tools.json()["input_tokens"] > without.json()["input_tokens"]

@@ -117,6 +117,19 @@ def test_bad_values_through_the_official_clients(server, oai, http):
     assert_idle_and_healthy(http)
 
 
+def test_max_tokens_beyond_the_context_is_400_not_a_silent_clamp(server, oai):
+    """max_model_len is 1024 here; vLLM and OpenAI refuse such requests too."""
+    with pytest.raises(openai.BadRequestError, match="max_model_len is 1024"):
+        oai.completions.create(model="embedded", prompt="x", max_tokens=5000)
+    with pytest.raises(openai.BadRequestError, match="ask for at most"):
+        oai.chat.completions.create(model="embedded", messages=USER, max_completion_tokens=1024)
+    ant = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0)
+    with pytest.raises(anthropic.BadRequestError, match="max_model_len is 1024"):
+        ant.messages.create(model="embedded", max_tokens=5000, messages=USER, stream=True)
+    unset = oai.chat.completions.create(model="embedded", messages=USER, temperature=0, stop=None)
+    assert unset.usage.completion_tokens >= 1  # without max_tokens the rest of the window may be used
+
+
 # ---- 8. role spoofing ----------------------------------------------------------------------------
 
 def test_user_content_cannot_open_a_system_turn(http, oai):

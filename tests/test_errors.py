@@ -30,9 +30,10 @@ def still_works(llm) -> None:
         # An out-of-vocabulary stop id used to index past the logits row and kill the engine.
         ("x", SamplingParams(min_tokens=2, max_tokens=4, stop_token_ids=[10**9]), InvalidRequest, "stop_token_ids"),
         ("x", SamplingParams(presence_penalty=1.0, stop_token_ids=[4096]), InvalidRequest, r"\[0, 4096\)"),
+        ("x", SamplingParams(max_tokens=500), ContextTooLong, "max_model_len is 64"),  # refused, not clamped
     ],
     ids=["empty-text", "empty-ids", "too-long", "id-too-big", "id-negative", "id-not-int", "stop-id-too-big",
-         "stop-id-with-penalty"],
+         "stop-id-with-penalty", "max-tokens-past-context"],
 )
 def test_bad_prompt(llm, prompt, params, error, words):
     with pytest.raises(error, match=words):

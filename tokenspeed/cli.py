@@ -14,15 +14,19 @@ import sys
 
 from tokenspeed.engine_args import add_engine_args, engine_config_from_args
 
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("sampling")
-    group.add_argument("--max-tokens", type=int, default=64)
-    group.add_argument("--temperature", type=float, default=0.0)
-    group.add_argument("--top-p", type=float, default=1.0)
-    group.add_argument("--top-k", type=int, default=0)
-    group.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
-    group.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    group.add_argument("--max-tokens", type=int, default=64, help="new tokens per completion (default: %(default)s)")
+    group.add_argument("--temperature", type=float, default=0.0,
+                       help="sampling temperature; 0 is greedy (default: %(default)s)")
+    group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: %(default)s)")
+    group.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest; 0 is off (default: %(default)s)")
+    group.add_argument("--sampling-seed", type=int, default=None,
+                       help="per-request seed: the same seed gives the same tokens (default: random)")
+    group.add_argument("--stop", action="append", default=None, help="stop string (repeatable; default: none)")
 
 
 def _sampling_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -38,12 +42,27 @@ def _sampling_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-de
     )
 
 
+def _random_weights_notice(args: argparse.Namespace) -> None:
+    """Say so when the weights are random (embedded model, a preset, dummy loading): the text means nothing."""
+    from tokenspeed.models.presets import preset_name
+
+    model = getattr(args, "model_positional", None) or args.model
+    if model is None:
+        what = "the embedded tiny model"
+    elif preset_name(model) is not None:
+        what = f"preset {preset_name(model)!r}"
+    elif args.load_format == "dummy":
+        what = f"{model} with --load-format dummy"
+    else:
+        return
+    print(f"# {what}: random weights, its text is not meaningful", file=sys.stderr)
+
+
 def _generate(args: argparse.Namespace) -> int:
     from tokenspeed import LLM
 
     llm = LLM.from_config(engine_config_from_args(args))
-    if args.model is None:
-        print("# embedded tiny model: random weights, the text below is not meaningful", file=sys.stderr)
+    _random_weights_notice(args)
     for output in llm.generate(args.prompt, _sampling_from_args(args)):
         for completion in output.outputs:
             if args.json:
@@ -58,6 +77,7 @@ def _chat(args: argparse.Namespace) -> int:
     from tokenspeed import LLM
 
     llm = LLM.from_config(engine_config_from_args(args))
+    _random_weights_notice(args)
     messages = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
@@ -70,6 +90,7 @@ def _chat(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from tokenspeed.api.server import run_server
 
+    _random_weights_notice(args)
     return run_server(args, args.serve_parser)
 
 
@@ -115,12 +136,18 @@ def _kernels(args: argparse.Namespace) -> int:
         print(f"error: no kernels registered for family {args.family!r}", file=sys.stderr)
         return 2
     print("\n\n".join(str(report) for report in reports))
+    unserved = [f"{r.family}.{r.mode}" for r in reports if r.chosen is None]
+    if unserved:
+        print(f"error: no registered kernel serves {len(unserved)} op(s) on platform {platform_name!r}: "
+              f"{', '.join(unserved)}", file=sys.stderr)
+        return 1
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenspeed", description="LLM inference engine for agentic workloads")
-    parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--log-level", default="warning", type=str.lower, choices=_LOG_LEVELS,
+                        help="log level of tokenspeed and its libraries (default: %(default)s)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     from tokenspeed.api.args import add_serve_args
@@ -142,8 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.set_defaults(handler=_generate)
 
     chat = sub.add_parser("chat", help="one chat turn through the model's chat template")
-    chat.add_argument("message")
-    chat.add_argument("--system", default=None)
+    chat.add_argument("message", help="the user's message")
+    chat.add_argument("--system", default=None, help="a system message before it (default: none)")
     add_engine_args(chat)
     _add_sampling_args(chat)
     chat.set_defaults(handler=_chat)
@@ -165,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     kernels.add_argument("--family", default=None, help="only this family (e.g. attention, moe, mla)")
     kernels.add_argument("--platform", default=None, help="cpu | cuda (default: this machine)")
-    kernels.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None)
+    kernels.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                         help="activation dtype (default: the platform's: float32 on cpu, bfloat16 on cuda)")
     kernels.add_argument("--trait", action="append", help="key=value, e.g. head_dim=128 (repeatable)")
     kernels.add_argument("--workload", action="append", help="key=n or key=lo-hi, e.g. num_tokens=1-8")
     kernels.set_defaults(handler=_kernels)

@@ -8,25 +8,32 @@ from __future__ import annotations
 import argparse
 
 from tokenspeed.config import EngineConfig
+from tokenspeed.models.presets import list_presets
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
-    group.add_argument("--model", default=None, help="checkpoint folder or hub id (default: the embedded tiny model)")
+    group.add_argument("--model", default=None, help=f"checkpoint folder, hub id, or a preset with random weights "
+                            f"({', '.join(list_presets())}) (default: the embedded tiny model)")
     group.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
-    group.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
-    group.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    group.add_argument("--max-model-len", type=int, default=None)
-    group.add_argument("--max-num-seqs", type=int, default=256)
-    group.add_argument("--max-num-batched-tokens", type=int, default=None, help="per-step token budget")
-    group.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    group.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16; auto: fp32 on CPU, the checkpoint's half type on GPU "
+                            "(default: %(default)s)")
+    group.add_argument("--device", default="auto", help="auto | cpu | cuda; auto picks cuda when there is one (default: %(default)s)")
+    group.add_argument("--max-model-len", type=int, default=None,
+                       help="longest prompt + output (default: the model's max_position_embeddings)")
+    group.add_argument("--max-num-seqs", type=int, default=256, help="requests running at once (default: %(default)s)")
+    group.add_argument("--max-num-batched-tokens", type=int, default=None, help="per-step token budget (default: 8192)")
+    group.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default: %(default)s)")
     group.add_argument("--disable-prefix-cache", action="store_true", help="turn prefix caching off")
-    group.add_argument("--load-format", default="auto", help="auto | safetensors | dummy (random weights)")
-    group.add_argument("--seed", type=int, default=0)
-    group.add_argument("--num-kv-pages", type=int, default=None, help="force the KV pool size")
-    group.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    group.add_argument("--load-format", default="auto", help="auto | safetensors | dummy (random weights) (default: %(default)s)")
+    group.add_argument("--seed", type=int, default=0,
+                       help="seed of dummy weights and of requests without a seed (default: %(default)s)")
+    group.add_argument("--num-kv-pages", type=int, default=None, help="force the KV pool size (default: sized from memory)")
+    group.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                       help="bytes for the KV pool (default: CPU 512 MiB, GPU what --gpu-memory-utilization leaves)")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                       help="fraction of the device's memory the engine may fill (weights, KV pool, graphs)")
+                       help="fraction of the device's memory the engine may fill (weights, KV pool, graphs) "
+                            "(default: %(default)s)")
     group.add_argument("--enforce-eager", action="store_true", help="turn CUDA graphs off")
     group.add_argument("--cuda-graph-max-bs", type=int, default=None,
                        help="largest decode batch captured in a CUDA graph")

@@ -80,7 +80,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
-    app = FastAPI(title="TokenSpeed", version=tokenspeed.__version__, docs_url=None, redoc_url=None)
+    app = FastAPI(title="TokenSpeed", version=tokenspeed.__version__, redoc_url=None)  # /docs, /openapi.json
     app.state.server = ServerState(engine, settings)
     _install_error_handlers(app)
     guarded = [Depends(require_api_key)]

@@ -54,7 +54,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         metavar="N", help="most prompts one /v1/completions request may carry (default: %(default)s)")
     server.add_argument("--max-waiting-requests", type=int, default=None, metavar="N",
                         help="answer 429 once N requests wait for the engine (default: unbounded)")
-    server.add_argument("--uvicorn-log-level", default="info", choices=_LOG_LEVELS)
+    server.add_argument("--uvicorn-log-level", default="info", choices=_LOG_LEVELS,
+                        help="uvicorn's log level (default: %(default)s)")
     server.add_argument("--disable-access-log", action="store_true", help="do not log every HTTP request")
     chat = parser.add_argument_group("chat templating and output parsing")
     chat.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",

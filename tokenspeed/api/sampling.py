@@ -2,10 +2,10 @@
 
 OpenAI's defaults apply where the body is silent (temperature 1, top_p 1).
 Chat requests without `max_tokens` may use the rest of the context window,
-which the scheduler caps for us; over-long `max_tokens` is capped the same
-way rather than refused, because agents send generous limits without knowing
-the served model's window. `SamplingParams` itself validates ranges, so a
-bad value raises `InvalidRequest` (a 400) there.
+which the scheduler caps for us; a `max_tokens` that does not fit beside the
+prompt is a 400 at admission (`scheduler/admission.py`), as with vLLM and
+OpenAI. `SamplingParams` itself validates ranges, so a bad value raises
+`InvalidRequest` (a 400) there.
 """
 
 from __future__ import annotations

@@ -10,11 +10,18 @@ Lifecycle, and why:
   rather than a refused connection) uvicorn is told to exit; the process
   then exits with status 1, for a supervisor to restart it. A server that
   stays up with a dead engine would hang every agent talking to it.
-* SIGTERM / SIGINT: uvicorn stops accepting and drains; then the engine
-  process is shut down (no orphans) and the exit status is 0. uvicorn
-  re-raises the signal it caught once it returns; our handler is installed
-  underneath it so that re-raise lands here instead of killing the process
-  before the engine is closed.
+* SIGINT (Ctrl-C): every in-flight request is aborted at once, so each
+  stream ends with a last `finish_reason: "abort"` chunk and `[DONE]`, and
+  the server exits within a second, quietly. (Left to uvicorn, the streams
+  ran on until its graceful-shutdown timeout cancelled them, ~6 s later,
+  with a traceback per stream.) A second Ctrl-C forces the exit.
+* SIGTERM (a supervisor's stop): uvicorn stops accepting and drains
+  in-flight requests for up to `_DRAIN_S`, then what is left is aborted
+  the same way, before uvicorn's own timeout would cancel it.
+* Either way the engine process is shut down afterwards (no orphans) and
+  the exit status is 0. uvicorn re-raises the signal it caught once it
+  returns; our handler is installed underneath it so that re-raise lands
+  here instead of killing the process before the engine is closed.
 """
 
 from __future__ import annotations
@@ -25,15 +32,20 @@ import logging
 import signal
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from tokenspeed.api.args import ListenOptions, serve_config
 from tokenspeed.api.settings import ServerSettings
 from tokenspeed.config import EngineConfig
 
+if TYPE_CHECKING:
+    from tokenspeed.engine.async_engine import AsyncEngine
+
 logger = logging.getLogger("tokenspeed.api")
 
 DEAD_ENGINE_GRACE_S = 1.0  # how long 503s are served after engine death before exiting
-_GRACEFUL_SHUTDOWN_S = 5  # longest wait for in-flight requests on shutdown
+_GRACEFUL_SHUTDOWN_S = 5  # uvicorn's longest wait for in-flight requests on shutdown
+_DRAIN_S = 4.0  # SIGTERM: how long in-flight requests may finish before they are aborted
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -57,6 +69,27 @@ class _Signals:
             signal.signal(sig, handler)
 
 
+def _stopping_server(config: object, engine: AsyncEngine) -> Any:
+    """A `uvicorn.Server` whose signal handling also ends the engine's in-flight requests (see above)."""
+    import uvicorn
+
+    loop = asyncio.get_running_loop()
+
+    def abort_all() -> None:
+        loop.create_task(engine.abort_all())
+
+    class StoppingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            if first and sig == signal.SIGINT:
+                loop.call_soon_threadsafe(abort_all)
+            elif first:
+                loop.call_soon_threadsafe(loop.call_later, _DRAIN_S, abort_all)
+
+    return StoppingServer(config)  # type: ignore[arg-type]
+
+
 async def serve(config: EngineConfig, settings: ServerSettings, listen: ListenOptions) -> int:
     """Serve until a signal (exit status 0) or engine death (1)."""
     import uvicorn
@@ -72,7 +105,7 @@ async def serve(config: EngineConfig, settings: ServerSettings, listen: ListenOp
     try:
         await engine.start()
         engine.on_dead = dead.set
-        server = uvicorn.Server(
+        server = _stopping_server(
             uvicorn.Config(
                 build_app(engine, settings),
                 host=listen.host,
@@ -80,7 +113,8 @@ async def serve(config: EngineConfig, settings: ServerSettings, listen: ListenOp
                 log_level=listen.uvicorn_log_level,
                 access_log=listen.access_log,
                 timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
-            )
+            ),
+            engine,
         )
         watchdog = asyncio.create_task(_exit_when_dead(server, dead))
         signals.serving = True

@@ -19,9 +19,9 @@ from tokenspeed.engine_args import add_engine_args, engine_config_from_args
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("offline", help="offline throughput on random prompts")
     add_engine_args(parser)
-    parser.add_argument("--num-prompts", type=int, default=64)
-    parser.add_argument("--input-len", type=int, default=256)
-    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--num-prompts", type=int, default=64, help="random prompts in the batch (default: %(default)s)")
+    parser.add_argument("--input-len", type=int, default=256, help="tokens per prompt (default: %(default)s)")
+    parser.add_argument("--output-len", type=int, default=64, help="tokens generated per prompt (default: %(default)s)")
     parser.set_defaults(handler=run)
 
 

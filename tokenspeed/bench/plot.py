@@ -21,9 +21,9 @@ from tokenspeed.bench.results_io import read_rows
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("plot", help="overlay results folders of `bench serve` on one Pareto chart")
     parser.add_argument("dirs", nargs="+", type=Path, help="folders holding results.json")
-    parser.add_argument("--output", type=Path, default=Path("pareto.png"))
-    parser.add_argument("--title", default=None)
-    parser.add_argument("--floor", type=float, default=TPS_FLOOR, help="TPS/user floor to draw")
+    parser.add_argument("--output", type=Path, default=Path("pareto.png"), help="chart file (default: %(default)s)")
+    parser.add_argument("--title", default=None, help="chart title (default: none)")
+    parser.add_argument("--floor", type=float, default=TPS_FLOOR, help="TPS/user floor to draw (default: %(default)s)")
     parser.set_defaults(handler=run)
 
 

@@ -113,6 +113,8 @@ class AsyncEngine:
         except BaseException:
             if tokenizer is not None and not tokenizer.done():
                 tokenizer.cancel()
+            elif tokenizer is not None and not tokenizer.cancelled():
+                tokenizer.exception()  # the engine's error is the one to report; this one is retrieved, unlogged
             await self._client.close()
             self._dead = "The engine failed to start."
             raise
@@ -195,6 +197,11 @@ class AsyncEngine:
         delta = self._processor.abort_delta(request_id)
         if delta is not None:
             slot.push(delta)
+
+    async def abort_all(self) -> None:
+        """End every request now (the server is stopping): each stream yields its last delta, "abort"."""
+        for request_id in list(self._slots):
+            await self.abort(request_id)
 
     async def _stream(
         self, request_id: str, prompt: list[int], params: SamplingParams

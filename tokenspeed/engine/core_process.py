@@ -194,7 +194,10 @@ def _serve(args: argparse.Namespace, inbox: zmq.Socket[bytes], outbox: zmq.Socke
             config = config.replace(cpu_threads=default_cpu_threads())
         core = EngineCore(config)
     except Exception as exc:
-        logger.exception("engine core failed to start")
+        from tokenspeed.errors import TokenSpeedError
+
+        if not isinstance(exc, TokenSpeedError):  # a typed error is the user's to fix: its message says it all
+            logger.exception("engine core failed to start")
         outbox.send(ipc.encode(ipc.StartupFailed(*_error(exc))))
         return 1
     stats = core.scheduler.kv.stats()

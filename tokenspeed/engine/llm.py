@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -202,9 +203,15 @@ class LLM:
 
 
 def load_tokenizer(source: str | Path) -> Any:
+    """The checkpoint's tokenizer, with no length limit of its own.
+
+    Prompt length is checked against `max_model_len` at admission, with a
+    clear error; the tokenizer's `model_max_length` would only add
+    transformers' "Token indices sequence length is longer..." warning first.
+    """
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(source))
+    return AutoTokenizer.from_pretrained(str(source), model_max_length=sys.maxsize)
 
 
 def _eos_token_ids(folder: Path, model_config: Any, tokenizer: Any | None) -> tuple[int, ...]:

@@ -38,16 +38,23 @@ router = APIRouter()
 _CHOICES = {"auto": "auto", "any": "required", "none": "none", "tool": None}
 
 
-async def _prepare(state: ServerState, body: CountTokensRequest) -> tuple[RenderedPrompt, ToolPolicy]:
+async def _prepare(
+    state: ServerState, body: CountTokensRequest, *, counting: bool = False
+) -> tuple[RenderedPrompt, ToolPolicy]:
+    """The rendered prompt and tool policy. Counting needs no tool-call parser: without one, the prompt is
+    counted as rendered with the tools, and no forced tool-call opening is added."""
     tools = anthropic_tools(body.tools)
     choice = body.tool_choice
-    policy = tool_policy(
-        tools,
-        _CHOICES[choice.type] if choice is not None else None,
-        choice.name if choice is not None and choice.type == "tool" else None,
-        parser_name=state.settings.tool_call_parser,
-        parallel=not (choice is not None and choice.disable_parallel_tool_use),
-    )
+    if counting and state.settings.tool_call_parser is None:
+        policy = ToolPolicy()
+    else:
+        policy = tool_policy(
+            tools,
+            _CHOICES[choice.type] if choice is not None else None,
+            choice.name if choice is not None and choice.type == "tool" else None,
+            parser_name=state.settings.tool_call_parser,
+            parallel=not (choice is not None and choice.disable_parallel_tool_use),
+        )
     conversation = anthropic_conversation(body.system, body.messages)
     prefill = conversation[-1]["role"] == "assistant"
     kwargs = {"enable_thinking": body.thinking.type != "disabled"} if body.thinking is not None else None
@@ -96,7 +103,7 @@ def _blocks(events: list[ParsedEvent]) -> list[dict[str, Any]]:
 async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     state = get_state(request)
     state.check_model(body.model)
-    prompt, _ = await _prepare(state, body)
+    prompt, _ = await _prepare(state, body, counting=True)
     return JSONResponse({"input_tokens": len(prompt.token_ids)})
 
 

@@ -1,4 +1,4 @@
-"""Operator endpoints: `/health`, `/metrics`, `/debug/kv`.
+"""Operator endpoints: `/health`, `/version`, `/metrics`, `/debug/kv` (and FastAPI's `/docs`, `/openapi.json`).
 
 `/metrics` is open for scrapers unless `--metrics-require-auth`.
 `/health` is 503 as soon as the engine is dead (a load balancer must stop
@@ -14,6 +14,7 @@ import dataclasses
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+import tokenspeed
 from tokenspeed.api.auth import require_api_key
 from tokenspeed.api.errors import APIError, openai_body
 from tokenspeed.api.metrics import CONTENT_TYPE
@@ -29,6 +30,11 @@ async def health(request: Request) -> Response:
     if not state.engine.is_healthy():
         return JSONResponse(openai_body(APIError(503, "The engine is dead.")), status_code=503)
     return JSONResponse({"status": "ok"})
+
+
+@router.get("/version")
+async def version() -> JSONResponse:
+    return JSONResponse({"version": tokenspeed.__version__})
 
 
 @router.get("/metrics")
