@@ -31,7 +31,6 @@ from tokenspeed.executor.kv_storage import PagedKVStorage
 from tokenspeed.executor.sampling import needs_host_sampling, sample_on_device
 from tokenspeed.layers.sampler import Sampler, SampleSpec, token_logprobs
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, RowOutput, ScheduledRow
-from tokenspeed.scheduler.stepping import fork_ids
 
 
 @dataclass(slots=True)
@@ -59,7 +58,7 @@ class StepHandle:
         self.plan = plan
         self.sampled: torch.Tensor | None = None
         self.owners: list[int] = []  # plan row of each draw
-        self.stream_index: dict[str, int] = {}  # stream id -> its draw in `sampled`
+        self.stream_index: dict[str, int] = {}  # request id -> its draw in `sampled`
         self._host: torch.Tensor | None = None
         self._event: torch.cuda.Event | None = None
         self._finishers: list[Callable[[ExecutionResult], None]] = []
@@ -114,7 +113,6 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, plan: ExecutionPlan, previous: StepHandle | None = None) -> StepHandle:
-        self.kv.copy_pages(plan.page_copies)
         handle = StepHandle(plan)
         if not plan.rows:
             return handle
@@ -197,21 +195,19 @@ class ModelRunner:
         sample_slots: list[tuple[int, int]],
         handle: StepHandle,
     ) -> None:
-        """One draw per seed: an `n > 1` row repeats its logits row once per fork."""
+        """One draw per sampling row, keyed by the row's seed and sample index."""
         if not sample_slots:
             return
         gather: list[int] = []
         specs: list[SampleSpec] = []
         for plan_row, logits_row in sample_slots:
             row = plan.rows[plan_row]
-            streams = [row.request_id, *fork_ids(row.request_id, len(row.seeds))]
-            for seed, stream in zip(row.seeds, streams):
-                handle.stream_index[stream] = len(gather)
-                gather.append(logits_row)
-                handle.owners.append(plan_row)
-                specs.append(
-                    SampleSpec(row.sampling, seed, row.sample_index, row.prompt_token_ids, row.output_token_ids)
-                )
+            handle.stream_index[row.request_id] = len(gather)
+            gather.append(logits_row)
+            handle.owners.append(plan_row)
+            specs.append(
+                SampleSpec(row.sampling, row.seed, row.sample_index, row.prompt_token_ids, row.output_token_ids)
+            )
         if gather == list(range(logits.shape[0])):
             chosen = logits
         else:
@@ -251,13 +247,8 @@ class ModelRunner:
     @staticmethod
     def _logprobs(raw: torch.Tensor, specs: list[SampleSpec], owners: list[int], result: ExecutionResult) -> None:
         """Raw logprobs of the sampled tokens (after the ids are on the host)."""
-        cursor: dict[int, int] = {}
         for i, (spec, owner) in enumerate(zip(specs, owners)):
-            k = cursor.get(owner, 0)
-            cursor[owner] = k + 1
             if spec.sampling.logprobs is None:
                 continue
-            token = result.rows[owner].sampled_token_ids[k]
-            lp = token_logprobs(raw[i : i + 1], [token], spec.sampling.logprobs)[0]
-            out_row = result.rows[owner]
-            out_row.logprobs = (out_row.logprobs or []) + [lp]
+            (token,) = result.rows[owner].sampled_token_ids
+            result.rows[owner].logprobs = token_logprobs(raw[i : i + 1], [token], spec.sampling.logprobs)

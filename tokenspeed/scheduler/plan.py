@@ -35,9 +35,8 @@ class ScheduledRow:
     sampling: SamplingParams
     # Sample after the last input token? False for all but the last prompt chunk.
     sample: bool
-    # One seed per sample to draw. More than one only on the last prompt chunk of
-    # an `n > 1` request: the samples become the first tokens of its forks.
-    seeds: list[int]
+    # The request's seed: with `sample_index` it keys the random draw.
+    seed: int
     # Output tokens generated so far; with the seed it keys the random draw, so a
     # request's tokens do not depend on batch composition or preemption.
     sample_index: int
@@ -50,7 +49,7 @@ class ScheduledRow:
 
     @property
     def num_samples(self) -> int:
-        return len(self.seeds) if self.sample else 0
+        return 1 if self.sample else 0
 
     @property
     def end_position(self) -> int:
@@ -61,16 +60,13 @@ class ScheduledRow:
 class ExecutionPlan:
     step_id: int
     rows: list[ScheduledRow] = field(default_factory=list)
-    # Page contents to copy (src, dst) before the step runs: copy-on-write of the
-    # partially filled last prompt page when an `n > 1` request forks.
-    page_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return sum(len(r.input_token_ids) for r in self.rows)
 
     def is_empty(self) -> bool:
-        return not self.rows and not self.page_copies
+        return not self.rows
 
 
 @dataclass(slots=True)
@@ -86,7 +82,7 @@ class TokenLogprob:
 @dataclass(slots=True)
 class RowOutput:
     request_id: str
-    sampled_token_ids: list[int] = field(default_factory=list)  # one per seed when row.sample
+    sampled_token_ids: list[int] = field(default_factory=list)  # one when row.sample
     logprobs: list[TokenLogprob] | None = None  # one per sampled token, when requested
     prompt_logprobs: list[TokenLogprob] | None = None  # positions prompt_logprobs_start.. in this chunk
 

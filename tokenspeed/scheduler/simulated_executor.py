@@ -1,13 +1,13 @@
 """`SimulatedExecutor`: runs `ExecutionPlan`s on the CPU against a simulated paged KV store.
 
 The scheduler is only correct if every row's block table points at pages that
-really hold the row's token history: prefix-cache hits, fork copies,
-eviction, and recompute after preemption all have to line up. A fake that
-returned canned tokens would not notice when they do not. This one keeps, per
-page, the token id written at each slot (standing in for K/V), applies the
-plan's page copies, writes each row's input tokens at their positions, then
-reads the row's whole context back through its page ids and raises
-`AssertionError` if it differs from `prompt + output`. The sampled token is a
+really hold the row's token history: prefix-cache hits (also on pages an
+earlier row of the same step writes), eviction, and recompute after
+preemption all have to line up. A fake that returned canned tokens would not
+notice when they do not. This one keeps, per page, the token id written at
+each slot (standing in for K/V), writes each row's input tokens at their
+positions, then reads the row's whole context back through its page ids and
+raises `AssertionError` if it differs from `prompt + output`. The sampled token is a
 hash of that context read from the "KV" (plus seed and sample index unless
 greedy), so a request's output depends only on its history, never on batch
 composition, preemption or which pages it got: exactly the property the real
@@ -36,7 +36,6 @@ from tokenspeed.scheduler.plan import (
     ScheduledRow,
     TokenLogprob,
 )
-from tokenspeed.scheduler.stepping import fork_ids
 
 
 class SimulatedExecutor:
@@ -51,12 +50,11 @@ class SimulatedExecutor:
 
     def run(self, plan: ExecutionPlan, previous: ExecutionResult | None = None) -> ExecutionResult:
         """Run `plan`; `previous` is the step whose samples placeholder inputs stand for."""
-        sampled: dict[str, int] = {}
-        for out in previous.rows if previous is not None else []:
-            streams = [out.request_id, *fork_ids(out.request_id, len(out.sampled_token_ids))]
-            sampled.update(zip(streams, out.sampled_token_ids, strict=False))
-        for src, dst in plan.page_copies:
-            self._slots[dst] = list(self._slots[src])
+        sampled = {
+            out.request_id: out.sampled_token_ids[0]
+            for out in (previous.rows if previous is not None else [])
+            if out.sampled_token_ids
+        }
         outputs = [self._run_row(row, sampled) for row in plan.rows]
         self.num_steps += 1
         self.num_tokens += plan.num_tokens
@@ -93,9 +91,7 @@ class SimulatedExecutor:
         digest = blake2b(array("q", context[:end]).tobytes(), digest_size=8).digest()
         output = RowOutput(request_id=row.request_id)
         if row.sample:
-            for seed in row.seeds:
-                token = self._sample(digest, row, seed)
-                output.sampled_token_ids.append(token)
+            output.sampled_token_ids.append(self._sample(digest, row))
             if row.sampling.logprobs is not None:
                 output.logprobs = [_fake_logprob(t) for t in output.sampled_token_ids]
         if row.prompt_logprobs_start is not None:
@@ -105,10 +101,10 @@ class SimulatedExecutor:
             ]
         return output
 
-    def _sample(self, context_digest: bytes, row: ScheduledRow, seed: int) -> int:
+    def _sample(self, context_digest: bytes, row: ScheduledRow) -> int:
         key = blake2b(context_digest, digest_size=8)
         if not row.sampling.greedy:
-            key.update(seed.to_bytes(16, "little", signed=True))
+            key.update(row.seed.to_bytes(16, "little", signed=True))
             key.update(row.sample_index.to_bytes(8, "little"))
         return int.from_bytes(key.digest(), "little") % self.vocab_size
 
