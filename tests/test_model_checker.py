@@ -102,9 +102,12 @@ def plan_step(world: World) -> ExecutionPlan:
     size = s.config.page_size
     written: set[int] = set()  # pages earlier rows of this plan write
     for row in plan.rows:
-        if written & set(row.page_ids[: row.start_position // size]):
+        request = s.get(row.request_id)
+        assert request is not None and request.num_pages_sent == len(request.table) == row.num_pages
+        pages = request.table.pages
+        if written & set(pages[: row.start_position // size]):
             world.events.add("same-step hit")
-        written |= set(row.page_ids[row.start_position // size : -(-row.end_position // size)])
+        written |= set(pages[row.start_position // size : -(-row.end_position // size)])
     return plan
 
 

@@ -247,6 +247,22 @@ def test_lru_evicts_the_oldest_released_prefix_first() -> None:
     hit_b.release()
 
 
+def test_rows_carry_only_new_pages_and_plans_release_tables() -> None:
+    s, ex = make(page_size=4)
+    s.submit("a", list(range(6)), params(max_tokens=8))
+    (row,) = step(s, ex)[0].rows
+    assert (row.first_new_page, len(row.new_page_ids)) == (0, 2)
+    # Decodes at positions 6 and 7 fit the two pages; position 8 takes a third.
+    grown = [(r.first_new_page, r.new_page_ids) for _ in range(3) for r in step(s, ex)[0].rows]
+    assert [(first, len(new)) for first, new in grown] == [(2, 0), (2, 0), (2, 1)]
+    assert grown[-1][1] == s.get("a").table.pages[2:]  # type: ignore[union-attr]
+    assert s.abort("a")
+    s.submit("b", [1], params())
+    plan, _ = step(s, ex)
+    assert plan.released_request_ids == ["a"] and [r.first_new_page for r in plan.rows] == [0]
+    assert step(s, ex)[0].released_request_ids == []
+
+
 # ---- preemption ------------------------------------------------------------------------------------
 
 
@@ -391,11 +407,12 @@ def test_abort_between_plan_and_advance_drops_the_row() -> None:
     with pytest.raises(RuntimeError, match="not advanced"):
         s.next_plan()
     assert s.abort("a")
-    updates = s.advance(plan, ex.run(plan))
+    result = ex.run(plan)
+    updates = s.advance(plan, result)
     assert [u.request_id for u in updates] == ["b"]
     s.check_invariants()
     with pytest.raises(RuntimeError, match="not the plan"):
-        s.advance(plan, ex.run(plan))
+        s.advance(plan, result)
     run_all(s, ex)
 
 

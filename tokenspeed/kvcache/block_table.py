@@ -54,6 +54,11 @@ class BlockTable:
         self.ensure_live()
         return list(self._pages)
 
+    def pages_from(self, index: int) -> list[int]:
+        """A copy of the page ids from `index` on (what a table gained since it had `index` pages)."""
+        self.ensure_live()
+        return self._pages[index:]
+
     def __len__(self) -> int:
         self.ensure_live()
         return len(self._pages)

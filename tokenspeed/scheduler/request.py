@@ -78,6 +78,7 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prefix-cache hit at the first admission; -1 until then
     prompt_logprobs_next: int = 0  # first prompt position whose logprob was not returned yet
+    num_pages_sent: int = 0  # leading pages of the table the executor holds (plans are incremental)
     state: State = field(default_factory=Waiting)
 
     # ---- tokens -------------------------------------------------------------------

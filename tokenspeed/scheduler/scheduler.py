@@ -84,6 +84,7 @@ class Scheduler:
         self._streams: dict[str, Request] = {}  # live requests by id
         self._waiting: list[Request] = []  # sorted by arrival
         self._running: list[Request] = []  # sorted by arrival
+        self._released: list[str] = []  # tables the executor drops with the next non-empty plan
         self._inflight: _Inflight | None = None  # planned, not yet advanced
         self._unresolved: UnresolvedStep | None = None  # advanced on placeholders (overlap)
 
@@ -166,6 +167,7 @@ class Scheduler:
         if request.is_running:
             publish(request, self.kv)
             self._running.remove(request)
+            self._release_executor_table(request)
         else:
             self._waiting.remove(request)
         self._release(request.apply(Finish(reason, stop_reason)))
@@ -194,6 +196,7 @@ class Scheduler:
             self._admit(step)
         plan = ExecutionPlan(step_id=self._step_id, rows=step.rows)
         if not plan.is_empty():
+            plan.released_request_ids, self._released = self._released, []
             self._inflight = _Inflight(plan.step_id, step.requests)
         return plan
 
@@ -248,11 +251,14 @@ class Scheduler:
             assert request.prompt_logprobs_next >= start, "prompt logprob positions skipped"
             logprobs_start = request.prompt_logprobs_next
         publish(request, self.kv, upto=end)
+        first_new_page = request.num_pages_sent
+        request.num_pages_sent = len(request.table)
         return ScheduledRow(
             request_id=request.request_id,
             input_token_ids=request.all_token_ids[start:end],
             start_position=start,
-            page_ids=request.table.pages,
+            first_new_page=first_new_page,
+            new_page_ids=request.table.pages_from(first_new_page),
             sampling=request.sampling,
             sample=sample,
             seed=request.seed,
@@ -266,10 +272,17 @@ class Scheduler:
         """Recompute later: publish what is computed (so it can be matched back), free the pages."""
         publish(request, self.kv)
         self._release(request.apply(Preempt()))
+        self._release_executor_table(request)
         request.num_computed_tokens = 0
         self._running.remove(request)
         bisect.insort(self._waiting, request, key=_arrival)
         self.num_preemptions += 1
+
+    def _release_executor_table(self, request: Request) -> None:
+        """The request gave up its pages: the executor drops its copy of the table."""
+        if request.num_pages_sent:
+            self._released.append(request.request_id)
+            request.num_pages_sent = 0
 
     # ---- applying a step's results --------------------------------------------------------
 
