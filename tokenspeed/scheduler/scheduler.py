@@ -135,7 +135,7 @@ class Scheduler:
             max_output = min(max_output, sampling.max_tokens)
         request = Request(
             request_id=request_id,
-            prompt_token_ids=list(prompt_token_ids),
+            prompt_token_ids=prompt_token_ids,  # kept, not copied: callers hand it over
             sampling=sampling,
             arrival=self._next_arrival,
             seed=sampling.seed if sampling.seed is not None else self._rng.randrange(_SEED_RANGE),
@@ -202,14 +202,15 @@ class Scheduler:
 
     def _schedule_running(self, request: Request, chunk: int, step: _Step) -> None:
         end = request.num_computed_tokens + chunk
-        grow = max(0, self.kv.pages_for(end) - len(request.table))
-        while not self.kv.can_allocate(grow):
-            victim = next(r for r in reversed(self._running) if id(r) not in step.scheduled)
-            self._preempt(victim)
-            step.preempted = True
-            if victim is request:
-                return
-        self.kv.allocate(request.table, grow)
+        grow = self.kv.pages_for(end) - len(request.table)
+        if grow > 0:  # most decode steps need no page
+            while not self.kv.can_allocate(grow):
+                victim = next(r for r in reversed(self._running) if id(r) not in step.scheduled)
+                self._preempt(victim)
+                step.preempted = True
+                if victim is request:
+                    return
+            self.kv.allocate(request.table, grow)
         step.add(request, self._make_row(request, chunk))
 
     def _admit(self, step: _Step) -> None:
@@ -250,15 +251,23 @@ class Scheduler:
         ):
             assert request.prompt_logprobs_next >= start, "prompt logprob positions skipped"
             logprobs_start = request.prompt_logprobs_next
-        publish(request, self.kv, upto=end)
+        size = self.config.page_size
+        if end // size > start // size:  # the row fills a page (else it has nothing new to index)
+            publish(request, self.kv, upto=end)
+        table = request.table
         first_new_page = request.num_pages_sent
-        request.num_pages_sent = len(request.table)
+        request.num_pages_sent = len(table)
+        num_prompt = len(request.prompt_token_ids)
+        if start >= num_prompt:  # decoding, or recomputing outputs: a plain slice, no TokenView
+            inputs = request.output_token_ids[start - num_prompt : end - num_prompt]
+        else:
+            inputs = request.all_token_ids[start:end]
         return ScheduledRow(
             request_id=request.request_id,
-            input_token_ids=request.all_token_ids[start:end],
+            input_token_ids=inputs,
             start_position=start,
             first_new_page=first_new_page,
-            new_page_ids=request.table.pages_from(first_new_page),
+            new_page_ids=table.pages_from(first_new_page),
             sampling=request.sampling,
             sample=sample,
             seed=request.seed,

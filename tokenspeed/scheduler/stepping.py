@@ -26,14 +26,18 @@ def publish(request: Request, kv: KVCache, upto: int | None = None) -> None:
     the pages are computed by that step, before any later step runs. A placeholder
     sample is never indexed: it is never computed, and a scheduled row stops short of it.
     """
+    outputs = request.output_token_ids
+    at_placeholder = bool(outputs) and outputs[-1] == PLACEHOLDER_TOKEN_ID
     if upto is None:
         upto = request.num_computed_tokens
-        if upto == request.num_tokens and request.output_token_ids[-1:] == [PLACEHOLDER_TOKEN_ID]:
+        if at_placeholder and upto == request.num_tokens:
             raise AssertionError(f"{request.request_id}: a placeholder sample counts as computed")
-    elif upto == request.num_tokens and request.output_token_ids[-1:] == [PLACEHOLDER_TOKEN_ID]:
+    elif at_placeholder and upto == request.num_tokens:
         upto -= 1
+    if not kv.enable_prefix_caching:
+        return
     table = request.table
-    if kv.enable_prefix_caching and upto // kv.page_size > table.num_published:
+    if upto // kv.page_size > table.num_published:
         kv.publish(table, request.all_token_ids, upto)
 
 
@@ -63,7 +67,8 @@ def advance_row(request: Request, row: ScheduledRow, output: RowOutput, kv: KVCa
     if row.prompt_logprobs_start is not None:
         request.prompt_logprobs_next = min(row.end_position, request.num_prompt_tokens - 1)
         prompt_logprobs = output.prompt_logprobs
-    publish(request, kv)
+    if row.end_position // kv.page_size > row.start_position // kv.page_size:  # the row filled a page
+        publish(request, kv)
     if not row.sample:
         request.apply(ChunkDone())
         return _update(request, None, None, prompt_logprobs) if prompt_logprobs else None
