@@ -27,8 +27,12 @@ def still_works(llm) -> None:
         ({"prompt_token_ids": [5, 999999]}, SamplingParams(), InvalidRequest, "999999"),
         ({"prompt_token_ids": [5, -1]}, SamplingParams(), InvalidRequest, "-1"),
         ({"prompt_token_ids": ["a"]}, SamplingParams(), InvalidRequest, "integers"),
+        # An out-of-vocabulary stop id used to index past the logits row and kill the engine.
+        ("x", SamplingParams(min_tokens=2, max_tokens=4, stop_token_ids=[10**9]), InvalidRequest, "stop_token_ids"),
+        ("x", SamplingParams(presence_penalty=1.0, stop_token_ids=[4096]), InvalidRequest, r"\[0, 4096\)"),
     ],
-    ids=["empty-text", "empty-ids", "too-long", "id-too-big", "id-negative", "id-not-int"],
+    ids=["empty-text", "empty-ids", "too-long", "id-too-big", "id-negative", "id-not-int", "stop-id-too-big",
+         "stop-id-with-penalty"],
 )
 def test_bad_prompt(llm, prompt, params, error, words):
     with pytest.raises(error, match=words):
@@ -47,6 +51,21 @@ def test_bad_prompt(llm, prompt, params, error, words):
         (dict(min_tokens=5, max_tokens=2), "min_tokens"),
         (dict(logprobs=-1), "logprobs"),
         (dict(stop=[""]), "stop"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(temperature=float("inf")), "temperature"),
+        (dict(temperature=1e308), "temperature"),
+        (dict(repetition_penalty=float("nan")), "repetition_penalty"),
+        (dict(top_p=float("nan")), "top_p"),
+        (dict(min_p=float("nan")), "min_p"),
+        (dict(presence_penalty=float("-inf")), "presence_penalty"),
+        (dict(frequency_penalty=float("nan")), "frequency_penalty"),
+        (dict(max_tokens=2**64), "max_tokens"),
+        (dict(top_k=2**64), "top_k"),
+        (dict(seed=2**63), "seed"),
+        (dict(seed=2**63 - 2, n=3), "seed"),  # sample 2 would draw with seed + 2, past int64
+        (dict(n=True), "n must"),
+        (dict(stop_token_ids=[-5]), "stop_token_ids"),
+        (dict(stop_token_ids=[True]), "stop_token_ids"),
     ],
 )
 def test_bad_sampling_params(kwargs, words):

@@ -7,15 +7,20 @@ the caller's API dialect (Anthropic's on `/v1/messages*`, OpenAI's
 elsewhere), pydantic's validation errors are a 400 (OpenAI clients treat 422
 as unexpected), and unknown routes are a 404 in the same shape.
 
-Authentication: with `--api-key`, every `/v1/*`, tokenizer and debug route
-wants `Authorization: Bearer <key>` (OpenAI SDK) or `x-api-key: <key>`
-(Anthropic SDK); `/health` and `/metrics` stay open for probes and scrapers.
+An exception no handler knows becomes a 500 in `middleware.CatchUnexpected`
+rather than in a Starlette handler for `Exception`: Starlette re-raises after
+such a handler, and uvicorn then drops the client's keep-alive connection.
+Bodies over `max_request_body_bytes` are refused (413) before parsing.
+Overload (429) and a dead engine (503) carry `Retry-After`.
+
+Authentication (`auth.py`): with an API key, every `/v1/*`, tokenizer and
+debug route wants it; `/health` stays open for probes, and `/metrics` too
+unless `metrics_require_auth`.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,37 +28,26 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import tokenspeed
+from tokenspeed.api.auth import require_api_key
 from tokenspeed.api.engine_client import EngineClient
 from tokenspeed.api.errors import APIError, error_body, from_exception
+from tokenspeed.api.middleware import BodyLimit, CatchUnexpected
 from tokenspeed.api.routes import chat, completions, messages, models, ops, tokenize
 from tokenspeed.api.settings import ServerSettings
-from tokenspeed.api.state import ServerState, get_state
+from tokenspeed.api.state import ServerState
 from tokenspeed.errors import TokenSpeedError
 
 logger = logging.getLogger("tokenspeed.api")
 
 
-def _supplied_key(request: Request) -> str | None:
-    authorization = request.headers.get("authorization", "")
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() == "bearer" and token:
-        return token.strip()
-    return request.headers.get("x-api-key")
-
-
-async def require_api_key(request: Request) -> None:
-    expected = get_state(request).settings.api_key
-    if expected is None:
-        return
-    supplied = _supplied_key(request)
-    if supplied is None or not secrets.compare_digest(supplied.encode(), expected.encode()):
-        raise APIError(401, "Missing or invalid API key.", code="invalid_api_key")
+RETRY_AFTER_S = 1  # what 429 and 503 answers suggest; a restarted engine is back within seconds
 
 
 def _error_response(error: APIError, request: Request) -> JSONResponse:
     if error.status >= 500:
         logger.warning("%s %s -> %d: %s", request.method, request.url.path, error.status, error.message)
-    return JSONResponse(error_body(error, request.url.path), status_code=error.status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status in (429, 503) else None
+    return JSONResponse(error_body(error, request.url.path), status_code=error.status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -84,11 +78,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _error_response(APIError(exc.status_code, str(exc.detail)), request)
 
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return _error_response(from_exception(exc), request)
-
 
 def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="TokenSpeed", version=tokenspeed.__version__, docs_url=None, redoc_url=None)
@@ -99,4 +88,6 @@ def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
                    ops.debug_router):
         app.include_router(router, dependencies=guarded)
     app.include_router(ops.router)
+    app.add_middleware(CatchUnexpected)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_body_bytes)
     return app

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 
 from tokenspeed.api.parsers.reasoning import REASONING_PARSERS
 from tokenspeed.api.parsers.registry import TOOL_FORMATS
-from tokenspeed.api.settings import ServerSettings
+from tokenspeed.api.settings import (
+    DEFAULT_MAX_PROMPTS_PER_REQUEST,
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    ServerSettings,
+)
 from tokenspeed.config import EngineConfig
 from tokenspeed.engine_args import add_engine_args, engine_config_from_args
 
@@ -40,7 +44,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="model name(s) clients must send; the first is reported (default: the model argument)")
     server.add_argument("--api-key", default=os.environ.get("TOKENSPEED_API_KEY"),
                         help="require this key (Bearer or x-api-key) on /v1/* (default: $TOKENSPEED_API_KEY, "
-                             "or no authentication)")
+                             "or no authentication); prefer the variable: a command line is visible in `ps`")
+    server.add_argument("--metrics-require-auth", action="store_true",
+                        help="put /metrics behind the API key too (default: open, for scrapers)")
+    server.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                        metavar="BYTES", help="answer 413 to larger request bodies, before parsing them "
+                                              "(default: %(default)s)")
+    server.add_argument("--max-prompts-per-request", type=int, default=DEFAULT_MAX_PROMPTS_PER_REQUEST,
+                        metavar="N", help="most prompts one /v1/completions request may carry (default: %(default)s)")
     server.add_argument("--max-waiting-requests", type=int, default=None, metavar="N",
                         help="answer 429 once N requests wait for the engine (default: unbounded)")
     server.add_argument("--uvicorn-log-level", default="info", choices=_LOG_LEVELS)
@@ -69,6 +80,11 @@ def serve_config(
         args.model = args.model_positional
     if args.max_waiting_requests is not None and args.max_waiting_requests < 1:
         fail("--max-waiting-requests must be at least 1")
+    for flag in ("max_request_body_bytes", "max_prompts_per_request"):
+        if getattr(args, flag) < 1:
+            fail(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.metrics_require_auth and not args.api_key:
+        fail("--metrics-require-auth needs an API key (--api-key or $TOKENSPEED_API_KEY)")
     if not 0 <= args.port <= 65535:
         fail(f"--port {args.port} is not a port number")
     from tokenspeed.api.templating import load_chat_template
@@ -79,6 +95,9 @@ def serve_config(
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         chat_template=load_chat_template(args.chat_template),
+        metrics_require_auth=args.metrics_require_auth,
+        max_request_body_bytes=args.max_request_body_bytes,
+        max_prompts_per_request=args.max_prompts_per_request,
     )
     listen = ListenOptions(
         host=args.host,

@@ -34,12 +34,19 @@ _ANTHROPIC_TYPES = {
 }
 
 
+def _encodable(text: str) -> str:
+    """`text` with lone surrogates escaped: a message may quote the client's input, and an error
+    body that cannot be encoded as UTF-8 would turn a 400 into a 500."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        message = _encodable(message)
         super().__init__(message)
         self.status = status
         self.message = message
-        self.param = param
+        self.param = None if param is None else _encodable(param)
         self.code = code
 
 

@@ -7,6 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# 8 MiB holds a 1M-token prompt as JSON text (~4 bytes a token) with room for tools and history;
+# more than that is a mistake or an attack, and parsing it would stall every other request.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20
+# Prompts in one /v1/completions request: each is tokenised and run as its own engine request.
+DEFAULT_MAX_PROMPTS_PER_REQUEST = 256
+
 
 @dataclass(slots=True)
 class ServerSettings:
@@ -15,6 +21,9 @@ class ServerSettings:
     tool_call_parser: str | None = None  # a key of parsers.TOOL_FORMATS
     reasoning_parser: str | None = None  # a key of parsers.REASONING_PARSERS
     chat_template: str | None = None  # template text (args.py reads a file path)
+    metrics_require_auth: bool = False  # /metrics behind the API key too
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST
 
     @property
     def model_name(self) -> str:

@@ -3,20 +3,29 @@
 Per-app state rather than module globals, so several apps (tests with
 scripted engines, embedders) live in one process without sharing a
 renderer, a metrics registry or an engine by accident.
+
+Tokenising and template rendering run in worker threads (`encode`,
+`render`): a megabyte prompt takes the tokenizer about a second, which on
+the event loop would stall `/health` and every other stream. The Rust
+tokenizer releases the GIL while it works.
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from typing import Any
 
+import anyio
 from fastapi import Request
 
+from tokenspeed.api.conversation import Conversation
 from tokenspeed.api.engine_client import EngineClient
 from tokenspeed.api.errors import unknown_model
 from tokenspeed.api.generation import Generation
 from tokenspeed.api.metrics import ServerMetrics
 from tokenspeed.api.settings import ServerSettings
-from tokenspeed.api.templating import ChatRenderer
+from tokenspeed.api.templating import ChatRenderer, RenderedPrompt
 from tokenspeed.errors import EngineDead
 from tokenspeed.scheduler.sampling_params import SamplingParams
 
@@ -36,6 +45,14 @@ class ServerState:
         if name not in self.settings.served_model_names:
             raise unknown_model(name, self.settings.served_model_names)
         return name
+
+    async def encode(self, text: str) -> list[int]:
+        """Raw text → token ids (special-token strings count as such: the client wrote the whole prompt)."""
+        return await anyio.to_thread.run_sync(self.renderer.encode, text)
+
+    async def render(self, conversation: Conversation, **options: Any) -> RenderedPrompt:
+        """`ChatRenderer.render`, off the event loop."""
+        return await anyio.to_thread.run_sync(functools.partial(self.renderer.render, conversation, **options))
 
     def check_alive(self) -> None:
         if not self.engine.is_healthy():

@@ -7,7 +7,9 @@ messages. Byte stability across turns is a property of the template (the
 embedded one is written for it) plus `conversation.py`'s deterministic
 normalisation; this module adds nothing that varies between turns. A forced
 tool-call opening (tool_choice required/named) is appended to the rendered
-text here, after the generation prompt.
+text here, after the generation prompt. Special-token strings inside client
+text are tokenised as plain text (`control_tokens.py`): only the template's
+own markers become control tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenspeed.api.control_tokens import ControlTokenGuard, Escapes
 from tokenspeed.api.conversation import Conversation
 from tokenspeed.errors import InvalidRequest
 
@@ -42,6 +45,7 @@ class ChatRenderer:
     def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        self.guard = ControlTokenGuard(tokenizer)
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
             self._missing = "The model has no chat template; start the server with --chat-template."
         else:
@@ -67,11 +71,12 @@ class ChatRenderer:
                 "continue_final_message needs add_generation_prompt=false and a final assistant message."
             )
         reserved = {"conversation", "tools", "chat_template", "tokenize", "add_generation_prompt"}
-        kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in reserved}
+        escapes = Escapes()
+        kwargs = self.guard.escape({k: v for k, v in (template_kwargs or {}).items() if k not in reserved}, escapes)
         try:
             text = self.tokenizer.apply_chat_template(
-                conversation,
-                tools=tools,
+                self.guard.escape(conversation, escapes),
+                tools=self.guard.escape(tools, escapes),
                 chat_template=self.chat_template,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
@@ -83,4 +88,4 @@ class ChatRenderer:
         except Exception as exc:  # jinja raises many types (raise_exception, undefined, type errors)
             raise InvalidRequest(f"The chat template could not render these messages: {exc}") from exc
         text = str(text) + forced_prefix
-        return RenderedPrompt(text, self.encode(text))
+        return RenderedPrompt(escapes.restore(text), self.guard.encode(text, escapes))

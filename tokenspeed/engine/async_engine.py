@@ -37,8 +37,9 @@ from tokenspeed.engine.llm import _eos_token_ids, load_tokenizer
 from tokenspeed.engine.model_files import is_preset, resolve_model_folder
 from tokenspeed.engine.output_processor import OutputProcessor
 from tokenspeed.engine.stream import EngineStats, RequestDelta, merge_deltas
-from tokenspeed.errors import ContextTooLong, EngineDead, EngineOverloaded, InvalidRequest
+from tokenspeed.errors import EngineDead, EngineOverloaded, InvalidRequest
 from tokenspeed.models import ModelConfig
+from tokenspeed.scheduler.admission import AdmissionLimits, check_admission
 from tokenspeed.scheduler.sampling_params import SamplingParams
 
 logger = logging.getLogger("tokenspeed.engine")
@@ -79,6 +80,7 @@ class AsyncEngine:
         self.eos_token_ids: tuple[int, ...] = ()
         self._client: CoreClient | None = None
         self._ready: ipc.Ready | None = None
+        self._limits: AdmissionLimits | None = None
         self._processor = OutputProcessor(None, self._finish_stream)
         self._slots: dict[str, _RequestSlot] = {}
         self._stats = EngineStats()
@@ -115,6 +117,13 @@ class AsyncEngine:
             self._dead = "The engine failed to start."
             raise
         self._ready = ready
+        self._limits = AdmissionLimits(
+            max_model_len=ready.max_model_len,
+            max_num_seqs=ready.max_num_seqs,
+            page_size=ready.page_size,
+            num_kv_pages=ready.num_kv_pages,
+            vocab_size=ready.vocab_size,
+        )
         self.eos_token_ids = _eos_token_ids(self.model_folder, model_config, self.tokenizer)
         self.max_model_len = self._ready.max_model_len
         self.vocab_size = self._ready.vocab_size
@@ -212,9 +221,19 @@ class AsyncEngine:
             raise InvalidRequest(f"Request id {request_id!r} is already in use.")
         children = self._processor.add_request(request_id, None, prompt, params)
         slot = self._slots[request_id] = _RequestSlot(request_id)
-        for child in children:  # n > 1: n requests sharing the prompt (engine/fan_out.py)
-            self._send(ipc.AddRequest(child.request_id, prompt, child.params))
-            self._num_sent += 1
+        sent: list[str] = []
+        try:
+            for child in children:  # n > 1: n requests sharing the prompt (engine/fan_out.py)
+                self._send(ipc.AddRequest(child.request_id, prompt, child.params))
+                sent.append(child.request_id)
+                self._num_sent += 1
+        except BaseException:  # forget the request entirely; abort the children that reached the core
+            del self._slots[request_id]
+            with contextlib.suppress(Exception):  # a send that failed once may fail again
+                for core_id in sent:
+                    self._send(ipc.AbortRequest(core_id))
+            self._processor.abort_delta(request_id)
+            raise
         return slot
 
     def _release(self, slot: _RequestSlot) -> None:
@@ -241,32 +260,12 @@ class AsyncEngine:
             raise EngineDead(self._dead)
 
     def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
-        assert self._ready is not None
+        assert self._limits is not None
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequest("The request id must be a non-empty string.")
         if request_id in self._slots:
             raise InvalidRequest(f"Request id {request_id!r} is already in use.")
-        if not prompt:
-            raise InvalidRequest("The prompt is empty: it must contain at least one token.")
-        if len(prompt) >= self.max_model_len:
-            raise ContextTooLong(
-                f"This model's maximum context length is {self.max_model_len} tokens, but the prompt has "
-                f"{len(prompt)} tokens; it must be shorter to leave room for at least one output token."
-            )
-        bad = [t for t in prompt if type(t) is not int or not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequest(
-                f"Prompt token ids must be integers in [0, {self.vocab_size}); got {bad[:5]}"
-                + (" ..." if len(bad) > 5 else "")
-            )
-        if params.n > self._ready.max_num_seqs:
-            raise InvalidRequest(f"n={params.n} exceeds max_num_seqs={self._ready.max_num_seqs}.")
-        pages = -(-len(prompt) // self._ready.page_size)  # each of the n children needs its prompt's pages
-        if pages > self._ready.num_kv_pages:
-            raise ContextTooLong(
-                f"A {len(prompt)}-token prompt with n={params.n} needs {pages} KV pages; "
-                f"the engine has {self._ready.num_kv_pages}."
-            )
+        check_admission(prompt, params, self._limits)
 
     def _check_load(self) -> None:
         """`EngineOverloaded` once `max_waiting_requests` requests would wait in the core's queue.

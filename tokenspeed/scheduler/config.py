@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tokenspeed.scheduler.admission import AdmissionLimits
+
 
 @dataclass(slots=True)
 class SchedulerConfig:
@@ -19,6 +21,7 @@ class SchedulerConfig:
     num_pages: int
     enable_prefix_caching: bool = True
     seed: int = 0  # draws the sampling seed of requests that do not give one
+    vocab_size: int | None = None  # token ids are range-checked on submit when known
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "page_size", "num_pages"):
@@ -32,3 +35,13 @@ class SchedulerConfig:
                 f"that needs ceil({self.max_model_len}/{self.page_size}) = {pages_per_request} pages "
                 f"of {self.page_size} tokens."
             )
+
+    @property
+    def limits(self) -> AdmissionLimits:
+        return AdmissionLimits(
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            page_size=self.page_size,
+            num_kv_pages=self.num_pages,
+            vocab_size=self.vocab_size,
+        )

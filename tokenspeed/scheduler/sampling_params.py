@@ -8,11 +8,30 @@ Torch-free: the scheduler reads the stop/length fields directly.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from tokenspeed.errors import InvalidRequest
 
 _GREEDY_EPSILON = 1e-5
+_MAX_INT32 = 2**31 - 1
+# Upper bounds well past any useful setting: beyond them the distribution no longer changes in
+# bf16, and a finite bound keeps 1e308 (or a typo) from passing for a meaningful value.
+MAX_TEMPERATURE = 100.0
+MAX_REPETITION_PENALTY = 100.0
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    """An int (a bool is not one) in [low, high]."""
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidRequest(f"{name} must be an integer in [{low}, {high}], got {value!r}.")
+
+
+def _check_float(name: str, value: object, low: float, high: float) -> None:
+    """A finite number in [low, high]: NaN compares false with everything and would slip through `<`."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) \
+            or not low <= value <= high:
+        raise InvalidRequest(f"{name} must be a finite number in [{low}, {high}], got {value!r}.")
 
 
 @dataclass(slots=True)
@@ -51,36 +70,36 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
-            raise InvalidRequest(f"n must be at least 1, got {self.n}.")
-        if self.temperature < 0.0:
-            raise InvalidRequest(f"temperature must be non-negative, got {self.temperature}.")
-        if not 0.0 < self.top_p <= 1.0:
+        _check_int("n", self.n, 1, _MAX_INT32)
+        _check_float("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        _check_float("top_p", self.top_p, 0.0, 1.0)
+        if self.top_p <= 0.0:
             raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}.")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise InvalidRequest(f"min_p must be in [0, 1], got {self.min_p}.")
-        if not -2.0 <= self.presence_penalty <= 2.0:
-            raise InvalidRequest(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
-        if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise InvalidRequest(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        _check_int("top_k", self.top_k, 0, _MAX_INT32)
+        _check_float("min_p", self.min_p, 0.0, 1.0)
+        _check_float("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _check_float("repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY)
         if self.repetition_penalty <= 0.0:
             raise InvalidRequest(f"repetition_penalty must be positive, got {self.repetition_penalty}.")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be at least 1, got {self.max_tokens}.")
-        if self.min_tokens < 0:
-            raise InvalidRequest(f"min_tokens must be non-negative, got {self.min_tokens}.")
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens, 1, _MAX_INT32)
+        _check_int("min_tokens", self.min_tokens, 0, _MAX_INT32)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise InvalidRequest(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})."
             )
-        if self.logprobs is not None and self.logprobs < 0:
-            raise InvalidRequest(f"logprobs must be non-negative, got {self.logprobs}.")
-        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
-            raise InvalidRequest(f"prompt_logprobs must be non-negative, got {self.prompt_logprobs}.")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise InvalidRequest(f"seed must be an integer, got {self.seed!r}.")
-        if any(not s for s in self.stop or []):
-            raise InvalidRequest("stop strings must be non-empty.")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0, _MAX_INT32)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, 0, _MAX_INT32)
+        if self.seed is not None:
+            # Sample i draws with seed + i, an int64 on the device.
+            _check_int("seed", self.seed, -(2**63), 2**63 - self.n)
+        for token_id in self.stop_token_ids or []:
+            _check_int("stop_token_ids[]", token_id, 0, 2**63 - 1)
+        if any(not isinstance(s, str) or not s for s in self.stop or []):
+            raise InvalidRequest("stop strings must be non-empty strings.")
 
     @property
     def greedy(self) -> bool:

@@ -36,8 +36,9 @@ import bisect
 import random
 from dataclasses import dataclass, field
 
-from tokenspeed.errors import ContextTooLong, InvalidRequest
+from tokenspeed.errors import InvalidRequest
 from tokenspeed.kvcache import BlockTable, KVCache
+from tokenspeed.scheduler.admission import check_admission
 from tokenspeed.scheduler.config import SchedulerConfig
 from tokenspeed.scheduler.fsm import Admit, Decoding, Finish, Preempt, Prefilling, Waiting
 from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID, ExecutionPlan, ExecutionResult, ScheduledRow
@@ -115,8 +116,7 @@ class Scheduler:
 
     def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
         cfg = self.config
-        if not prompt_token_ids:
-            raise InvalidRequest("The prompt is empty: it must contain at least one token.")
+        check_admission(prompt_token_ids, sampling, cfg.limits)
         if request_id in self._streams:
             raise InvalidRequest(f"Request id {request_id!r} is already in use by a live request.")
         if sampling.n != 1:
@@ -125,11 +125,6 @@ class Scheduler:
                 "into n requests (tokenspeed.engine.fan_out)."
             )
         num_prompt = len(prompt_token_ids)
-        if num_prompt >= cfg.max_model_len:
-            raise ContextTooLong(
-                f"The prompt has {num_prompt} tokens but max_model_len is {cfg.max_model_len}; "
-                f"it must be shorter to leave room for at least one output token."
-            )
         max_output = cfg.max_model_len - num_prompt
         if sampling.max_tokens is not None:
             max_output = min(max_output, sampling.max_tokens)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")
+from tokenspeed.api.protocol.strict import Body as _Body
+from tokenspeed.api.protocol.strict import Count, PositiveCount, RequestBody, TopK
 
 
 class Block(_Body):
@@ -55,10 +54,10 @@ class ToolChoice(_Body):
 
 class Thinking(_Body):
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = None
+    budget_tokens: Count | None = None
 
 
-class CountTokensRequest(_Body):
+class CountTokensRequest(RequestBody):
     model: str
     messages: list[Message] = Field(min_length=1)
     system: str | list[Block] | None = None
@@ -68,10 +67,10 @@ class CountTokensRequest(_Body):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: int
+    max_tokens: PositiveCount
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: TopK | None = None
     metadata: dict[str, Any] | None = None

@@ -5,18 +5,17 @@ that agents and benchmarks rely on (`top_k`, `min_p`, `repetition_penalty`,
 `min_tokens`, `ignore_eos`, `stop_token_ids`, `chat_template_kwargs`, ...)
 are accepted too, so a client that works against vLLM works here. Unknown
 fields are tolerated (new OpenAI fields appear often and clients send them
-by default); wrong types and values are a 400.
+by default); wrong types and values are a 400 (`strict.py` says which).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")
+from tokenspeed.api.protocol.strict import Body as _Body
+from tokenspeed.api.protocol.strict import Count, PositiveCount, RequestBody, Seed, TokenId, TopK
 
 
 class StreamOptions(_Body):
@@ -24,23 +23,23 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool = False
 
 
-class SamplingFields(_Body):
+class SamplingFields(RequestBody):
     """What both endpoints share; `sampling.py` turns it into `SamplingParams`."""
 
     model: str | None = None
-    n: int = 1
+    n: PositiveCount = 1
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: TopK | None = None
     min_p: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    max_tokens: int | None = None
-    min_tokens: int = 0
+    stop_token_ids: list[TokenId] | None = None
+    max_tokens: PositiveCount | None = None
+    min_tokens: Count = 0
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -51,11 +50,11 @@ class SamplingFields(_Body):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: PositiveCount | None = 16
+    logprobs: Count | None = None
     echo: bool = False
-    best_of: int | None = None
+    best_of: PositiveCount | None = None
     suffix: str | None = None
 
 
@@ -118,9 +117,9 @@ class ResponseFormat(_Body):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: PositiveCount | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Count | None = None
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True

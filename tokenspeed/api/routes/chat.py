@@ -53,7 +53,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         tools, None if isinstance(choice, NamedToolChoice) else choice, function,
         parser_name=state.settings.tool_call_parser, parallel=body.parallel_tool_calls,
     )
-    prompt = state.renderer.render(
+    prompt = await state.render(
         openai_conversation(body.messages),
         tools=tools,
         add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,

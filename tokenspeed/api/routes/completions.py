@@ -27,15 +27,21 @@ from tokenspeed.errors import InvalidRequest
 router = APIRouter()
 
 
-def _prompts(state: ServerState, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+async def _prompts(
+    state: ServerState, prompt: str | list[str] | list[int] | list[list[int]]
+) -> list[list[int]]:
     if isinstance(prompt, str):
-        return [state.renderer.encode(prompt)]
+        return [await state.encode(prompt)]
     if not prompt:
         raise InvalidRequest("prompt must not be an empty list.")
     if all(isinstance(p, int) for p in prompt):
         return [list(prompt)]  # type: ignore[arg-type]
+    limit = state.settings.max_prompts_per_request
+    if len(prompt) > limit:
+        raise InvalidRequest(f"prompt has {len(prompt)} prompts; at most {limit} are served per request "
+                             f"(--max-prompts-per-request).")
     if all(isinstance(p, str) for p in prompt):
-        return [state.renderer.encode(p) for p in prompt]  # type: ignore[arg-type]
+        return [await state.encode(p) for p in prompt]  # type: ignore[arg-type]
     if all(isinstance(p, list) for p in prompt):
         return [list(p) for p in prompt]  # type: ignore[arg-type]
     raise InvalidRequest("prompt must be a string, a list of strings, or token ids.")
@@ -54,7 +60,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     state = get_state(request)
     model = state.check_model(body.model)
     params = completion_params(body)
-    prompts = _prompts(state, body.prompt)
+    prompts = await _prompts(state, body.prompt)
     request_id = new_id("cmpl-")
     ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
 

@@ -38,7 +38,7 @@ router = APIRouter()
 _CHOICES = {"auto": "auto", "any": "required", "none": "none", "tool": None}
 
 
-def _prepare(state: ServerState, body: CountTokensRequest) -> tuple[RenderedPrompt, ToolPolicy]:
+async def _prepare(state: ServerState, body: CountTokensRequest) -> tuple[RenderedPrompt, ToolPolicy]:
     tools = anthropic_tools(body.tools)
     choice = body.tool_choice
     policy = tool_policy(
@@ -51,7 +51,7 @@ def _prepare(state: ServerState, body: CountTokensRequest) -> tuple[RenderedProm
     conversation = anthropic_conversation(body.system, body.messages)
     prefill = conversation[-1]["role"] == "assistant"
     kwargs = {"enable_thinking": body.thinking.type != "disabled"} if body.thinking is not None else None
-    prompt = state.renderer.render(
+    prompt = await state.render(
         conversation, tools=tools, add_generation_prompt=not prefill, continue_final_message=prefill,
         template_kwargs=kwargs, forced_prefix=policy.forced_prefix,
     )
@@ -96,7 +96,7 @@ def _blocks(events: list[ParsedEvent]) -> list[dict[str, Any]]:
 async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     state = get_state(request)
     state.check_model(body.model)
-    prompt, _ = _prepare(state, body)
+    prompt, _ = await _prepare(state, body)
     return JSONResponse({"input_tokens": len(prompt.token_ids)})
 
 
@@ -104,7 +104,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
 async def create_message(body: MessagesRequest, request: Request) -> Response:
     state = get_state(request)
     model = state.check_model(body.model)
-    prompt, policy = _prepare(state, body)
+    prompt, policy = await _prepare(state, body)
     params = messages_params(body)
     message_id = new_id("msg_")
     generation = await sse.cancel_on_disconnect(

@@ -1,5 +1,6 @@
 """Operator endpoints: `/health`, `/metrics`, `/debug/kv`.
 
+`/metrics` is open for scrapers unless `--metrics-require-auth`.
 `/health` is 503 as soon as the engine is dead (a load balancer must stop
 sending traffic before the process exits). `/debug/kv` shows the KV page
 accounting (free + referenced + cached == total), e.g. to confirm that
@@ -13,6 +14,7 @@ import dataclasses
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from tokenspeed.api.auth import require_api_key
 from tokenspeed.api.errors import APIError, openai_body
 from tokenspeed.api.metrics import CONTENT_TYPE
 from tokenspeed.api.state import get_state
@@ -31,7 +33,10 @@ async def health(request: Request) -> Response:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE)
+    state = get_state(request)
+    if state.settings.metrics_require_auth:
+        await require_api_key(request)
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
 
 @debug_router.get("/debug/kv")

@@ -7,21 +7,24 @@ and tests check prompt lengths and the byte stability of multi-turn history.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import ConfigDict, model_validator
 
 from tokenspeed.api.conversation import openai_conversation, openai_tools
 from tokenspeed.api.protocol.openai import ChatMessage, ChatTool
+from tokenspeed.api.protocol.strict import RequestBody, TokenId
 from tokenspeed.api.state import get_state
 from tokenspeed.errors import InvalidRequest
 
 router = APIRouter()
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(RequestBody):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
@@ -40,9 +43,9 @@ class TokenizeRequest(BaseModel):
         return self
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(RequestBody):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 @router.post("/tokenize")
@@ -50,16 +53,17 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     state = get_state(request)
     state.check_model(body.model)
     if body.messages is not None:
-        tokens = state.renderer.render(
+        tokens = (await state.render(
             openai_conversation(body.messages),
             tools=openai_tools(body.tools),
             add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
             continue_final_message=body.continue_final_message,
             template_kwargs=body.chat_template_kwargs,
-        ).token_ids
+        )).token_ids
     else:
         assert body.prompt is not None
-        tokens = list(state.engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+        encode = functools.partial(state.engine.tokenizer.encode, add_special_tokens=body.add_special_tokens)
+        tokens = list(await anyio.to_thread.run_sync(encode, body.prompt))
     return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": state.engine.max_model_len})
 
 
