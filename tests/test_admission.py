@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tokenspeed.errors import ContextTooLong, InvalidRequest
@@ -21,17 +23,21 @@ LIMITS = AdmissionLimits(max_model_len=64, max_num_seqs=4, page_size=16, num_kv_
         ([1, 2], SamplingParams(n=5), InvalidRequest, "n=5 exceeds max_num_seqs=4"),
         # Refused, not clamped: 60 + 16 > 64.
         (list(range(60)), SamplingParams(max_tokens=16), ContextTooLong, "ask for at most 4 new tokens"),
-        (list(range(60)), SamplingParams(n=4, max_tokens=2), ContextTooLong, "needs 7 KV pages when it forks; the engine has 6"),
     ],
 )
 def test_refusals(prompt, params, error, words):
     with pytest.raises(error, match=words):
         check_admission(prompt, params, LIMITS)
+    small_pool = dataclasses.replace(LIMITS, num_kv_pages=3)
+    with pytest.raises(ContextTooLong, match="A 60-token prompt needs 4 KV pages; the engine has 3"):
+        check_admission(list(range(60)), SamplingParams(n=4), small_pool)
 
 
 def test_fitting_request_passes_and_pages_are_counted():
     check_admission([1] * 63, SamplingParams(n=1, max_tokens=1, stop_token_ids=[99]), LIMITS)
-    assert pages_needed(16, 3, 16) == 1 and pages_needed(17, 3, 16) == 2 + 2
+    # n > 1 is fanned out (engine/fan_out.py): each child needs the prompt's pages, no more.
+    check_admission(list(range(60)), SamplingParams(n=4, max_tokens=2), LIMITS)
+    assert pages_needed(16, 16) == 1 and pages_needed(17, 16) == 2
 
 
 def test_scheduler_applies_the_same_rule_with_the_vocabulary():

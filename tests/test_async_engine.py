@@ -240,3 +240,23 @@ def test_duplicate_ids_abort_and_overload(engine, loop):
     loop.run_until_complete(scenario())
     wait_until(loop, lambda: engine.stats().num_running + engine.stats().num_waiting == 0)
     assert engine.stats().kv_pages_referenced == 0
+
+
+def test_aborting_an_n_request_aborts_all_its_children(engine, loop):
+    prompt = engine.tokenizer.encode("class Node:")
+
+    async def scenario() -> None:
+        stream = engine.generate("fan", prompt, greedy(max_tokens=400, n=3))
+        first = await stream.__anext__()
+        assert not first.finished
+        with pytest.raises(InvalidRequest, match="collides"):  # "fan#1" is a live child's id
+            await engine.generate("fan#1", prompt, greedy(max_tokens=2)).__anext__()
+        await engine.abort("fan")
+        rest = [d async for d in stream]
+        assert rest[-1].finished
+        finish = {d.index: d.finish_reason for delta in [first, *rest] for d in delta.deltas if d.finish_reason}
+        assert finish == {0: "abort", 1: "abort", 2: "abort"}
+
+    loop.run_until_complete(scenario())
+    wait_until(loop, lambda: engine.stats().num_running + engine.stats().num_waiting == 0)
+    assert engine.stats().kv_pages_referenced == 0

@@ -30,7 +30,7 @@ def stream_text(tokenizer, stop: list[str], *, last_finishes: bool = True):
     deltas: list[RequestDelta] = []
     for i, token in enumerate(ids):
         last = last_finishes and i == len(ids) - 1
-        update = RequestUpdate("r", "r", 0, [token], finished=last, finish_reason="length" if last else None)
+        update = RequestUpdate("r", [token], finished=last, finish_reason="length" if last else None)
         deltas.extend(processor.process_deltas([update]))
         if deltas and deltas[-1].finished:
             break
@@ -84,7 +84,8 @@ def test_a_partial_match_is_released_when_the_stream_ends(tokenizer):
 def test_n_streams_logprobs_and_prompt_logprobs(tokenizer):
     processor = OutputProcessor(tokenizer, lambda *args: None)
     prompt = tokenizer.encode("x = 1")
-    processor.add_request("r", None, prompt, SamplingParams(n=2, logprobs=1, prompt_logprobs=1))
+    children = processor.add_request("r", None, prompt, SamplingParams(n=2, logprobs=1, prompt_logprobs=1))
+    assert [(c.request_id, c.index, c.params.n) for c in children] == [("r#0", 0, 1), ("r#1", 1, 1)]
 
     def lp(token: int) -> TokenLogprob:
         return TokenLogprob(token, -0.5, 1, [(token, -0.5)])
@@ -93,8 +94,8 @@ def test_n_streams_logprobs_and_prompt_logprobs(tokenizer):
     a, b = tokenizer.encode(" alpha beta")[:2]
     first = processor.process_deltas(
         [
-            RequestUpdate("r", "r", 0, [a], [lp(a)], prompt_lps),
-            RequestUpdate("r#1", "r", 1, [b], [lp(b)]),
+            RequestUpdate("r#0", [a], [lp(a)], prompt_lps),
+            RequestUpdate("r#1", [b], [lp(b)]),
         ]
     )
     (delta,) = first
@@ -102,7 +103,7 @@ def test_n_streams_logprobs_and_prompt_logprobs(tokenizer):
     assert delta.prompt_logprobs is not None and len(delta.prompt_logprobs) == len(prompt)
     assert delta.prompt_logprobs[0] is None and a in delta.deltas[0].logprobs[0]
     (second,) = processor.process_deltas(
-        [RequestUpdate("r#1", "r", 1, [a], [lp(a)], finished=True, finish_reason="length")]
+        [RequestUpdate("r#1", [a], [lp(a)], finished=True, finish_reason="length")]
     )
     assert second.prompt_logprobs is None  # sent once
     assert [d.index for d in second.deltas] == [1] and second.deltas[0].finish_reason == "length"
@@ -119,7 +120,7 @@ def test_abort_releases_held_back_text(tokenizer):
     processor.add_request("r", None, [], SamplingParams(stop=["gamma!"]))
     ids = tokenizer.encode("beta gam")
     streamed = "".join(
-        d.text for r in processor.process_deltas([RequestUpdate("r", "r", 0, ids)]) for d in r.deltas
+        d.text for r in processor.process_deltas([RequestUpdate("r", ids)]) for d in r.deltas
     )
     assert streamed == "beta "
     final = processor.abort_delta("r")

@@ -3,6 +3,11 @@
 Prefix cache on/off, chunked prefill (7-token budget vs unlimited), page
 sizes 1/16/64, preemption forced by a tiny pool, and any batch composition
 or arrival order — for greedy and for seeded random sampling alike.
+
+The prefix-cache cases must really read cached pages, or they could not catch
+a cache bug: they assert hits, both within one step (prompts admitted together
+share the pages the first of them writes) and across calls (the same workload
+again on a warm cache, where every prompt hits).
 """
 
 from __future__ import annotations
@@ -31,11 +36,18 @@ PARAMS = [
 ]
 
 
-def run(folder, params, order=None, **engine_args) -> list[list[int]]:
+def run(folder, params, order=None, repeat=1, **engine_args) -> list[list[int]]:
+    """Each prompt's tokens (of the last of `repeat` runs of the workload on one engine)."""
     batch = workload()
     order = order or list(range(len(batch)))
     llm = LLM(str(folder), skip_tokenizer_init=True, **engine_args)
-    outputs = llm.generate([{"prompt_token_ids": batch[i]} for i in order], params)
+    for attempt in range(repeat):
+        outputs = llm.generate([{"prompt_token_ids": batch[i]} for i in order], params)
+        cached = [o.num_cached_tokens for o in outputs]
+        if engine_args.get("enable_prefix_caching"):
+            assert sum(cached) > 0, "the prefix-cache case never read a cached page"
+        if attempt > 0:
+            assert all(cached), f"a warm cache must serve every prompt's first page: {cached}"
     by_index = {i: o.outputs[0].token_ids for i, o in zip(order, outputs)}
     return [by_index[i] for i in range(len(batch))]
 
@@ -55,6 +67,7 @@ def baseline(request, folder):
     "engine_args",
     [
         dict(enable_prefix_caching=True),
+        dict(enable_prefix_caching=True, repeat=2),
         dict(max_num_batched_tokens=7),
         dict(max_num_batched_tokens=7, enable_prefix_caching=True),
         dict(page_size=1),
@@ -64,7 +77,7 @@ def baseline(request, folder):
         dict(num_kv_pages=9, max_model_len=128, page_size=16),
         dict(num_kv_pages=9, max_model_len=128, page_size=16, max_num_batched_tokens=7),
     ],
-    ids=["prefix-cache", "chunk-7", "chunk-7-cache", "page-1", "page-64", "two-seqs", "preempt", "preempt-chunk"],
+    ids=["prefix-cache", "prefix-cache-warm", "chunk-7", "chunk-7-cache", "page-1", "page-64", "two-seqs", "preempt", "preempt-chunk"],
 )
 def test_fast_path_gives_same_tokens(folder, baseline, engine_args):
     params, expected = baseline

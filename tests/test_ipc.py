@@ -30,8 +30,6 @@ PARAMS = SamplingParams(
 )
 UPDATE = RequestUpdate(
     request_id="req-1#1",
-    parent_id="req-1",
-    index=1,
     new_token_ids=[11, 12],
     new_logprobs=[TokenLogprob(11, -0.25, 1, [(11, -0.25), (99, -2.5)]), TokenLogprob(12, -1.5, 2, [])],
     new_prompt_logprobs=[TokenLogprob(3, -7.0, 40, [(4, -0.1)])],
@@ -49,7 +47,7 @@ MESSAGES: list[ipc.Message] = [
     ipc.Shutdown(),
     ipc.Ready(pid=123, max_model_len=512, vocab_size=4096, max_num_seqs=8, page_size=16, num_kv_pages=100),
     ipc.StartupFailed("ContextTooLong", "too long", "Traceback ..."),
-    ipc.Outputs([UPDATE, RequestUpdate("r", "r", 0)], EngineStats(1, 2, 100, 50, 40, 10, 300, 20, 16), 5),
+    ipc.Outputs([UPDATE, RequestUpdate("r")], EngineStats(1, 2, 100, 50, 40, 10, 300, 20, 16), 5),
     ipc.Outputs([], EngineStats(), 0),
     ipc.RequestFailed("req-2", "InvalidRequest", "bad"),
     ipc.EngineFailed("RuntimeError", "boom", "Traceback ..."),

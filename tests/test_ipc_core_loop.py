@@ -95,7 +95,7 @@ def test_requests_run_fail_and_abort_through_the_loop(harness):
             failed.append(message)
         elif isinstance(message, ipc.Outputs):
             for update in message.updates:
-                tokens.setdefault(update.parent_id, []).extend(update.new_token_ids)
+                tokens.setdefault(update.request_id, []).extend(update.new_token_ids)
     assert [(f.request_id, f.error_type) for f in failed] == [("a", "InvalidRequest")]
     assert "already in use" in failed[0].message
     harness.send(ipc.AbortRequest("long"))
@@ -103,7 +103,7 @@ def test_requests_run_fail_and_abort_through_the_loop(harness):
     for message in messages:
         if isinstance(message, ipc.Outputs):
             for update in message.updates:
-                tokens.setdefault(update.parent_id, []).extend(update.new_token_ids)
+                tokens.setdefault(update.request_id, []).extend(update.new_token_ids)
     stats = last.stats
     assert last.num_added == 3
     assert (

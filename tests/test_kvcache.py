@@ -51,7 +51,7 @@ def test_moved_or_released_table_raises_on_any_use() -> None:
     pages = old.pages
     new = old.move()
     assert new.pages == pages and old.is_consumed
-    for use in (lambda: old.pages, lambda: len(old), old.release, old.move, lambda: old.share(0),
+    for use in (lambda: old.pages, lambda: len(old), old.release, old.move, lambda: old.page_at(0),
                 lambda: kv.allocate(old, 1), lambda: kv.publish(old, [1] * 8, 8)):
         with pytest.raises(StaleBlockTable, match="move"):
             use()
@@ -152,25 +152,6 @@ def test_disabled_prefix_caching_indexes_nothing() -> None:
     assert len(kv.match_prefix(list(range(9)), max_pages=2)) == 0
     table.release()
     assert kv.stats().free == 4
-    kv.check_invariants()
-
-
-def test_share_and_take_from_move_references_exactly() -> None:
-    kv = KVCache(num_pages=6, page_size=PS)
-    parent = filled(kv, list(range(6)))  # one full page + a partial one
-    spare = kv.new_block_table()
-    kv.allocate(spare, 1)
-    child = parent.share(1)
-    (fresh,) = child.take_from(spare, 1)
-    assert child.pages == [parent.page_at(0), fresh] and len(spare) == 0
-    assert child.num_published == 1
-    assert kv.pool.refcount(parent.page_at(0)) == 2 and kv.pool.refcount(fresh) == 1
-    with pytest.raises(ValueError):
-        child.take_from(parent, 2)  # would take published pages
-    kv.check_invariants()
-    for t in (parent, spare, child):
-        t.release()
-    assert kv.stats().referenced == 0
     kv.check_invariants()
 
 

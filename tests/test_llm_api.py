@@ -83,13 +83,15 @@ def test_n_samples_share_the_prompt_and_differ(llm):
     assert [c.index for c in out.outputs] == [0, 1, 2, 3]
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1
     assert all(len(c.token_ids) == 10 for c in out.outputs)
-    # Greedy forks are identical; they read one copy of the prompt's full pages.
+    # Greedy samples are identical; they read one copy of the prompt's full pages.
     g = llm.generate("for i in range(", greedy(n=3, max_tokens=5, ignore_eos=True))[0]
     assert len({tuple(c.token_ids) for c in g.outputs}) == 1
 
 
-def test_n_forks_share_prompt_pages():
-    llm = LLM(page_size=4, max_model_len=256, enable_prefix_caching=False)
+def test_n_samples_share_prompt_pages():
+    # The n children of a request share the prompt through the prefix cache (engine/fan_out.py),
+    # even when they are admitted in one step.
+    llm = LLM(page_size=4, max_model_len=256)
     prompt = {"prompt_token_ids": list(range(10, 30))}  # 20 tokens = 5 full pages
     used = []
     original = llm.core.step

@@ -1,8 +1,9 @@
 """Model checking the control plane: every interleaving of submit / step / finish / abort.
 
 For a small pool (page_size 2, a handful of pages) and a few requests whose
-prompts share prefixes (one with n = 2, so forks and page copies happen), a
-depth-first search explores every reachable state, deduplicated by a
+prompts share prefixes (two with the same prompt, as the children of an n = 2
+request: admitted in one step, the second reads pages the first writes in
+that step), a depth-first search explores every reachable state, deduplicated by a
 fingerprint of everything that influences the future (requests, queues,
 refcounts, free list and LRU order, prefix index, and the simulated KV
 contents of non-free pages). After EVERY action it proves:
@@ -31,14 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokenspeed.errors import ContextTooLong
 from tokenspeed.scheduler import (
     ExecutionPlan,
-    Prefilling,
     RequestUpdate,
     SamplingParams,
     Scheduler,
@@ -54,12 +52,11 @@ VOCAB = 4  # small, so the stop token 0 really comes up
 class Spec:
     request_id: str
     prompt: tuple[int, ...]
-    n: int = 1
     max_tokens: int = 2
     stop: tuple[int, ...] = ()
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(n=self.n, max_tokens=self.max_tokens, stop_token_ids=list(self.stop), seed=None)
+        return SamplingParams(max_tokens=self.max_tokens, stop_token_ids=list(self.stop), seed=None)
 
 
 @dataclass
@@ -100,10 +97,17 @@ def plan_step(world: World) -> ExecutionPlan:
         world.events.add("preempt")
     if s.kv.stats().indexed < indexed:
         world.events.add("evict")
-    if plan.page_copies:
-        world.events.add("copy")
     if any(row.request_id in waiting and row.start_position > 0 for row in plan.rows):
         world.events.add("prefix hit")
+    size = s.config.page_size
+    written: set[int] = set()  # pages earlier rows of this plan write
+    for row in plan.rows:
+        request = s.get(row.request_id)
+        assert request is not None and request.num_pages_sent == len(request.table) == row.num_pages
+        pages = request.table.pages
+        if written & set(pages[: row.start_position // size]):
+            world.events.add("same-step hit")
+        written |= set(pages[row.start_position // size : -(-row.end_position // size)])
     return plan
 
 
@@ -172,16 +176,13 @@ def fingerprint(world: World) -> tuple[object, ...]:
     streams = []
     for request in s.running() + s.waiting():
         state = request.state
-        fork_pages = state.fork_pages.pages if isinstance(state, Prefilling) and state.fork_pages else None
         streams.append((
             request.request_id,
             type(state).__name__,
             request.num_computed_tokens,
             tuple(request.output_token_ids),
             tuple(request.table.pages) if request.is_running else (),
-            tuple(fork_pages or ()),
-            request.pending_copy,
-            tuple(request.seeds),
+            request.seed,
             request.num_cached_tokens,
         ))
     free = set(pool._free)
@@ -222,8 +223,7 @@ def user_actions(world: World, specs: list[Spec]) -> Actions:
     live = sorted(r.request_id for r in s.running() + s.waiting())
     for stream_id in live:
         found.append((f"finish {stream_id}", partial(_finish, stream_id=stream_id)))
-    for user_id in sorted({r.parent_id for r in s.running() + s.waiting()}):
-        found.append((f"abort {user_id}", partial(_abort, user_id=user_id)))
+        found.append((f"abort {stream_id}", partial(_abort, stream_id=stream_id)))
     return found
 
 
@@ -232,10 +232,9 @@ def _finish(world: World, stream_id: str) -> None:
     world.ended_by_user.add(stream_id)
 
 
-def _abort(world: World, user_id: str) -> None:
-    s = world.scheduler
-    world.ended_by_user |= {r.request_id for r in s.running() + s.waiting() if r.parent_id == user_id}
-    assert s.abort(user_id)
+def _abort(world: World, stream_id: str) -> None:
+    assert world.scheduler.abort(stream_id)
+    world.ended_by_user.add(stream_id)
 
 
 def explore(
@@ -295,11 +294,12 @@ def config(num_pages: int, caching: bool = True) -> SchedulerConfig:
 
 SPECS = [
     Spec("a", (1, 2, 3), max_tokens=3),
-    Spec("b", (1, 2, 3, 4, 5), n=2, max_tokens=2),
+    Spec("b#0", (1, 2, 3, 4, 5), max_tokens=2),  # b#0 and b#1: an n = 2 request, fanned out
+    Spec("b#1", (1, 2, 3, 4, 5), max_tokens=2),
     Spec("c", (1, 2), max_tokens=2, stop=(0,)),
     Spec("d", (1, 2, 3, 4), max_tokens=2),
 ]
-EXERCISED = {"copy", "evict", "natural length", "natural stop", "preempt", "prefix hit"}
+EXERCISED = {"evict", "natural length", "natural stop", "preempt", "prefix hit", "same-step hit"}
 
 
 def test_every_interleaving_keeps_books_and_finishes() -> None:
@@ -308,9 +308,10 @@ def test_every_interleaving_keeps_books_and_finishes() -> None:
 
 
 def test_every_interleaving_on_the_smallest_pool_without_caching() -> None:
-    specs = [Spec("a", (1, 2, 3), max_tokens=4), Spec("b", (1, 2, 3, 4, 5), n=2, max_tokens=3), SPECS[2]]
+    b = (1, 2, 3, 4, 5)
+    specs = [Spec("a", (1, 2, 3), max_tokens=4), Spec("b#0", b, max_tokens=3), Spec("b#1", b, max_tokens=3), SPECS[3]]
     states, coverage = explore(config(num_pages=4, caching=False), specs, liveness_bound=60)
-    assert states > 100 and {"copy", "preempt"} <= coverage and "prefix hit" not in coverage
+    assert states > 100 and "preempt" in coverage and not {"prefix hit", "same-step hit"} & coverage
 
 
 # ---- random operation sequences ----------------------------------------------------------------
@@ -352,21 +353,17 @@ def test_random_operation_sequences(ops: list[tuple[object, ...]], num_pages: in
         if kind == "submit":
             _, prompt, n, max_tokens = op
             rid = f"r{len(submitted)}"
-            sampling = SamplingParams(n=n, max_tokens=max_tokens, stop_token_ids=[0])  # type: ignore[arg-type]
-            fork_pages = -(-len(prompt) // 2) + (n - 1) * (len(prompt) % 2)  # type: ignore[arg-type, operator]
-            if fork_pages > num_pages:
-                with pytest.raises(ContextTooLong):
-                    s.submit(rid, list(prompt), sampling)  # type: ignore[call-overload]
-                continue
-            s.submit(rid, list(prompt), sampling)  # type: ignore[call-overload]
+            sampling = SamplingParams(max_tokens=max_tokens, stop_token_ids=[0])  # type: ignore[arg-type]
+            for k in range(n):  # type: ignore[call-overload]  # the children of an n-sample request
+                s.submit(f"{rid}#{k}", list(prompt), sampling)  # type: ignore[call-overload]
             submitted.append(rid)
         elif kind == "step":
             do_step(world)
         elif submitted:
             target = submitted[op[1] % len(submitted)]  # type: ignore[operator]
-            live = [r.request_id for r in s.running() + s.waiting() if r.parent_id == target]
+            live = [r.request_id for r in s.running() + s.waiting() if r.request_id.startswith(f"{target}#")]
             if kind == "abort":
-                assert s.abort(target) == bool(live)
+                assert all(s.abort(child) for child in live) and not s.abort(f"{target}#0")
             elif live:
                 assert s.finish(live[-1], "stop")
         s.check_invariants()

@@ -20,7 +20,6 @@ from tokenspeed.scheduler import (
     PrefillDone,
     Prefilling,
     RequestUpdate,
-    ReserveForkPages,
     SamplingParams,
     Scheduler,
     SchedulerConfig,
@@ -113,11 +112,9 @@ def test_submit_validates() -> None:
         s.submit("a", [1, 2], params())
     with pytest.raises(ContextTooLong, match=r"32 tokens .* max_model_len is 32"):
         s.submit("b", list(range(32)), params())
-    with pytest.raises(InvalidRequest, match="n=3 exceeds max_num_seqs=2"):
-        s.submit("c", [1], params(n=2 + 1))
-    s.submit("d", [1], params(n=2))
-    with pytest.raises(InvalidRequest, match="already in use"):
-        s.submit("d#1", [1], params())  # reserved for d's fork
+    with pytest.raises(InvalidRequest, match="n=2: the scheduler runs one sample per request"):
+        s.submit("c", [1], params(n=2))  # the front end fans it out (engine/fan_out.py)
+    s.submit("d", [1], params())
     assert s.num_waiting == 2 and s.has_unfinished()
 
 
@@ -138,7 +135,6 @@ def test_every_illegal_event_raises_and_tables_move() -> None:
     def events() -> dict[str, object]:
         return {
             "admit": Admit(kv.new_block_table()),
-            "reserve": ReserveForkPages(kv.new_block_table()),
             "chunk": ChunkDone(),
             "prefill_done": PrefillDone(),
             "preempt": Preempt(),
@@ -147,7 +143,7 @@ def test_every_illegal_event_raises_and_tables_move() -> None:
 
     legal = {
         ("waiting", "admit"): Prefilling, ("waiting", "finish"): Finished,
-        ("prefilling", "reserve"): Prefilling, ("prefilling", "chunk"): Prefilling,
+        ("prefilling", "chunk"): Prefilling,
         ("prefilling", "prefill_done"): Decoding, ("prefilling", "preempt"): Waiting,
         ("prefilling", "finish"): Finished, ("decoding", "preempt"): Waiting, ("decoding", "finish"): Finished,
     }
@@ -251,6 +247,22 @@ def test_lru_evicts_the_oldest_released_prefix_first() -> None:
     hit_b.release()
 
 
+def test_rows_carry_only_new_pages_and_plans_release_tables() -> None:
+    s, ex = make(page_size=4)
+    s.submit("a", list(range(6)), params(max_tokens=8))
+    (row,) = step(s, ex)[0].rows
+    assert (row.first_new_page, len(row.new_page_ids)) == (0, 2)
+    # Decodes at positions 6 and 7 fit the two pages; position 8 takes a third.
+    grown = [(r.first_new_page, r.new_page_ids) for _ in range(3) for r in step(s, ex)[0].rows]
+    assert [(first, len(new)) for first, new in grown] == [(2, 0), (2, 0), (2, 1)]
+    assert grown[-1][1] == s.get("a").table.pages[2:]  # type: ignore[union-attr]
+    assert s.abort("a")
+    s.submit("b", [1], params())
+    plan, _ = step(s, ex)
+    assert plan.released_request_ids == ["a"] and [r.first_new_page for r in plan.rows] == [0]
+    assert step(s, ex)[0].released_request_ids == []
+
+
 # ---- preemption ------------------------------------------------------------------------------------
 
 
@@ -283,7 +295,8 @@ def test_outputs_under_memory_pressure_equal_the_unpressured_run(caching: bool) 
         s, ex = make(num_pages=num_pages, page_size=2, max_model_len=24, budget=16, caching=caching)
         for i in range(6):
             prompt = [5, 5, 5, 5] + [i] * (3 + i)
-            s.submit(f"r{i}", prompt, params(max_tokens=12, n=2 if i == 2 else 1))
+            for k in range(2 if i == 2 else 1):  # r2 stands for an n = 2 request, fanned out
+                s.submit(f"r{i}#{k}", prompt, params(max_tokens=12))
         return run_all(s, ex), s.num_preemptions
 
     relaxed, calm = run(200)
@@ -292,63 +305,58 @@ def test_outputs_under_memory_pressure_equal_the_unpressured_run(caching: bool) 
     assert {k: v.tokens for k, v in pressured.items()} == {k: v.tokens for k, v in relaxed.items()}
 
 
-# ---- n > 1 -------------------------------------------------------------------------------------------
+# ---- requests admitted together share pages (how n > 1 children share the prompt) -----------------
 
 
-def test_forks_share_full_pages_and_copy_the_partial_one() -> None:
+def submit_children(s: Scheduler, parent: str, prompt: list[int], n: int, seed: int, **kw: object) -> list[str]:
+    """What the front end sends for an n-sample request (engine/fan_out.py)."""
+    ids = [f"{parent}#{i}" for i in range(n)]
+    for i, rid in enumerate(ids):
+        s.submit(rid, prompt, params(seed=seed + i, **kw))
+    return ids
+
+
+def test_requests_admitted_in_one_step_share_the_full_prompt_pages() -> None:
     s, ex = make(page_size=4)
-    s.submit("x", list(range(10)), params(n=3, seed=40, max_tokens=6))
+    ids = submit_children(s, "x", list(range(10)), 3, seed=40, max_tokens=6)
     streams: dict[str, Stream] = {}
     plan, updates = step(s, ex)
     collect(streams, updates)
-    assert plan.rows[0].seeds == [40, 41, 42] and plan.rows[0].num_samples == 3
-    assert [(u.request_id, u.parent_id, u.index) for u in updates] == [("x", "x", 0), ("x#1", "x", 1), ("x#2", "x", 2)]
-    tables = {rid: s.get(rid).table.pages for rid in ("x", "x#1", "x#2")}  # type: ignore[union-attr]
-    assert tables["x#1"][:2] == tables["x#2"][:2] == tables["x"][:2]
-    assert len({t[2] for t in tables.values()}) == 3
-    assert [s.kv.pool.refcount(p) for p in tables["x"]] == [3, 3, 1]
-    plan, updates = step(s, ex)
-    collect(streams, updates)
-    assert plan.page_copies == [(tables["x"][2], tables["x#1"][2]), (tables["x"][2], tables["x#2"][2])]
-    assert [r.seeds for r in plan.rows] == [[40], [41], [42]]
+    # x#0 computes the prompt; x#1 and x#2, admitted after it in the same step, read its two
+    # full pages (written earlier in the step) and compute only the partial last page.
+    assert [(r.request_id, r.start_position, r.seed) for r in plan.rows] == [("x#0", 0, 40), ("x#1", 8, 41), ("x#2", 8, 42)]
+    assert [streams[rid].num_cached_tokens for rid in ids] == [0, 8, 8]
+    tables = [s.get(rid).table.pages for rid in ids]  # type: ignore[union-attr]
+    assert tables[0][:2] == tables[1][:2] == tables[2][:2] and len({t[2] for t in tables}) == 3
+    assert [s.kv.pool.refcount(p) for p in tables[0]] == [3, 3, 1]
     collect(streams, [u for _ in range(20) for u in step(s, ex)[1]])
     assert not s.has_unfinished()
 
-    s, ex = make(page_size=4)
+    s, ex = make(page_size=4, caching=False)  # each computes its own copy of the prompt
     for i in range(3):
         s.submit(f"solo{i}", list(range(10)), params(seed=40 + i, max_tokens=6))
     solo = run_all(s, ex)
-    assert [streams[k].tokens for k in ("x", "x#1", "x#2")] == [solo[f"solo{i}"].tokens for i in range(3)]
+    assert [streams[rid].tokens for rid in ids] == [solo[f"solo{i}"].tokens for i in range(3)]
 
 
-def test_forks_of_a_page_aligned_prompt_need_no_copy() -> None:
+def test_a_page_aligned_prompt_recomputes_only_its_last_page() -> None:
     s, ex = make(page_size=4)
-    s.submit("x", list(range(8)), params(n=2, max_tokens=3))
-    step(s, ex)
-    assert s.get("x#1").table.pages == s.get("x").table.pages  # type: ignore[union-attr]
+    ids = submit_children(s, "x", list(range(8)), 2, seed=3, max_tokens=3)
     plan, _ = step(s, ex)
-    assert plan.page_copies == []
+    assert [(r.request_id, r.start_position) for r in plan.rows] == [("x#0", 0), ("x#1", 4)]
+    first, second = (s.get(rid).table.pages for rid in ids)  # type: ignore[union-attr]
+    assert first[0] == second[0] and first[1] != second[1]
     run_all(s, ex)
 
 
-def test_fork_pages_are_reserved_with_the_last_chunk() -> None:
-    s, ex = make(num_pages=4, page_size=4, max_model_len=16, budget=4)
-    with pytest.raises(ContextTooLong, match="needs 5 KV pages when it forks"):
-        s.submit("y", list(range(14)), params(n=2, max_tokens=2))  # 4 pages, the last partial, + 1 copy
-    s.submit("hog", [9], params(max_tokens=6))
-    s.submit("x", list(range(10)), params(n=2, max_tokens=2, seed=5))  # 3 pages + 1 copy page
-    plans = [step(s, ex)[0] for _ in range(4)]
-    assert [len(r.input_token_ids) for p in plans[:3] for r in p.rows if r.request_id == "x"] == [3, 3, 3]
-    # The last chunk needs a page for token 9 and the fork's copy page, but hog holds one:
-    # x (the newest unscheduled running request) preempts itself rather than half-schedule.
-    assert [r.request_id for r in plans[3].rows] == ["hog"] and s.num_preemptions == 1
-    streams = run_all(s, ex)
-    assert set(streams) == {"x", "x#1", "hog"} and streams["x"].num_cached_tokens == 0
-
-    s, ex = make(page_size=4)
-    s.submit("x", list(range(10)), params(n=2, max_tokens=2, seed=5))
-    relaxed = run_all(s, ex)
-    assert [streams[k].tokens for k in ("x", "x#1")] == [relaxed[k].tokens for k in ("x", "x#1")]
+def test_without_prefix_caching_requests_admitted_together_share_nothing() -> None:
+    s, ex = make(page_size=4, caching=False)
+    ids = submit_children(s, "x", list(range(10)), 2, seed=3, max_tokens=3)
+    plan, _ = step(s, ex)
+    assert [r.start_position for r in plan.rows] == [0, 0]
+    first, second = (s.get(rid).table.pages for rid in ids)  # type: ignore[union-attr]
+    assert not set(first) & set(second)
+    run_all(s, ex)
 
 
 # ---- stopping, aborting, seeds --------------------------------------------------------------------
@@ -376,12 +384,12 @@ def test_stop_token_min_tokens_and_length() -> None:
 def test_abort_and_finish_free_pages() -> None:
     s, ex = make()
     s.submit("a", list(range(9)), params(max_tokens=50))
-    s.submit("x", list(range(6)), params(max_tokens=50, n=2))
+    s.submit("x", list(range(6)), params(max_tokens=50))
     s.submit("w", [1], params())
     step(s, ex)
     step(s, ex)
     assert s.kv.stats().referenced > 0
-    assert s.abort("x") and s.get("x") is None and s.get("x#1") is None
+    assert s.abort("x") and s.get("x") is None
     assert not s.abort("x") and not s.abort("nope")
     assert s.finish("a", "stop", "</s>") and not s.finish("a", "stop")
     assert s.abort("w")
@@ -393,30 +401,31 @@ def test_abort_and_finish_free_pages() -> None:
 
 def test_abort_between_plan_and_advance_drops_the_row() -> None:
     s, ex = make()
-    s.submit("a", list(range(9)), params(n=2))
+    s.submit("a", list(range(9)), params())
     s.submit("b", list(range(5)), params())
     plan = s.next_plan()
     with pytest.raises(RuntimeError, match="not advanced"):
         s.next_plan()
     assert s.abort("a")
-    updates = s.advance(plan, ex.run(plan))
+    result = ex.run(plan)
+    updates = s.advance(plan, result)
     assert [u.request_id for u in updates] == ["b"]
     s.check_invariants()
     with pytest.raises(RuntimeError, match="not the plan"):
-        s.advance(plan, ex.run(plan))
+        s.advance(plan, result)
     run_all(s, ex)
 
 
 def test_seeds_are_deterministic() -> None:
-    def seeds(config_seed: int) -> list[list[int]]:
+    def seeds(config_seed: int) -> list[int]:
         s, _ = make(seed=config_seed)
-        s.submit("a", [1], params(n=2))
-        s.submit("b", [1], params(seed=7, n=2))
+        s.submit("a", [1], params())
+        s.submit("b", [1], params(seed=7))
         s.submit("c", [1], params())
-        return [r.seeds for r in s.waiting()]
+        return [r.seed for r in s.waiting()]
 
     assert seeds(0) == seeds(0) != seeds(1)
-    assert seeds(0)[1] == [7, 8] and len(set(seeds(0)[0] + seeds(0)[2])) == 3
+    assert seeds(0)[1] == 7 and len({seeds(0)[0], seeds(0)[2]}) == 2
 
 
 def test_prompt_logprobs_are_returned_once_and_skip_the_prefix_cache() -> None:

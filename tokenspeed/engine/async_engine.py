@@ -193,7 +193,7 @@ class AsyncEngine:
         slot = self._slots.get(request_id)
         if slot is None or slot.finished or self._dead is not None:
             return
-        self._send(ipc.AbortRequest(request_id))
+        self._abort_in_core(request_id)
         delta = self._processor.abort_delta(request_id)
         if delta is not None:
             slot.push(delta)
@@ -226,15 +226,21 @@ class AsyncEngine:
         self._check_alive()
         if request_id in self._slots:  # a second generate() with this id was iterated first
             raise InvalidRequest(f"Request id {request_id!r} is already in use.")
+        children = self._processor.add_request(request_id, None, prompt, params)
         slot = self._slots[request_id] = _RequestSlot(request_id)
-        self._processor.add_request(request_id, None, prompt, params)
+        sent: list[str] = []
         try:
-            self._send(ipc.AddRequest(request_id, prompt, params))
-        except BaseException:  # nothing reached the core: forget the request entirely
+            for child in children:  # n > 1: n requests sharing the prompt (engine/fan_out.py)
+                self._send(ipc.AddRequest(child.request_id, prompt, child.params))
+                sent.append(child.request_id)
+                self._num_sent += 1
+        except BaseException:  # forget the request entirely; abort the children that reached the core
             del self._slots[request_id]
+            with contextlib.suppress(Exception):  # a send that failed once may fail again
+                for core_id in sent:
+                    self._send(ipc.AbortRequest(core_id))
             self._processor.abort_delta(request_id)
             raise
-        self._num_sent += 1
         return slot
 
     def _release(self, slot: _RequestSlot) -> None:
@@ -243,9 +249,14 @@ class AsyncEngine:
             del self._slots[slot.request_id]
         if slot.finished or slot.error is not None:
             return
-        self._processor.abort_delta(slot.request_id)
         if self._dead is None:
-            self._send(ipc.AbortRequest(slot.request_id))
+            self._abort_in_core(slot.request_id)
+        self._processor.abort_delta(slot.request_id)
+
+    def _abort_in_core(self, request_id: str) -> None:
+        """Abort every core request of a live request (its n children)."""
+        for core_id in self._processor.core_request_ids(request_id):
+            self._send(ipc.AbortRequest(core_id))
 
     # ---- admission ---------------------------------------------------------------------------
 
@@ -313,8 +324,12 @@ class AsyncEngine:
                 if slot is not None:
                     slot.push(delta)
         elif isinstance(message, ipc.RequestFailed):
-            self._processor.abort_delta(message.request_id)
-            slot = self._slots.get(message.request_id)
+            request_id = self._processor.parent_of(message.request_id)
+            if request_id is None:
+                return  # its request was aborted or failed already
+            self._abort_in_core(request_id)  # the failed child's siblings
+            self._processor.abort_delta(request_id)
+            slot = self._slots.get(request_id)
             if slot is not None:
                 slot.fail(ipc.error_from_wire(message.error_type, message.message))
         elif isinstance(message, ipc.EngineFailed):

@@ -114,8 +114,8 @@ class CoreLoop:
     def _count(self, updates: list[RequestUpdate]) -> None:
         for update in updates:
             self.generation_tokens_total += len(update.new_token_ids)
-            if update.new_token_ids and update.parent_id in self._not_started:
-                self._not_started.discard(update.parent_id)
+            if update.new_token_ids and update.request_id in self._not_started:
+                self._not_started.discard(update.request_id)
                 self.prompt_tokens_total += update.num_prompt_tokens
                 self.cached_tokens_total += update.num_cached_tokens
 

@@ -110,18 +110,23 @@ class LLM:
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         processor = OutputProcessor(self.tokenizer, self.core.finish_stream)
         request_ids: list[str] = []
+        core_ids: list[str] = []
         try:
             for prompt, params in zip(prompt_list, params_list):
                 text, token_ids = self._tokenize(prompt)
+                if params.n > self.core.config.max_num_seqs:
+                    raise InvalidRequest(f"n={params.n} exceeds max_num_seqs={self.core.config.max_num_seqs}.")
                 request_id = str(next(self._ids))
                 params = dataclasses.replace(params, eos_token_ids=self.eos_token_ids)
-                self.core.add_request(request_id, token_ids, params)
-                processor.add_request(request_id, text, token_ids, params)
+                children = processor.add_request(request_id, text, token_ids, params)
                 request_ids.append(request_id)
+                for child in children:  # n > 1: n requests sharing the prompt (engine/fan_out.py)
+                    self.core.add_request(child.request_id, token_ids, child.params)
+                    core_ids.append(child.request_id)
             finished = self._run_to_completion(processor, len(request_ids), use_tqdm)
         except BaseException:
-            for request_id in request_ids:  # leave the engine usable: no request of this call lingers
-                self.core.abort(request_id)
+            for core_id in core_ids:  # leave the engine usable: no request of this call lingers
+                self.core.abort(core_id)
             raise
         return [finished[request_id] for request_id in request_ids]
 

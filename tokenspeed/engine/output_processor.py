@@ -1,8 +1,15 @@
-"""Turns the core's per-stream token updates into user-facing `RequestOutput`s.
+"""Turns the core's per-request token updates into user-facing `RequestOutput`s.
 
 It owns the text side of a request: detokenisers, stop strings and logprob
 decoding. When a stop string appears it tells the core to finish that stream,
 so the stream's KV pages are freed at once rather than after `max_tokens`.
+
+It is also where `n > 1` fan-out is undone: `add_request` returns the n child
+requests to send to the core (`engine/fan_out.py`), and their updates are
+regrouped by index under the parent, which finishes when every child has. The
+parent's `num_cached_tokens` is child 0's (admitted first, so it is what the
+cache held for this prompt before the request came; the other children
+mostly hit the pages child 0 computes).
 
 Two ways out: `process` returns whole `RequestOutput`s of finished requests
 (the offline `LLM`); `process_deltas` returns what is new since the last call
@@ -18,13 +25,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenspeed.engine.detokenizer import IncrementalDetokenizer
+from tokenspeed.engine.fan_out import ChildRequest, fan_out
 from tokenspeed.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from tokenspeed.engine.stream import RequestDelta, StreamDelta
+from tokenspeed.errors import InvalidRequest
 from tokenspeed.scheduler.plan import TokenLogprob
 from tokenspeed.scheduler.sampling_params import SamplingParams
 from tokenspeed.scheduler.updates import RequestUpdate
 
-FinishStream = Callable[[str, str, str], None]  # (stream id, reason, stop string)
+FinishStream = Callable[[str, str, str], None]  # (core request id, reason, stop string)
 
 
 @dataclass(slots=True)
@@ -43,6 +52,7 @@ class _RequestState:
     prompt: str | None
     prompt_token_ids: list[int]
     sampling: SamplingParams
+    children: list[ChildRequest]
     streams: dict[int, _Stream] = field(default_factory=dict)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
@@ -59,17 +69,36 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.finish_stream = finish_stream
         self._requests: dict[str, _RequestState] = {}
+        self._children: dict[str, tuple[_RequestState, int]] = {}  # core request id -> (parent, index)
 
     def add_request(
         self, request_id: str, prompt: str | None, prompt_token_ids: list[int], sampling: SamplingParams
-    ) -> None:
-        state = _RequestState(request_id, prompt, list(prompt_token_ids), sampling)
+    ) -> list[ChildRequest]:
+        """Track a request; returns the requests to send to the core (n of them for n > 1)."""
+        children = fan_out(request_id, sampling)
+        taken = [c.request_id for c in children if c.request_id in self._children]
+        if request_id in self._requests or taken:
+            raise InvalidRequest(f"Request id {request_id!r} (n={sampling.n}) collides with a live request's ids.")
+        state = _RequestState(request_id, prompt, list(prompt_token_ids), sampling, children)
         if sampling.prompt_logprobs is not None:
             state.prompt_logprobs = [None]  # the first prompt token has no logprob
         self._requests[request_id] = state
+        for child in children:
+            self._children[child.request_id] = (state, child.index)
+        return children
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self._requests
+
+    def parent_of(self, core_request_id: str) -> str | None:
+        """The live request a core request id is a child of, if any."""
+        child = self._children.get(core_request_id)
+        return None if child is None else child[0].request_id
+
+    def core_request_ids(self, request_id: str) -> list[str]:
+        """The ids the core knows a live request by (its children); empty if it is not live."""
+        state = self._requests.get(request_id)
+        return [] if state is None else [c.request_id for c in state.children]
 
     def abort(self, request_id: str) -> RequestOutput | None:
         state = self._pop_aborted(request_id)
@@ -86,7 +115,7 @@ class OutputProcessor:
         for state in self._apply_all(updates):
             if state.finished():
                 finished.append(self._snapshot(state, finished=True))
-                del self._requests[state.request_id]
+                self._forget(state)
         return finished
 
     def process_deltas(self, updates: list[RequestUpdate]) -> list[RequestDelta]:
@@ -95,7 +124,7 @@ class OutputProcessor:
         for state in self._apply_all(updates):
             delta = self._delta(state)
             if state.finished():
-                del self._requests[state.request_id]
+                self._forget(state)
             if delta is not None:
                 deltas.append(delta)
         return deltas
@@ -103,17 +132,24 @@ class OutputProcessor:
     def _apply_all(self, updates: list[RequestUpdate]) -> list[_RequestState]:
         touched: dict[str, _RequestState] = {}
         for update in updates:
-            state = self._requests.get(update.parent_id)
-            if state is None:
+            child = self._children.get(update.request_id)
+            if child is None:
                 continue  # aborted by the front end while the step ran
-            self._apply(state, update)
+            state, index = child
+            self._apply(state, index, update)
             touched[state.request_id] = state
         return list(touched.values())
 
+    def _forget(self, state: _RequestState) -> None:
+        del self._requests[state.request_id]
+        for child in state.children:
+            del self._children[child.request_id]
+
     def _pop_aborted(self, request_id: str) -> _RequestState | None:
-        state = self._requests.pop(request_id, None)
+        state = self._requests.get(request_id)
         if state is None:
             return None
+        self._forget(state)
         for index in range(state.sampling.n):
             stream = self._stream(state, index)
             if stream.output.finish_reason is None:
@@ -184,11 +220,12 @@ class OutputProcessor:
             stream = state.streams[index] = _Stream(output, detokenizer)
         return stream
 
-    def _apply(self, state: _RequestState, update: RequestUpdate) -> None:
-        state.num_cached_tokens = max(state.num_cached_tokens, update.num_cached_tokens)
-        if update.new_prompt_logprobs and state.prompt_logprobs is not None:
-            state.prompt_logprobs.extend(self._decode_logprobs(p) for p in update.new_prompt_logprobs)
-        stream = self._stream(state, update.index)
+    def _apply(self, state: _RequestState, index: int, update: RequestUpdate) -> None:
+        if index == 0:
+            state.num_cached_tokens = max(state.num_cached_tokens, update.num_cached_tokens)
+            if update.new_prompt_logprobs and state.prompt_logprobs is not None:
+                state.prompt_logprobs.extend(self._decode_logprobs(p) for p in update.new_prompt_logprobs)
+        stream = self._stream(state, index)
         out = stream.output
         if out.finish_reason is not None:
             return  # finished by a stop string already; late tokens of the same step are dropped

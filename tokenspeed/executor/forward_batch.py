@@ -21,12 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 # Re-exported: defined by the scheduler/executor contract, used by the executor's callers.
 from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID as PLACEHOLDER_TOKEN_ID
+
+if TYPE_CHECKING:
+    from tokenspeed.executor.page_tables import RequestPageTables
 
 
 @dataclass(slots=True)
@@ -106,11 +110,14 @@ class ForwardBatch:
 
 @dataclass(slots=True)
 class RowSpec:
-    """The minimum a batch row needs: new tokens, where they start, and the row's pages."""
+    """The minimum a batch row needs: new tokens, where they start, and the row's pages.
+
+    `page_ids` is left empty when the pages come from the runner's `RequestPageTables`.
+    """
 
     input_token_ids: Sequence[int]
     start_position: int
-    page_ids: Sequence[int]
+    page_ids: Sequence[int] = ()
 
 
 @dataclass(slots=True)
@@ -123,15 +130,27 @@ class HostBatch:
     logits_indices: np.ndarray
     seq_lens: np.ndarray
     query_start: np.ndarray
-    page_table: np.ndarray  # [rows, max_pages]
+    # Either the page table itself, or the rows' slots in the runner's `RequestPageTables`
+    # (the device gathers the table; `table_updates` are the entries its copy lacks).
+    page_table: np.ndarray | None  # [rows, max_pages]
     placeholder_sources: np.ndarray | None  # [num_tokens]: index into the previous step's samples, -1 if none
     max_query_len: int
+    table_slots: np.ndarray | None = None  # [rows]
+    table_width: int = 0
+    table_updates: tuple[np.ndarray, np.ndarray] | None = None  # (flat indices, page ids)
 
     def arrays(self) -> list[np.ndarray]:
-        out = [self.input_ids, self.positions, self.slot_mapping, self.logits_indices,
-               self.seq_lens, self.query_start, self.page_table.reshape(-1)]
+        """What goes to the device, in this order (`to_forward_batch` splits it back)."""
+        out = [self.input_ids, self.positions, self.slot_mapping, self.logits_indices, self.seq_lens, self.query_start]
+        if self.page_table is not None:
+            out.append(self.page_table.reshape(-1))
+        else:
+            assert self.table_slots is not None
+            out.append(self.table_slots)
         if self.placeholder_sources is not None:
             out.append(self.placeholder_sources)
+        if self.table_updates is not None:
+            out.extend(self.table_updates)
         return out
 
 
@@ -143,17 +162,25 @@ def build_host_batch(
     row_ids: Sequence[str] | None = None,
     pad_rows_to: int = 0,
     scratch_page: int = 0,
+    tables: RequestPageTables | None = None,
+    table_slots: np.ndarray | None = None,
 ) -> HostBatch:
     """Flatten rows into index arrays. Pure index arithmetic, vectorised with numpy.
 
     `pad_rows_to` appends decode rows (one token at position 0, seq_len 1, page
     table and slot on `scratch_page`) so a CUDA graph of that batch size can run.
     Placeholder tokens are looked up in `placeholder_source` by `row_ids[i]`.
+    With `tables` the pages are not in the rows: row i's are slot `table_slots[i]`
+    of `tables` (already updated for this plan), and no page table is built here.
     """
     num_rows = len(rows)
     lens = np.fromiter((len(r.input_token_ids) for r in rows), dtype=np.int64, count=num_rows)
     starts = np.fromiter((r.start_position for r in rows), dtype=np.int64, count=num_rows)
-    num_pages = np.fromiter((len(r.page_ids) for r in rows), dtype=np.int64, count=num_rows)
+    if tables is not None:
+        assert table_slots is not None and table_slots.size == num_rows
+        num_pages = tables.lengths[table_slots]
+    else:
+        num_pages = np.fromiter((len(r.page_ids) for r in rows), dtype=np.int64, count=num_rows)
     ends = starts + lens
     short = np.nonzero(-(-ends // page_size) > num_pages)[0]
     if short.size:
@@ -174,10 +201,16 @@ def build_host_batch(
 
     total_rows = max(num_rows, pad_rows_to)
     max_pages = max(int(num_pages.max()) if num_rows else 1, 1)
-    page_table = np.zeros((total_rows, max_pages), dtype=np.int64)
-    for i, row in enumerate(rows):
-        page_table[i, : len(row.page_ids)] = row.page_ids
-    slots = page_table[token_row, positions // page_size] * page_size + positions % page_size
+    page_table: np.ndarray | None = None
+    if tables is not None:
+        assert table_slots is not None
+        pages = tables.host[table_slots[token_row], positions // page_size]
+    else:
+        page_table = np.zeros((total_rows, max_pages), dtype=np.int64)
+        for i, row in enumerate(rows):
+            page_table[i, : len(row.page_ids)] = row.page_ids
+        pages = page_table[token_row, positions // page_size]
+    slots = pages * page_size + positions % page_size
 
     sources: np.ndarray | None = None
     holes = np.nonzero(input_ids == PLACEHOLDER_TOKEN_ID)[0]
@@ -192,9 +225,13 @@ def build_host_batch(
             sources[t] = placeholder_source[stream]
 
     seq_lens = ends
+    padded_slots = table_slots
     if total_rows > num_rows:  # graph padding: one scratch token per padded row
         pad = total_rows - num_rows
-        page_table[num_rows:, 0] = scratch_page
+        if page_table is not None:
+            page_table[num_rows:, 0] = scratch_page
+        elif tables is not None and table_slots is not None:
+            padded_slots = np.concatenate([table_slots, np.full(pad, tables.scratch_slot, dtype=np.int64)])
         input_ids = np.concatenate([input_ids, np.zeros(pad, dtype=np.int64)])
         positions = np.concatenate([positions, np.zeros(pad, dtype=np.int64)])
         slots = np.concatenate([slots, np.full(pad, scratch_page * page_size, dtype=np.int64)])
@@ -212,6 +249,9 @@ def build_host_batch(
         page_table=page_table,
         placeholder_sources=sources,
         max_query_len=int(lens.max()) if num_rows else 0,
+        table_slots=padded_slots,
+        table_width=max_pages,
+        table_updates=None if tables is None else tables.pending_upload(),
     )
 
 
@@ -258,22 +298,34 @@ def to_forward_batch(
     staging: StagingRing,
     page_size: int,
     previous_samples: torch.Tensor | None = None,
+    tables: RequestPageTables | None = None,
 ) -> ForwardBatch:
-    """Send a HostBatch to the device and resolve placeholder tokens from `previous_samples`."""
+    """Send a HostBatch to the device and resolve placeholder tokens from `previous_samples`.
+
+    A batch built on `tables` gets its page table gathered from them on the device.
+    """
     views = staging.upload(host.arrays())
     input_ids, positions, slots, logits_indices, seq_lens, query_start, table = views[:7]
+    rest = views[7:]
     if host.placeholder_sources is not None:
         if previous_samples is None:
             raise RuntimeError("placeholder tokens but no previous samples to read them from")
-        sources = views[7]
+        sources, rest = rest[0], rest[1:]
         gathered = previous_samples.index_select(0, sources.clamp(min=0))
         input_ids = torch.where(sources >= 0, gathered, input_ids)
     rows = int(host.seq_lens.size)
+    if host.page_table is not None:
+        page_table = table.view(rows, -1).to(torch.int32)
+    else:
+        if tables is None:
+            raise RuntimeError("this batch's pages are in a RequestPageTables, but none was given")
+        updates = (rest[0], rest[1]) if host.table_updates is not None else None
+        page_table = tables.gather(table, host.table_width, updates)
     attn = AttentionMetadata(
         page_size=page_size,
         query_start=host.query_start.tolist(),
         seq_lens=host.seq_lens.tolist(),
-        page_table=table.view(rows, -1).to(torch.int32),
+        page_table=page_table,
         slot_mapping=slots,
         max_query_len=host.max_query_len,
         max_seq_len=int(host.seq_lens.max()) if rows else 0,

@@ -44,15 +44,6 @@ class PagedKVStorage:
         """(K cache, V cache) of one layer; V is None for a K-only (latent) layout."""
         return self.k[index], self.v[index] if self.v else None
 
-    def copy_pages(self, copies: list[tuple[int, int]]) -> None:
-        """Copy whole pages src -> dst in every layer (copy-on-write when a request forks)."""
-        if not copies:
-            return
-        src = torch.tensor([s for s, _ in copies], dtype=torch.int64, device=self.k[0].device)
-        dst = torch.tensor([d for _, d in copies], dtype=torch.int64, device=self.k[0].device)
-        for cache in (*self.k, *self.v):
-            cache.index_copy_(0, dst, cache.index_select(0, src))
-
     @staticmethod
     def bytes_per_page(
         *,

@@ -11,6 +11,10 @@ fetches them, which is the step's only host synchronisation. A plan whose
 decode rows carry `PLACEHOLDER_TOKEN_ID` reads those inputs from the previous
 handle's device ids (overlap scheduling, see `engine/core.py`). Decode-only
 steps replay a CUDA graph when one fits (`executor/cuda_graphs.py`).
+
+Plans are incremental: the runner keeps every running request's page table
+(`RequestPageTables`, on the device on a GPU) and applies each plan's changes
+to it, so plans must be launched once each, in the order they were made.
 """
 
 from __future__ import annotations
@@ -28,10 +32,10 @@ from tokenspeed.executor.forward_batch import (
     to_forward_batch,
 )
 from tokenspeed.executor.kv_storage import PagedKVStorage
+from tokenspeed.executor.page_tables import RequestPageTables
 from tokenspeed.executor.sampling import needs_host_sampling, sample_on_device
 from tokenspeed.layers.sampler import Sampler, SampleSpec, token_logprobs
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, RowOutput, ScheduledRow
-from tokenspeed.scheduler.stepping import fork_ids
 
 
 @dataclass(slots=True)
@@ -59,7 +63,7 @@ class StepHandle:
         self.plan = plan
         self.sampled: torch.Tensor | None = None
         self.owners: list[int] = []  # plan row of each draw
-        self.stream_index: dict[str, int] = {}  # stream id -> its draw in `sampled`
+        self.stream_index: dict[str, int] = {}  # request id -> its draw in `sampled`
         self._host: torch.Tensor | None = None
         self._event: torch.cuda.Event | None = None
         self._finishers: list[Callable[[ExecutionResult], None]] = []
@@ -103,6 +107,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.staging = StagingRing(device)
         self.scratch_page = scratch_page if scratch_page is not None else 0
+        self.page_tables = RequestPageTables(device, scratch_page=self.scratch_page)
         self.graphs = graphs
         self.max_model_len = max_model_len
         # Decode batches are sized by these buckets (for split-KV counts) even when running eagerly.
@@ -114,8 +119,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, plan: ExecutionPlan, previous: StepHandle | None = None) -> StepHandle:
-        self.kv.copy_pages(plan.page_copies)
         handle = StepHandle(plan)
+        table_slots = self.page_tables.apply(plan)
         if not plan.rows:
             return handle
 
@@ -139,20 +144,22 @@ class ModelRunner:
         if (
             bucket is not None
             and self.graphs is not None
-            and max(len(r.page_ids) for r in plan.rows) > self.graphs.page_table.shape[1]
+            and max(r.num_pages for r in plan.rows) > self.graphs.page_table.shape[1]
         ):
             bucket = None
         host = build_host_batch(
-            [RowSpec(r.input_token_ids, r.start_position, r.page_ids) for r in plan.rows],
+            [RowSpec(r.input_token_ids, r.start_position) for r in plan.rows],
             page_size=self.kv.page_size,
             logits_indices=logits_indices,
             placeholder_source=None if previous is None else previous.stream_index,
             row_ids=[r.request_id for r in plan.rows],
             pad_rows_to=bucket or 0,
             scratch_page=self.scratch_page,
+            tables=self.page_tables,
+            table_slots=table_slots,
         )
         batch = to_forward_batch(
-            host, self.staging, self.kv.page_size, None if previous is None else previous.sampled
+            host, self.staging, self.kv.page_size, None if previous is None else previous.sampled, self.page_tables
         )
         if decode_only and self.max_model_len is not None:
             rows = next((b for b in self.graph_sizes if b >= num_rows), num_rows)
@@ -197,21 +204,19 @@ class ModelRunner:
         sample_slots: list[tuple[int, int]],
         handle: StepHandle,
     ) -> None:
-        """One draw per seed: an `n > 1` row repeats its logits row once per fork."""
+        """One draw per sampling row, keyed by the row's seed and sample index."""
         if not sample_slots:
             return
         gather: list[int] = []
         specs: list[SampleSpec] = []
         for plan_row, logits_row in sample_slots:
             row = plan.rows[plan_row]
-            streams = [row.request_id, *fork_ids(row.request_id, len(row.seeds))]
-            for seed, stream in zip(row.seeds, streams):
-                handle.stream_index[stream] = len(gather)
-                gather.append(logits_row)
-                handle.owners.append(plan_row)
-                specs.append(
-                    SampleSpec(row.sampling, seed, row.sample_index, row.prompt_token_ids, row.output_token_ids)
-                )
+            handle.stream_index[row.request_id] = len(gather)
+            gather.append(logits_row)
+            handle.owners.append(plan_row)
+            specs.append(
+                SampleSpec(row.sampling, row.seed, row.sample_index, row.prompt_token_ids, row.output_token_ids)
+            )
         if gather == list(range(logits.shape[0])):
             chosen = logits
         else:
@@ -251,13 +256,8 @@ class ModelRunner:
     @staticmethod
     def _logprobs(raw: torch.Tensor, specs: list[SampleSpec], owners: list[int], result: ExecutionResult) -> None:
         """Raw logprobs of the sampled tokens (after the ids are on the host)."""
-        cursor: dict[int, int] = {}
         for i, (spec, owner) in enumerate(zip(specs, owners)):
-            k = cursor.get(owner, 0)
-            cursor[owner] = k + 1
             if spec.sampling.logprobs is None:
                 continue
-            token = result.rows[owner].sampled_token_ids[k]
-            lp = token_logprobs(raw[i : i + 1], [token], spec.sampling.logprobs)[0]
-            out_row = result.rows[owner]
-            out_row.logprobs = (out_row.logprobs or []) + [lp]
+            (token,) = result.rows[owner].sampled_token_ids
+            result.rows[owner].logprobs = token_logprobs(raw[i : i + 1], [token], spec.sampling.logprobs)

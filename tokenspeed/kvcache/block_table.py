@@ -2,7 +2,7 @@
 
 Page `i` of the table holds the K/V of token positions `i*page_size ...`.
 Holding a page id in a table IS holding one reference to it: pages enter a
-table only through the pool (`allocate`, a prefix-cache hit, `share`) and
+table only through the pool (`allocate` or a prefix-cache hit) and
 leave it only through `release()`. Python cannot forbid aliasing at compile
 time, so ownership transfer is explicit and checked at run time: `move()`
 hands the pages to a new handle and consumes the old one; any later use of a
@@ -54,6 +54,11 @@ class BlockTable:
         self.ensure_live()
         return list(self._pages)
 
+    def pages_from(self, index: int) -> list[int]:
+        """A copy of the page ids from `index` on (what a table gained since it had `index` pages)."""
+        self.ensure_live()
+        return self._pages[index:]
+
     def __len__(self) -> int:
         self.ensure_live()
         return len(self._pages)
@@ -96,31 +101,6 @@ class BlockTable:
         self._consume("release")
         for page in reversed(pages):
             self._pool.decref(page)
-
-    def share(self, num_pages: int) -> BlockTable:
-        """A new handle with one more reference to each of the first `num_pages` pages (for forks)."""
-        self.ensure_live()
-        if not 0 <= num_pages <= len(self._pages):
-            raise ValueError(f"cannot share {num_pages} pages of a {len(self._pages)}-page table")
-        shared = BlockTable(self._pool)
-        for page in self._pages[:num_pages]:
-            self._pool.incref(page)
-            shared._pages.append(page)
-        shared._hashes = self._hashes[:num_pages]
-        return shared
-
-    def take_from(self, donor: BlockTable, count: int) -> list[int]:
-        """Move the last `count` pages of `donor` to the end of this table (references move with them)."""
-        self.ensure_live()
-        donor.ensure_live()
-        if donor is self or not 0 <= count <= len(donor._pages):
-            raise ValueError(f"cannot take {count} pages from that table")
-        if len(donor._hashes) > len(donor._pages) - count:
-            raise ValueError("cannot take pages that are published as part of the donor's prefix")
-        taken = donor._pages[len(donor._pages) - count :]
-        del donor._pages[len(donor._pages) - count :]
-        self._pages.extend(taken)
-        return taken
 
     # ---- used by KVCache ------------------------------------------------------
 

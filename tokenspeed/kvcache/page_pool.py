@@ -147,7 +147,7 @@ class PagePool:
         return pages
 
     def incref(self, page: int) -> None:
-        """Take one more reference: a page shared by a fork, or a prefix-cache hit."""
+        """Take one more reference: a prefix-cache hit (possibly on a page another request holds)."""
         count = self._refcount[page]
         if count == 0:
             if not self._cached[page]:

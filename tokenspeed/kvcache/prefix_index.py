@@ -54,9 +54,6 @@ class PrefixIndex:
     def lookup(self, page_hash: bytes) -> int | None:
         return self._page_of.get(page_hash)
 
-    def hash_of(self, page: int) -> bytes | None:
-        return self._hash_of.get(page)
-
     def insert(self, page_hash: bytes, page: int) -> bool:
         """Map `page_hash` to `page`; False (and no change) if another page already has it."""
         existing = self._page_of.get(page_hash)

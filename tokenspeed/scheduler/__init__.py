@@ -1,7 +1,9 @@
-"""The control plane: request FSM, admission, chunked prefill, preemption, forks.
+"""The control plane: request FSM, admission, chunked prefill, preemption.
 
 Pure Python (no torch): `Scheduler.next_plan()` says what the executor runs,
-`Scheduler.advance()` records what it produced. See DESIGN.md.
+`Scheduler.advance()` records what it produced. One request is one sample:
+`n > 1` is fanned out into n requests by the front end (`engine/fan_out.py`),
+which share the prompt's pages through the prefix cache. See DESIGN.md.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from tokenspeed.scheduler.fsm import (
     Preempt,
     PrefillDone,
     Prefilling,
-    ReserveForkPages,
     Transition,
     Waiting,
     transition,
@@ -40,7 +41,6 @@ __all__ = [
     "Prefilling",
     "Preempt",
     "PrefillDone",
-    "ReserveForkPages",
     "Request",
     "RequestUpdate",
     "RowOutput",

@@ -45,10 +45,10 @@ def _quote(bad: list[object]) -> str:
     return f"{bad[:_SHOWN]}" + (" ..." if len(bad) > _SHOWN else "")
 
 
-def pages_needed(num_prompt_tokens: int, n: int, page_size: int) -> int:
-    """KV pages a prompt needs at once: its own, plus a private copy of a partial last page per extra sample."""
-    partial = 1 if num_prompt_tokens % page_size else 0
-    return -(-num_prompt_tokens // page_size) + (n - 1) * partial
+def pages_needed(num_prompt_tokens: int, page_size: int) -> int:
+    """KV pages a prompt needs at once. The same for n > 1: each of the n children (engine/fan_out.py)
+    is admitted on its own, sharing the full prompt pages of the others through the prefix cache."""
+    return -(-num_prompt_tokens // page_size)
 
 
 def check_admission(prompt_token_ids: Sequence[int], params: SamplingParams, limits: AdmissionLimits) -> None:
@@ -79,9 +79,8 @@ def check_admission(prompt_token_ids: Sequence[int], params: SamplingParams, lim
             raise InvalidRequest(f"stop_token_ids must be integers in [0, {limits.vocab_size}); got {_quote(bad)}")
     if params.n > limits.max_num_seqs:
         raise InvalidRequest(f"n={params.n} exceeds max_num_seqs={limits.max_num_seqs}.")
-    pages = pages_needed(num_prompt, params.n, limits.page_size)
+    pages = pages_needed(num_prompt, limits.page_size)
     if pages > limits.num_kv_pages:
         raise ContextTooLong(
-            f"A {num_prompt}-token prompt with n={params.n} needs {pages} KV pages"
-            f"{' when it forks' if params.n > 1 else ''}; the engine has {limits.num_kv_pages}."
+            f"A {num_prompt}-token prompt needs {pages} KV pages; the engine has {limits.num_kv_pages}."
         )

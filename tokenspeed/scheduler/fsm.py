@@ -1,8 +1,7 @@
 """The request state machine: typestate classes, events, one transition function.
 
 Each state is its own class and owns exactly the KV handles that state may
-hold: `Prefilling` and `Decoding` own a `BlockTable` (`Prefilling` may also
-own the pages reserved for the forks of an `n > 1` request); `Waiting` and
+hold: `Prefilling` and `Decoding` own a `BlockTable`; `Waiting` and
 `Finished` own none. `transition` is the only place a request changes state;
 every handle either moves into the new state (`BlockTable.move()`, so the old
 state object can never touch the pages again) or is handed back to the caller
@@ -38,9 +37,6 @@ class Prefilling:
     """Some of the tokens still need computing; owns the request's pages."""
 
     table: BlockTable
-    # Fresh pages reserved, when the last chunk is scheduled, for the copies of a
-    # partially filled last prompt page that the forks of an n > 1 request need.
-    fork_pages: BlockTable | None = None
 
 
 @dataclass(slots=True)
@@ -72,13 +68,6 @@ class Admit:
 
 
 @dataclass(slots=True)
-class ReserveForkPages:
-    """Prefilling -> Prefilling, now also owning the forks' copy-on-write pages."""
-
-    pages: BlockTable
-
-
-@dataclass(slots=True)
 class ChunkDone:
     """Prefilling -> Prefilling: a chunk that did not reach the end was computed."""
 
@@ -101,7 +90,7 @@ class Finish:
     stop_reason: int | str | None = None
 
 
-Event = Admit | ReserveForkPages | ChunkDone | PrefillDone | Preempt | Finish
+Event = Admit | ChunkDone | PrefillDone | Preempt | Finish
 
 
 @dataclass(slots=True)
@@ -112,10 +101,7 @@ class Transition:
 
 
 def _owned(state: Prefilling | Decoding) -> list[BlockTable]:
-    tables = [state.table.move()]
-    if isinstance(state, Prefilling) and state.fork_pages is not None:
-        tables.append(state.fork_pages.move())
-    return tables
+    return [state.table.move()]
 
 
 def transition(state: State, event: Event) -> Transition:
@@ -123,13 +109,10 @@ def transition(state: State, event: Event) -> Transition:
     match state, event:
         case Waiting(), Admit(table=table):
             return Transition(Prefilling(table.move()))
-        case Prefilling(table=table, fork_pages=None), ReserveForkPages(pages=pages):
-            return Transition(Prefilling(table.move(), pages.move()))
-        case Prefilling(table=table, fork_pages=fork_pages), ChunkDone():
-            return Transition(Prefilling(table.move(), None if fork_pages is None else fork_pages.move()))
-        case Prefilling(table=table, fork_pages=fork_pages), PrefillDone():
-            dropped = [] if fork_pages is None else [fork_pages.move()]
-            return Transition(Decoding(table.move()), dropped)
+        case Prefilling(table=table), ChunkDone():
+            return Transition(Prefilling(table.move()))
+        case Prefilling(table=table), PrefillDone():
+            return Transition(Decoding(table.move()))
         case Prefilling() | Decoding(), Preempt():
             return Transition(Waiting(), _owned(state))
         case Waiting(), Finish(reason=reason, stop_reason=stop_reason):

@@ -4,6 +4,18 @@
 calls back into the scheduler. `ExecutionResult` is everything the scheduler
 needs to advance its requests. Both are plain records (no torch) so they can
 later cross a process boundary to tensor-parallel workers unchanged.
+
+Plans are incremental: the executor keeps each running request's page table
+from step to step, a row carries only the pages its request gained since its
+previous row, and the plan names the requests whose tables the executor must
+drop (finished, aborted or preempted). Host work per step is then
+proportional to what changed, not to the context length (`benchmarks/
+scheduler_overhead.py`). The executor applies a plan's drops before its rows,
+and plans in the order they were made.
+
+Within a step, the K/V of every row is stored before any row attends, so a
+row may read pages an earlier row of the same plan writes (prefix-cache hits
+on pages published when that earlier row was scheduled).
 """
 
 from __future__ import annotations
@@ -24,20 +36,22 @@ class ScheduledRow:
 
     A prefill chunk has many input tokens; a decode row has one. The row's K/V
     for `input_token_ids` are written at positions `start_position ...` into the
-    pages listed in `page_ids` (the whole block table, covering every position
-    up to `start_position + len(input_token_ids)`).
+    request's pages, which cover every position up to `end_position`: the
+    executor's table for the request, with `new_page_ids` written from index
+    `first_new_page` on. `first_new_page == 0` starts a fresh table (first
+    admission, or re-admission after preemption).
     """
 
     request_id: str
     input_token_ids: list[int]
     start_position: int
-    page_ids: list[int]
+    first_new_page: int
+    new_page_ids: list[int]
     sampling: SamplingParams
     # Sample after the last input token? False for all but the last prompt chunk.
     sample: bool
-    # One seed per sample to draw. More than one only on the last prompt chunk of
-    # an `n > 1` request: the samples become the first tokens of its forks.
-    seeds: list[int]
+    # The request's seed: with `sample_index` it keys the random draw.
+    seed: int
     # Output tokens generated so far; with the seed it keys the random draw, so a
     # request's tokens do not depend on batch composition or preemption.
     sample_index: int
@@ -49,8 +63,13 @@ class ScheduledRow:
     prompt_logprobs_start: int | None = None
 
     @property
+    def num_pages(self) -> int:
+        """Length of the request's page table once this row's pages are added."""
+        return self.first_new_page + len(self.new_page_ids)
+
+    @property
     def num_samples(self) -> int:
-        return len(self.seeds) if self.sample else 0
+        return 1 if self.sample else 0
 
     @property
     def end_position(self) -> int:
@@ -61,16 +80,15 @@ class ScheduledRow:
 class ExecutionPlan:
     step_id: int
     rows: list[ScheduledRow] = field(default_factory=list)
-    # Page contents to copy (src, dst) before the step runs: copy-on-write of the
-    # partially filled last prompt page when an `n > 1` request forks.
-    page_copies: list[tuple[int, int]] = field(default_factory=list)
+    # Requests whose page tables the executor drops before running the rows.
+    released_request_ids: list[str] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return sum(len(r.input_token_ids) for r in self.rows)
 
     def is_empty(self) -> bool:
-        return not self.rows and not self.page_copies
+        return not self.rows
 
 
 @dataclass(slots=True)
@@ -86,7 +104,7 @@ class TokenLogprob:
 @dataclass(slots=True)
 class RowOutput:
     request_id: str
-    sampled_token_ids: list[int] = field(default_factory=list)  # one per seed when row.sample
+    sampled_token_ids: list[int] = field(default_factory=list)  # one when row.sample
     logprobs: list[TokenLogprob] | None = None  # one per sampled token, when requested
     prompt_logprobs: list[TokenLogprob] | None = None  # positions prompt_logprobs_start.. in this chunk
 

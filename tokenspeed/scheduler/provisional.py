@@ -46,7 +46,6 @@ class PendingDraw:
     """One placeholder sample: where its real id comes from and where it goes."""
 
     row: int  # plan row
-    draw: int  # sample within the row (stream index for an n > 1 fork)
     stream: Request
     position: int  # index of the placeholder in stream.output_token_ids
     update: RequestUpdate
@@ -75,14 +74,12 @@ def placeholder_result(plan: ExecutionPlan) -> ExecutionResult:
     )
 
 
-def unresolved_step(
-    plan: ExecutionPlan, applied: list[tuple[int, int, Request, RequestUpdate]]
-) -> UnresolvedStep:
-    """Remember, from `advance`'s (row, sample, stream, update) records, where each placeholder went."""
+def unresolved_step(plan: ExecutionPlan, applied: list[tuple[int, Request, RequestUpdate]]) -> UnresolvedStep:
+    """Remember, from `advance`'s (row, request, update) records, where each placeholder went."""
     step = UnresolvedStep(plan.step_id, len(plan.rows))
-    for row, draw, stream, update in applied:
+    for row, stream, update in applied:
         if update.new_token_ids:
-            step.draws.append(PendingDraw(row, draw, stream, len(stream.output_token_ids) - 1, update))
+            step.draws.append(PendingDraw(row, stream, len(stream.output_token_ids) - 1, update))
         step.updates.append(update)
     return step
 
@@ -103,7 +100,7 @@ def resolve_step(step: UnresolvedStep, result: ExecutionResult, is_live: Callabl
     dropped: set[int] = set()
     stops: list[tuple[Request, int]] = []
     for draw in step.draws:
-        token = result.rows[draw.row].sampled_token_ids[draw.draw]
+        (token,) = result.rows[draw.row].sampled_token_ids
         _patch(draw, token)
         stream, update = draw.stream, draw.update
         live = is_live(stream)

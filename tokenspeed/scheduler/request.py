@@ -7,9 +7,8 @@ slice reaches the end. Prefill, decode, chunked prefill and recompute after
 preemption (prompt + outputs so far) are all the same rule, so there is no
 special case to get wrong. Decoding <=> exactly one uncomputed token.
 
-An `n > 1` request is one `Request` until its last prompt chunk samples `n`
-tokens; then it forks into `n` streams (this object is stream 0), each with
-its own seed and output, sharing the prompt pages.
+A request is one generation stream with one seed: the front end fans an
+`n > 1` request out into n of them (`engine/fan_out.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from tokenspeed.kvcache import BlockTable
 from tokenspeed.scheduler.fsm import (
     Decoding,
     Event,
-    Finished,
     Prefilling,
     State,
     Waiting,
@@ -69,23 +67,18 @@ class TokenView(Sequence[int]):
 
 @dataclass(slots=True, eq=False)
 class Request:
-    request_id: str  # the stream's id: the user's id, or f"{parent_id}#{index}" for a fork
-    parent_id: str  # the id the user submitted
-    index: int  # position among the user's n outputs
+    request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams
-    arrival: int  # submission order; forks inherit their parent's
-    # One effective seed per stream still to come out of this request: n before
-    # the fork, then 1. Its length is the number of streams this request stands for.
-    seeds: list[int]
+    arrival: int  # submission order (unique): the queues' sort key
+    seed: int  # the effective seed: sampling.seed, or drawn by the scheduler when that is None
     max_output_tokens: int  # min(max_tokens, max_model_len - prompt length)
     stop_token_ids: frozenset[int]
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prefix-cache hit at the first admission; -1 until then
     prompt_logprobs_next: int = 0  # first prompt position whose logprob was not returned yet
-    # (src, dst) page copy a fresh fork needs before its first decode.
-    pending_copy: tuple[int, int] | None = None
+    num_pages_sent: int = 0  # leading pages of the table the executor holds (plans are incremental)
     state: State = field(default_factory=Waiting)
 
     # ---- tokens -------------------------------------------------------------------
@@ -107,15 +100,6 @@ class Request:
         return self.num_tokens - self.num_computed_tokens
 
     @property
-    def order_key(self) -> tuple[int, int]:
-        """Older first; among the streams of one request, lower index first."""
-        return (self.arrival, self.index)
-
-    @property
-    def num_streams(self) -> int:
-        return len(self.seeds)
-
-    @property
     def needs_prompt_logprobs(self) -> bool:
         """Prompt logprobs were asked for and some were not returned yet (then no prefix matching)."""
         return (
@@ -128,10 +112,6 @@ class Request:
     @property
     def is_running(self) -> bool:
         return isinstance(self.state, (Prefilling, Decoding))
-
-    @property
-    def is_finished(self) -> bool:
-        return isinstance(self.state, Finished)
 
     @property
     def table(self) -> BlockTable:

@@ -7,8 +7,15 @@ One step (`next_plan`) is built in a fixed order that protects latency first:
 2. running Prefilling requests, oldest first, chunk = what the token budget
    has left (chunked prefill);
 3. Waiting requests, FIFO by original arrival (so a preempted request goes
-   back to the front), while streams < max_num_seqs and budget remains;
+   back to the front), while requests < max_num_seqs and budget remains;
    each first reuses cached full pages of its prefix.
+
+A row's full pages are indexed in the prefix cache when the row is scheduled,
+not when its results come back: every layer stores the K/V of the whole step
+before any row attends (`ExecutionPlan`), so a request admitted later in the
+same step can already read them. That is how the n children of an `n > 1`
+request (fanned out by the front end, `engine/fan_out.py`) compute the shared
+prompt once even when they are admitted together.
 
 When a running request cannot get a page, the newest running request not yet
 scheduled this step is preempted (pages published to the prefix index, then
@@ -16,9 +23,8 @@ released; recomputed later), possibly the request itself: the oldest request
 always makes progress, so every request finishes. Admission never preempts,
 and nothing is admitted in a step that preempted (it would thrash).
 
-`advance` applies the executor's samples, checks stop conditions, forks
-`n > 1` requests, publishes newly full pages and frees finished requests'
-pages at once. With overlap, `advance_provisional` + `resolve` split it in
+`advance` applies the executor's samples, checks stop conditions, publishes
+newly full pages and frees finished requests' pages at once. With overlap, `advance_provisional` + `resolve` split it in
 two around the device's work (see `provisional.py`). Admission/preemption
 mechanics live here; per-row bookkeeping of `advance` lives in `stepping.py`
 to keep each file to one concern.
@@ -34,12 +40,12 @@ from tokenspeed.errors import InvalidRequest
 from tokenspeed.kvcache import BlockTable, KVCache
 from tokenspeed.scheduler.admission import check_admission
 from tokenspeed.scheduler.config import SchedulerConfig
-from tokenspeed.scheduler.fsm import Admit, Decoding, Finish, Preempt, Prefilling, ReserveForkPages, Waiting
+from tokenspeed.scheduler.fsm import Admit, Decoding, Finish, Preempt, Prefilling, Waiting
 from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID, ExecutionPlan, ExecutionResult, ScheduledRow
 from tokenspeed.scheduler.provisional import UnresolvedStep, placeholder_result, resolve_step, unresolved_step
 from tokenspeed.scheduler.request import Request
 from tokenspeed.scheduler.sampling_params import SamplingParams
-from tokenspeed.scheduler.stepping import advance_row, fork_ids, publish
+from tokenspeed.scheduler.stepping import advance_row, publish
 from tokenspeed.scheduler.updates import RequestUpdate
 
 _SEED_RANGE = 2**63
@@ -76,13 +82,10 @@ class Scheduler:
         self._rng = random.Random(config.seed)
         self._next_arrival = 0
         self._step_id = 0
-        self._streams: dict[str, Request] = {}  # live streams by stream id
-        # user id -> its stream ids in use (live, or reserved for forks to come)
-        self._users: dict[str, set[str]] = {}
-        self._owner: dict[str, str] = {}  # stream id in use -> user id
-        self._waiting: list[Request] = []  # sorted by order_key
-        self._running: list[Request] = []  # sorted by order_key
-        self._new_forks: list[Request] = []  # forks whose page copy goes into the next plan
+        self._streams: dict[str, Request] = {}  # live requests by id
+        self._waiting: list[Request] = []  # sorted by arrival
+        self._running: list[Request] = []  # sorted by arrival
+        self._released: list[str] = []  # tables the executor drops with the next non-empty plan
         self._inflight: _Inflight | None = None  # planned, not yet advanced
         self._unresolved: UnresolvedStep | None = None  # advanced on placeholders (overlap)
 
@@ -100,7 +103,7 @@ class Scheduler:
         return bool(self._streams)
 
     def get(self, request_id: str) -> Request | None:
-        """The live (unfinished) stream with this id, if any."""
+        """The live (unfinished) request with this id, if any."""
         return self._streams.get(request_id)
 
     def running(self) -> list[Request]:
@@ -114,53 +117,40 @@ class Scheduler:
     def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
         cfg = self.config
         check_admission(prompt_token_ids, sampling, cfg.limits)
-        if request_id in self._owner or request_id in self._users:
+        if request_id in self._streams:
             raise InvalidRequest(f"Request id {request_id!r} is already in use by a live request.")
+        if sampling.n != 1:
+            raise InvalidRequest(
+                f"n={sampling.n}: the scheduler runs one sample per request; the front end fans n > 1 out "
+                "into n requests (tokenspeed.engine.fan_out)."
+            )
         num_prompt = len(prompt_token_ids)
-        n = sampling.n
-        forks = fork_ids(request_id, n)
-        if any(f in self._owner or f in self._users for f in forks):
-            raise InvalidRequest(f"The stream ids of request {request_id!r} (n={n}) collide with live ones.")
         max_output = cfg.max_model_len - num_prompt
         if sampling.max_tokens is not None:
             max_output = min(max_output, sampling.max_tokens)
-        if sampling.seed is not None:
-            seeds = [sampling.seed + i for i in range(n)]
-        else:
-            seeds = [self._rng.randrange(_SEED_RANGE) for _ in range(n)]
         request = Request(
             request_id=request_id,
-            parent_id=request_id,
-            index=0,
-            prompt_token_ids=list(prompt_token_ids),
+            prompt_token_ids=prompt_token_ids,  # kept, not copied: callers hand it over
             sampling=sampling,
             arrival=self._next_arrival,
-            seeds=seeds,
+            seed=sampling.seed if sampling.seed is not None else self._rng.randrange(_SEED_RANGE),
             max_output_tokens=max_output,
             stop_token_ids=sampling.stop_ids(),
         )
         self._next_arrival += 1
-        ids = {request_id, *forks}
-        self._users[request_id] = ids
-        for stream_id in ids:
-            self._owner[stream_id] = request_id
         self._streams[request_id] = request
-        bisect.insort(self._waiting, request, key=lambda r: r.order_key)
+        bisect.insort(self._waiting, request, key=_arrival)
 
     def abort(self, request_id: str) -> bool:
-        """Abort a stream, or every stream of a user id; False if nothing live has that id."""
-        if request_id in self._users:
-            targets = [self._streams[s] for s in sorted(self._users[request_id]) if s in self._streams]
-        elif request_id in self._streams:
-            targets = [self._streams[request_id]]
-        else:
+        """Abort a live request; False if nothing live has that id."""
+        request = self._streams.get(request_id)
+        if request is None:
             return False
-        for request in targets:
-            self.finish_request(request, "abort")
-        return bool(targets)
+        self.finish_request(request, "abort")
+        return True
 
     def finish(self, request_id: str, reason: str, stop_reason: str | None = None) -> bool:
-        """End one stream (the engine saw a stop string); False if it is not live."""
+        """End one request (the engine saw a stop string); False if it is not live."""
         request = self._streams.get(request_id)
         if request is None:
             return False
@@ -168,22 +158,15 @@ class Scheduler:
         return True
 
     def finish_request(self, request: Request, reason: str, stop_reason: int | str | None = None) -> None:
-        """Move a live stream to Finished, publishing then releasing its pages."""
+        """Move a live request to Finished, publishing then releasing its pages."""
         if request.is_running:
             publish(request, self.kv)
             self._running.remove(request)
+            self._release_executor_table(request)
         else:
             self._waiting.remove(request)
         self._release(request.apply(Finish(reason, stop_reason)))
-        request.pending_copy = None
         del self._streams[request.request_id]
-        ids = self._users[request.parent_id]
-        gone = [request.request_id, *fork_ids(request.parent_id, request.num_streams)]
-        for stream_id in gone:
-            ids.discard(stream_id)
-            self._owner.pop(stream_id, None)
-        if not ids:
-            del self._users[request.parent_id]
 
     # ---- building a step ----------------------------------------------------------------
 
@@ -206,51 +189,30 @@ class Scheduler:
                 self._schedule_running(request, min(request.num_uncomputed_tokens, step.budget), step)
         if not step.preempted:
             self._admit(step)
-        copies: list[tuple[int, int]] = []
-        for fork in self._new_forks:
-            if fork.pending_copy is not None and fork.is_running:
-                copies.append(fork.pending_copy)
-            fork.pending_copy = None
-        self._new_forks.clear()
-        plan = ExecutionPlan(step_id=self._step_id, rows=step.rows, page_copies=copies)
+        plan = ExecutionPlan(step_id=self._step_id, rows=step.rows)
         if not plan.is_empty():
+            plan.released_request_ids, self._released = self._released, []
             self._inflight = _Inflight(plan.step_id, step.requests)
         return plan
 
-    def _fork_pages_needed(self, request: Request, end: int) -> int:
-        """Copy-on-write pages to reserve when a chunk ending at `end` makes an n > 1 request fork."""
-        if request.num_streams == 1 or end < request.num_tokens:
-            return 0
-        if request.num_prompt_tokens % self.config.page_size == 0:
-            return 0  # every prompt page is full: the forks share them all
-        return request.num_streams - 1
-
-    def _reserve_fork_pages(self, request: Request, count: int) -> None:
-        if count:
-            pages = self.kv.new_block_table()
-            self.kv.allocate(pages, count)
-            self._release(request.apply(ReserveForkPages(pages)))
-
     def _schedule_running(self, request: Request, chunk: int, step: _Step) -> None:
         end = request.num_computed_tokens + chunk
-        fork_pages = self._fork_pages_needed(request, end)
-        grow = max(0, self.kv.pages_for(end) - len(request.table))
-        while not self.kv.can_allocate(grow + fork_pages):
-            victim = next(r for r in reversed(self._running) if id(r) not in step.scheduled)
-            self._preempt(victim)
-            step.preempted = True
-            if victim is request:
-                return
-        self.kv.allocate(request.table, grow)
-        self._reserve_fork_pages(request, fork_pages)
+        grow = self.kv.pages_for(end) - len(request.table)
+        if grow > 0:  # most decode steps need no page
+            while not self.kv.can_allocate(grow):
+                victim = next(r for r in reversed(self._running) if id(r) not in step.scheduled)
+                self._preempt(victim)
+                step.preempted = True
+                if victim is request:
+                    return
+            self.kv.allocate(request.table, grow)
         step.add(request, self._make_row(request, chunk))
 
     def _admit(self, step: _Step) -> None:
         cfg = self.config
-        load = sum(r.num_streams for r in self._running)
         while self._waiting and step.budget > 0:
             request = self._waiting[0]
-            if load + request.num_streams > cfg.max_num_seqs:
+            if len(self._running) >= cfg.max_num_seqs:
                 return
             if cfg.enable_prefix_caching and not request.needs_prompt_logprobs:
                 # Never match everything: the last token must run to produce logits.
@@ -259,9 +221,8 @@ class Scheduler:
                 table = self.kv.new_block_table()
             computed = len(table) * cfg.page_size
             chunk = min(request.num_tokens - computed, step.budget)
-            fork_pages = self._fork_pages_needed(request, computed + chunk)
             grow = self.kv.pages_for(computed + chunk) - len(table)
-            if not self.kv.can_allocate(grow + fork_pages):
+            if not self.kv.can_allocate(grow):
                 table.release()
                 return
             self.kv.allocate(table, grow)
@@ -270,12 +231,11 @@ class Scheduler:
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = computed
             self._release(request.apply(Admit(table)))
-            self._reserve_fork_pages(request, fork_pages)
-            bisect.insort(self._running, request, key=lambda r: r.order_key)
-            load += request.num_streams
+            bisect.insort(self._running, request, key=_arrival)
             step.add(request, self._make_row(request, chunk))
 
     def _make_row(self, request: Request, chunk: int) -> ScheduledRow:
+        """The row computing the next `chunk` tokens; indexes the pages it fills (module docstring)."""
         start = request.num_computed_tokens
         end = start + chunk
         sample = end == request.num_tokens
@@ -286,14 +246,26 @@ class Scheduler:
         ):
             assert request.prompt_logprobs_next >= start, "prompt logprob positions skipped"
             logprobs_start = request.prompt_logprobs_next
+        size = self.config.page_size
+        if end // size > start // size:  # the row fills a page (else it has nothing new to index)
+            publish(request, self.kv, upto=end)
+        table = request.table
+        first_new_page = request.num_pages_sent
+        request.num_pages_sent = len(table)
+        num_prompt = len(request.prompt_token_ids)
+        if start >= num_prompt:  # decoding, or recomputing outputs: a plain slice, no TokenView
+            inputs = request.output_token_ids[start - num_prompt : end - num_prompt]
+        else:
+            inputs = request.all_token_ids[start:end]
         return ScheduledRow(
             request_id=request.request_id,
-            input_token_ids=request.all_token_ids[start:end],
+            input_token_ids=inputs,
             start_position=start,
-            page_ids=request.table.pages,
+            first_new_page=first_new_page,
+            new_page_ids=table.pages_from(first_new_page),
             sampling=request.sampling,
             sample=sample,
-            seeds=list(request.seeds) if sample else request.seeds[:1],
+            seed=request.seed,
             sample_index=len(request.output_token_ids),
             prompt_token_ids=request.prompt_token_ids,
             output_token_ids=request.output_token_ids,
@@ -304,18 +276,24 @@ class Scheduler:
         """Recompute later: publish what is computed (so it can be matched back), free the pages."""
         publish(request, self.kv)
         self._release(request.apply(Preempt()))
+        self._release_executor_table(request)
         request.num_computed_tokens = 0
-        request.pending_copy = None
         self._running.remove(request)
-        bisect.insort(self._waiting, request, key=lambda r: r.order_key)
+        bisect.insort(self._waiting, request, key=_arrival)
         self.num_preemptions += 1
+
+    def _release_executor_table(self, request: Request) -> None:
+        """The request gave up its pages: the executor drops its copy of the table."""
+        if request.num_pages_sent:
+            self._released.append(request.request_id)
+            request.num_pages_sent = 0
 
     # ---- applying a step's results --------------------------------------------------------
 
     def advance(self, plan: ExecutionPlan, result: ExecutionResult) -> list[RequestUpdate]:
-        """Record `plan`'s real results: samples, stop checks, forks, pages; one update per stream."""
+        """Record `plan`'s real results: samples, stop checks, pages; the requests' updates."""
         self._require_resolved("advance")
-        return [update for _, _, _, update in self._apply(plan, result)]
+        return [update for _, _, update in self._apply(plan, result)]
 
     def advance_provisional(self, plan: ExecutionPlan) -> None:
         """Record `plan` as run with placeholder samples, so the next plan can be built now.
@@ -341,10 +319,8 @@ class Scheduler:
         if self._unresolved is not None:
             raise RuntimeError(f"{caller}: step {self._unresolved.step_id} must be resolved first")
 
-    def _apply(
-        self, plan: ExecutionPlan, result: ExecutionResult
-    ) -> list[tuple[int, int, Request, RequestUpdate]]:
-        """Apply a result row by row; (plan row, sample within row, stream, update) per stream."""
+    def _apply(self, plan: ExecutionPlan, result: ExecutionResult) -> list[tuple[int, Request, RequestUpdate]]:
+        """Apply a result row by row; (plan row, request, update) per update."""
         inflight = self._inflight
         if plan.is_empty() and inflight is None:
             return []
@@ -356,22 +332,19 @@ class Scheduler:
                 f"plan {plan.step_id} with {len(plan.rows)} rows"
             )
         self._inflight = None
-        applied: list[tuple[int, int, Request, RequestUpdate]] = []
+        applied: list[tuple[int, Request, RequestUpdate]] = []
         for i, (row, output, request) in enumerate(zip(plan.rows, result.rows, inflight.requests, strict=True)):
             if output.request_id != row.request_id:
                 raise ValueError(f"result row {output.request_id!r} answers plan row {row.request_id!r}")
             if not request.is_running:
                 continue  # aborted or finished after the plan was built
-            outcome = advance_row(request, row, output, self.kv)
-            for fork in outcome.forks:
-                self._streams[fork.request_id] = fork
-                bisect.insort(self._running, fork, key=lambda r: r.order_key)
-                self._new_forks.append(fork)
-            for k, (stream, update) in enumerate(outcome.streams):
-                if update.finished:
-                    assert update.finish_reason is not None
-                    self.finish_request(stream, update.finish_reason, update.stop_reason)
-                applied.append((i, k, stream, update))
+            update = advance_row(request, row, output, self.kv)
+            if update is None:
+                continue
+            if update.finished:
+                assert update.finish_reason is not None
+                self.finish_request(request, update.finish_reason, update.stop_reason)
+            applied.append((i, request, update))
         return applied
 
     # ---- checking -----------------------------------------------------------------------
@@ -384,8 +357,6 @@ class Scheduler:
             state = request.state
             assert isinstance(state, (Prefilling, Decoding)), f"{request.request_id} runs in {state}"
             owned.append(state.table)
-            if isinstance(state, Prefilling) and state.fork_pages is not None:
-                owned.append(state.fork_pages)
             if isinstance(state, Decoding):
                 assert request.num_uncomputed_tokens == 1, f"{request.request_id} decodes with more to compute"
             else:
@@ -401,10 +372,10 @@ class Scheduler:
             assert isinstance(request.state, Waiting), f"{request.request_id} queued in {request.state}"
             assert request.num_computed_tokens == 0, f"waiting {request.request_id} claims computed tokens"
         queued = self._running + self._waiting
-        assert len({id(r) for r in queued}) == len(queued) == len(self._streams), "a stream is lost or queued twice"
-        assert all(self._streams.get(r.request_id) is r for r in queued), "queues and stream ids disagree"
+        assert len({id(r) for r in queued}) == len(queued) == len(self._streams), "a request is lost or queued twice"
+        assert all(self._streams.get(r.request_id) is r for r in queued), "queues and request ids disagree"
         for queue in (self._running, self._waiting):
-            keys = [r.order_key for r in queue]
+            keys = [r.arrival for r in queue]
             assert keys == sorted(keys), "a queue is out of arrival order"
         holders = {id(t) for t in self.kv.pool.live_holders()}
         assert holders == {id(t) for t in owned}, (
@@ -416,3 +387,7 @@ class Scheduler:
     def _release(self, tables: list[BlockTable]) -> None:
         for table in tables:
             table.release()
+
+
+def _arrival(request: Request) -> int:
+    return request.arrival

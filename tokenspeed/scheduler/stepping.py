@@ -1,50 +1,44 @@
-"""Applying one executed row to its request: progress, samples, stop checks, forks.
+"""Applying one executed row to its request: progress, samples, stop checks.
 
 Kept apart from the scheduler's queue policy because it is pure per-request
 bookkeeping: it never chooses who runs, it only records what ran. The caller
-(the scheduler) files the forks into its queues and finishes streams whose
-update says `finished` (that frees their pages at once).
+(the scheduler) finishes requests whose update says `finished` (that frees
+their pages at once). No allocation happens here, so advancing cannot fail.
 
 Stop rule (vLLM-compatible): a sampled token in `sampling.stop_ids()` ends the
 stream once `min_tokens` are out (`"stop"`, `stop_reason` = the token);
 otherwise reaching the effective max output ends it (`"length"`).
-
-Forking (`n > 1`): the last prompt chunk samples n tokens. Stream 0 is the
-request itself; stream i > 0 is a new Decoding request sharing every full
-prompt page (refcount + 1) and, if the last prompt page is partial, owning a
-fresh page reserved when the chunk was scheduled, filled by a page copy the
-next plan carries. No allocation happens here, so advancing cannot fail.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from tokenspeed.kvcache import KVCache
-from tokenspeed.scheduler.fsm import ChunkDone, Decoding, PrefillDone, Prefilling
+from tokenspeed.scheduler.fsm import ChunkDone, PrefillDone, Prefilling
 from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID, RowOutput, ScheduledRow, TokenLogprob
 from tokenspeed.scheduler.request import Request
 from tokenspeed.scheduler.updates import RequestUpdate
 
 
-def fork_ids(parent_id: str, n: int) -> list[str]:
-    """Stream ids of forks 1 .. n-1 of a user request."""
-    return [f"{parent_id}#{i}" for i in range(1, n)]
+def publish(request: Request, kv: KVCache, upto: int | None = None) -> None:
+    """Index the request's full pages of positions `< upto` (default: its computed tokens).
 
-
-@dataclass(slots=True)
-class RowOutcome:
-    forks: list[Request] = field(default_factory=list)  # new streams to file as running
-    streams: list[tuple[Request, RequestUpdate]] = field(default_factory=list)
-
-
-def publish(request: Request, kv: KVCache) -> None:
-    """Index the request's newly full, computed pages (never a placeholder: it is never computed)."""
-    if request.num_computed_tokens == request.num_tokens and request.output_token_ids[-1:] == [PLACEHOLDER_TOKEN_ID]:
-        raise AssertionError(f"{request.request_id}: a placeholder sample counts as computed")
+    The scheduler passes a row's end when it schedules the row (see `Scheduler._make_row`):
+    the pages are computed by that step, before any later step runs. A placeholder
+    sample is never indexed: it is never computed, and a scheduled row stops short of it.
+    """
+    outputs = request.output_token_ids
+    at_placeholder = bool(outputs) and outputs[-1] == PLACEHOLDER_TOKEN_ID
+    if upto is None:
+        upto = request.num_computed_tokens
+        if at_placeholder and upto == request.num_tokens:
+            raise AssertionError(f"{request.request_id}: a placeholder sample counts as computed")
+    elif at_placeholder and upto == request.num_tokens:
+        upto -= 1
+    if not kv.enable_prefix_caching:
+        return
     table = request.table
-    if kv.enable_prefix_caching and request.num_computed_tokens // kv.page_size > table.num_published:
-        kv.publish(table, request.all_token_ids, request.num_computed_tokens)
+    if upto // kv.page_size > table.num_published:
+        kv.publish(table, request.all_token_ids, upto)
 
 
 def stop_check(request: Request, token: int) -> tuple[str, int | None] | None:
@@ -57,45 +51,8 @@ def stop_check(request: Request, token: int) -> tuple[str, int | None] | None:
     return None
 
 
-def fork(request: Request, kv: KVCache) -> list[Request]:
-    """Split an n > 1 request whose prompt just finished into n streams (itself first)."""
-    state = request.state
-    assert isinstance(state, Prefilling), "only a request finishing its prefill forks"
-    num_prompt = request.num_prompt_tokens
-    full_pages = num_prompt // kv.page_size
-    partial = num_prompt % kv.page_size != 0
-    streams = [request]
-    for i in range(1, request.num_streams):
-        table = state.table.share(full_pages)
-        copy: tuple[int, int] | None = None
-        if partial:
-            assert state.fork_pages is not None, "fork pages were not reserved"
-            (fresh,) = table.take_from(state.fork_pages, 1)
-            copy = (state.table.page_at(full_pages), fresh)
-        streams.append(
-            Request(
-                request_id=f"{request.parent_id}#{i}",
-                parent_id=request.parent_id,
-                index=i,
-                prompt_token_ids=request.prompt_token_ids,
-                sampling=request.sampling,
-                arrival=request.arrival,
-                seeds=[request.seeds[i]],
-                max_output_tokens=request.max_output_tokens,
-                stop_token_ids=request.stop_token_ids,
-                num_computed_tokens=request.num_computed_tokens,
-                num_cached_tokens=request.num_cached_tokens,
-                prompt_logprobs_next=request.prompt_logprobs_next,
-                pending_copy=copy,
-                state=Decoding(table),
-            )
-        )
-    request.seeds = request.seeds[:1]
-    return streams
-
-
-def advance_row(request: Request, row: ScheduledRow, output: RowOutput, kv: KVCache) -> RowOutcome:
-    """Record that `row` ran for `request`; returns the forks made and one update per stream."""
+def advance_row(request: Request, row: ScheduledRow, output: RowOutput, kv: KVCache) -> RequestUpdate | None:
+    """Record that `row` ran for `request`; its update (None: a prompt chunk with nothing to report)."""
     if row.start_position != request.num_computed_tokens:
         raise AssertionError(
             f"row of {request.request_id} starts at {row.start_position}, "
@@ -110,32 +67,22 @@ def advance_row(request: Request, row: ScheduledRow, output: RowOutput, kv: KVCa
     if row.prompt_logprobs_start is not None:
         request.prompt_logprobs_next = min(row.end_position, request.num_prompt_tokens - 1)
         prompt_logprobs = output.prompt_logprobs
-    publish(request, kv)
-    outcome = RowOutcome()
+    if row.end_position // kv.page_size > row.start_position // kv.page_size:  # the row filled a page
+        publish(request, kv)
     if not row.sample:
         request.apply(ChunkDone())
-        if prompt_logprobs:
-            outcome.streams.append((request, _update(request, None, None, prompt_logprobs)))
-        return outcome
+        return _update(request, None, None, prompt_logprobs) if prompt_logprobs else None
 
-    streams = [request]
-    if request.num_streams > 1:
-        streams = fork(request, kv)
-        outcome.forks = streams[1:]
     if isinstance(request.state, Prefilling):
-        for leftover in request.apply(PrefillDone()):
-            leftover.release()
-    for i, stream in enumerate(streams):
-        token = output.sampled_token_ids[i]
-        stream.output_token_ids.append(token)
-        logprobs = None if output.logprobs is None else [output.logprobs[i]]
-        update = _update(stream, token, logprobs, prompt_logprobs if i == 0 else None)
-        stop = stop_check(stream, token)
-        if stop is not None:
-            update.finished = True
-            update.finish_reason, update.stop_reason = stop
-        outcome.streams.append((stream, update))
-    return outcome
+        request.apply(PrefillDone())
+    (token,) = output.sampled_token_ids
+    request.output_token_ids.append(token)
+    update = _update(request, token, output.logprobs, prompt_logprobs)
+    stop = stop_check(request, token)
+    if stop is not None:
+        update.finished = True
+        update.finish_reason, update.stop_reason = stop
+    return update
 
 
 def _update(
@@ -146,8 +93,6 @@ def _update(
 ) -> RequestUpdate:
     return RequestUpdate(
         request_id=request.request_id,
-        parent_id=request.parent_id,
-        index=request.index,
         new_token_ids=[] if token is None else [token],
         new_logprobs=logprobs,
         new_prompt_logprobs=prompt_logprobs,

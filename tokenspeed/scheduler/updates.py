@@ -9,16 +9,9 @@ from tokenspeed.scheduler.plan import TokenLogprob
 
 @dataclass(slots=True)
 class RequestUpdate:
-    """New tokens (and maybe the end) of one generation stream.
-
-    An `n > 1` request yields one stream per sample: `request_id` is the id the
-    scheduler tracks (forks get `f"{parent_id}#{index}"`), `parent_id` the id the
-    user submitted, and `index` the sample's position in the user's output list.
-    """
+    """New tokens (and maybe the end) of one request (one sample: see `engine/fan_out.py` for n > 1)."""
 
     request_id: str
-    parent_id: str
-    index: int
     new_token_ids: list[int] = field(default_factory=list)
     new_logprobs: list[TokenLogprob] | None = None
     new_prompt_logprobs: list[TokenLogprob] | None = None
