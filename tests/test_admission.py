@@ -30,7 +30,7 @@ def test_refusals(prompt, params, error, words):
         check_admission(prompt, params, LIMITS)
     small_pool = dataclasses.replace(LIMITS, num_kv_pages=3)
     with pytest.raises(ContextTooLong, match="A 60-token prompt needs 4 KV pages; the engine has 3"):
-        check_admission(list(range(60)), SamplingParams(n=4), small_pool)
+        check_admission(list(range(60)), SamplingParams(n=4, max_tokens=2), small_pool)
 
 
 def test_fitting_request_passes_and_pages_are_counted():
@@ -50,3 +50,8 @@ def test_scheduler_applies_the_same_rule_with_the_vocabulary():
         scheduler.submit("a", [50], SamplingParams())
     scheduler.submit("a", [1, 2], SamplingParams(stop_token_ids=[49]))
     assert scheduler.num_waiting == 1
+
+
+def test_the_scheduler_clamps_where_front_ends_refuse():
+    lenient = dataclasses.replace(LIMITS, refuse_overlong_max_tokens=False)
+    check_admission(list(range(60)), SamplingParams(max_tokens=16), lenient)

@@ -130,6 +130,17 @@ def test_max_tokens_beyond_the_context_is_400_not_a_silent_clamp(server, oai):
     assert unset.usage.completion_tokens >= 1  # without max_tokens the rest of the window may be used
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_continuous_usage_stats_put_running_usage_in_every_chunk(http, path):
+    body = {"max_tokens": 5, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    body.update({"prompt": "x"} if path == "/v1/completions" else {"messages": USER})
+    events = [json.loads(line[6:]) for line in http.post(path, json=body).text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    counts = [e["usage"]["completion_tokens"] for e in events]
+    assert all("usage" in e for e in events) and counts == sorted(counts) and counts[-1] == 5
+
+
 # ---- 8. role spoofing ----------------------------------------------------------------------------
 
 def test_user_content_cannot_open_a_system_turn(http, oai):

@@ -41,6 +41,7 @@ class FakeOpenAI(BaseHTTPRequestHandler):
     seen: list[str]
     send_usage = True
     token_delay_s = 0.001
+    tokens_per_event = 0  # > 0: events carry this many tokens and, if asked, the running usage
 
     def log_message(self, *args: object) -> None:  # keep pytest output clean
         pass
@@ -82,6 +83,9 @@ class FakeOpenAI(BaseHTTPRequestHandler):
         self.end_headers()
         if chat:
             self._event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        if self.tokens_per_event:
+            self._bunched(body, chat, prompt_tokens)
+            return
         for index in range(body["max_tokens"]):
             time.sleep(self.token_delay_s)
             text = f" w{index}"
@@ -93,6 +97,22 @@ class FakeOpenAI(BaseHTTPRequestHandler):
                      "total_tokens": prompt_tokens + body["max_tokens"],
                      "prompt_tokens_details": {"cached_tokens": cached}}
             self._event({"choices": [], "usage": usage})
+        self._event("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _bunched(self, body: dict, chat: bool, prompt_tokens: int) -> None:
+        """Events of `tokens_per_event` tokens; every other one decodes to no text (a tokenizer gap)."""
+        continuous = body.get("stream_options", {}).get("continuous_usage_stats")
+        done = 0
+        while done < body["max_tokens"]:
+            time.sleep(self.token_delay_s * self.tokens_per_event)
+            done = min(body["max_tokens"], done + self.tokens_per_event)
+            text = f" w{done}" if done % (2 * self.tokens_per_event) else ""
+            choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+            event: dict = {"choices": [choice]}
+            if continuous:
+                event["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": done}
+            self._event(event)
         self._event("[DONE]")
         self.wfile.write(b"0\r\n\r\n")
 
@@ -139,6 +159,18 @@ def test_stream_request_reads_timing_and_usage(fake_server, api):
     assert 0 < first.ttft_s < first.e2e_s and first.tpot_s == pytest.approx((first.e2e_s - first.ttft_s) / 5)
     again, _ = _request(url, messages + [{"role": "user", "content": "more"}], 2, api)
     assert again.cached_tokens >= 100
+
+
+def test_itl_is_per_token_when_events_carry_several(fake_server):
+    """12 tokens in 4 events of 3, half without text: the first event is the TTFT, the other 9 tokens each
+    get a third of their event's wait (one gap per text event would give 1)."""
+    url, handler = fake_server
+    handler.tokens_per_event = 3
+    record, _ = _request(url, [{"role": "user", "content": "hi"}], 12)
+    assert record.output_tokens == 12 and record.ttft_s is not None
+    assert len(record.itl_s) == 9  # 3 events after the first, 3 tokens each
+    gaps = sorted(record.itl_s)
+    assert gaps[-1] < 3 * gaps[0] + 0.01  # each event's wait split evenly over its tokens
 
 
 def test_http_error_and_missing_usage(fake_server):

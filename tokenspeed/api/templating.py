@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenspeed.api.control_tokens import ControlTokenGuard, Escapes
 from tokenspeed.api.conversation import Conversation
+from tokenspeed.engine.control_tokens import ControlTokenGuard, Escapes
 from tokenspeed.errors import InvalidRequest
 
 

@@ -3,10 +3,13 @@
 Timing is taken at the client, per server-sent event, because that is what a
 user sees: TTFT is the first event that carries text (role-only and empty
 events do not count), inter-token latency is the gap between successive
-text-bearing events (a server that sends several tokens per event, e.g.
-speculative decoding, shows fewer, longer gaps -- TPOT, below, stays fair).
-Token counts come from the server's own `usage` (requested with
-``stream_options.include_usage``), including
+text-bearing events, counted per token: the client asks for usage in
+every event (``stream_options.continuous_usage_stats``, which TokenSpeed and
+vLLM honour), so an event that carries k tokens (speculative decoding, or a
+tokenizer that decodes many ids to no text) adds k gaps of 1/k of its wait
+rather than one long gap. Without per-event usage, each text event counts
+as one token. Token totals come from the server's own `usage` (requested
+with ``stream_options.include_usage``), including
 ``prompt_tokens_details.cached_tokens``; a server that omits usage is
 recorded as such instead of guessed at.
 """
@@ -69,7 +72,7 @@ def build_body(options: RequestOptions, messages: list[Message], max_tokens: int
         "max_tokens": max_tokens,
         "temperature": options.temperature,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     if options.ignore_eos:
         body["ignore_eos"] = True  # vLLM/SGLang/TokenSpeed extension; OpenAI itself ignores unknown keys
@@ -116,7 +119,7 @@ async def stream_request(
     """Send one streaming request, fill `record`, return the reply text ('' on error)."""
     body = build_body(options, messages, max_tokens)
     parts: list[str] = []
-    events_with_text = 0
+    token_events = 0
     start = time.perf_counter()
     last = start
     try:
@@ -138,19 +141,23 @@ async def stream_request(
                 now = time.perf_counter()
                 text, finish = _event_text(event)
                 record.finish_reason = finish or record.finish_reason
-                if text:
-                    events_with_text += 1
-                    if record.ttft_s is None:
-                        record.ttft_s = now - start
-                    else:
-                        record.itl_s.append(now - last)
-                    last = now
-                    parts.append(text)
+                seen = record.output_tokens
                 if event.get("usage"):
                     _read_usage(record, event["usage"])
+                # Tokens this event carries: from the running usage, else one per text event.
+                tokens = record.output_tokens - seen if event.get("usage") and event.get("choices") else int(bool(text))
+                if tokens > 0:
+                    token_events += 1
+                    if record.ttft_s is None:
+                        record.ttft_s = now - start  # tokens beside the first one here have no known gap
+                    else:
+                        record.itl_s.extend([(now - last) / tokens] * tokens)
+                    last = now
+                if text:
+                    parts.append(text)
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"[:300]
     record.e2e_s = time.perf_counter() - start
     if not record.usage_reported:
-        record.output_tokens = events_with_text  # best effort: one token per event
+        record.output_tokens = token_events  # best effort: one token per event
     return "".join(parts)

@@ -16,6 +16,7 @@ synchronously, after the step in flight is resolved.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -37,6 +38,7 @@ from tokenspeed.executor.sampling import needs_host_results
 from tokenspeed.kernels import set_kernel_override
 from tokenspeed.models import ModelConfig, build_model, load_weights
 from tokenspeed.scheduler import Scheduler, SchedulerConfig
+from tokenspeed.scheduler.admission import check_admission
 from tokenspeed.scheduler.sampling_params import SamplingParams
 from tokenspeed.scheduler.updates import RequestUpdate
 
@@ -185,6 +187,9 @@ class EngineCore:
         return int(num_pages)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
+        # The front-end rule (LLM, CLI): max_tokens past the context is refused, where the scheduler clamps.
+        check_admission(prompt_token_ids, sampling, dataclasses.replace(self.scheduler.config.limits,
+                                                                        refuse_overlong_max_tokens=True))
         self.scheduler.submit(request_id, list(prompt_token_ids), sampling)
 
     def abort(self, request_id: str) -> bool:

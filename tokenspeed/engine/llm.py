@@ -21,6 +21,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from tokenspeed.config import EngineConfig
+from tokenspeed.engine.control_tokens import ControlTokenGuard, Escapes
 from tokenspeed.engine.core import EngineCore
 from tokenspeed.engine.output_processor import OutputProcessor
 from tokenspeed.engine.outputs import RequestOutput
@@ -144,18 +145,20 @@ class LLM:
         if self.tokenizer is None:
             raise InvalidRequest("chat() needs a tokenizer; this LLM was built with skip_tokenizer_init.")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        guard = ControlTokenGuard(self.tokenizer)  # message text never becomes control tokens, as in the server
         prompts: list[PromptInput] = []
         for conversation in conversations:
+            escapes = Escapes()
             rendered = self.tokenizer.apply_chat_template(
-                list(conversation),  # type: ignore[arg-type]
+                guard.escape(list(conversation), escapes),
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
-                tools=tools,
+                tools=guard.escape(tools, escapes),
                 chat_template=chat_template,
-                **(chat_template_kwargs or {}),
+                **guard.escape(chat_template_kwargs or {}, escapes),
             )
-            ids = self.tokenizer.encode(rendered, add_special_tokens=False)
-            prompts.append({"prompt": rendered, "prompt_token_ids": ids})
+            ids = guard.encode(rendered, escapes)
+            prompts.append({"prompt": escapes.restore(rendered), "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     # ------------------------------------------------------------------ internals

@@ -35,6 +35,9 @@ class AdmissionLimits:
     page_size: int
     num_kv_pages: int
     vocab_size: int | None = None  # None: token ids are not range-checked (scheduler-only tests)
+    # Front ends refuse a max_tokens that cannot fit beside the prompt; the scheduler itself clamps it
+    # (the ending at the context limit is part of what its model checkers explore).
+    refuse_overlong_max_tokens: bool = True
 
 
 def _out_of_vocab(ids: Sequence[object], vocab_size: int) -> list[object]:
@@ -62,7 +65,8 @@ def check_admission(prompt_token_ids: Sequence[int], params: SamplingParams, lim
             f"maximum context length is {limits.max_model_len} tokens); it must be shorter to leave room for "
             f"at least one output token."
         )
-    if params.max_tokens is not None and num_prompt + params.max_tokens > limits.max_model_len:
+    overlong = params.max_tokens is not None and num_prompt + params.max_tokens > limits.max_model_len
+    if overlong and limits.refuse_overlong_max_tokens:
         # Refused rather than clamped, as vLLM and OpenAI do: a silent clamp ends in a surprising
         # finish_reason "length". Without max_tokens a request may use the rest of the window.
         raise ContextTooLong(

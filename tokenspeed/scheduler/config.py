@@ -44,4 +44,5 @@ class SchedulerConfig:
             page_size=self.page_size,
             num_kv_pages=self.num_pages,
             vocab_size=self.vocab_size,
+            refuse_overlong_max_tokens=False,
         )

@@ -67,8 +67,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         request, state.start_generation(request_id, prompt.token_ids, params)
     )
     if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return sse.response(_stream(state, generation, policy, model, include_usage))
+        options = body.stream_options
+        return sse.response(_stream(state, generation, policy, model, options is not None and options.include_usage,
+                                    options is not None and options.continuous_usage_stats))
     choices = await sse.cancel_on_disconnect(request, collect(generation))
     text = TokenText(state.engine.tokenizer)
     out = []
@@ -127,8 +128,11 @@ class _ChoiceStream:
 
 
 async def _stream(
-    state: ServerState, generation: Generation, policy: ToolPolicy, model: str, include_usage: bool
+    state: ServerState, generation: Generation, policy: ToolPolicy, model: str, include_usage: bool,
+    continuous_usage: bool = False,
 ) -> AsyncIterator[str]:
+    """The SSE stream; with `continuous_usage` (vLLM's `continuous_usage_stats`) every chunk carries the
+    usage so far, which lets a client count tokens per chunk rather than chunks."""
     params = generation.params
     reasoning = state.settings.reasoning_parser
     streams = [_ChoiceStream(policy.output_parser(reasoning), policy) for _ in range(params.n)]
@@ -140,6 +144,9 @@ async def _stream(
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         if finish is not None:
             choice["stop_reason"] = stop_reason
+        if continuous_usage:
+            return sse.data({**head, "choices": [choice], "usage": usage(
+                len(generation.prompt_token_ids), generation.num_generated, generation.num_cached_tokens)})
         return sse.data({**head, "choices": [choice]})
 
     try:

@@ -79,8 +79,10 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     tokenizer = state.engine.tokenizer
     echoes = [tokenizer.decode(p) if body.echo else "" for p in prompts]
     if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return sse.response(_stream(state, generations, echoes, model, request_id, include_usage))
+        options = body.stream_options
+        return sse.response(_stream(state, generations, echoes, model, request_id,
+                                    options is not None and options.include_usage,
+                                    options is not None and options.continuous_usage_stats))
 
     per_prompt = await sse.cancel_on_disconnect(request, collect_all(generations))
     text = TokenText(tokenizer)
@@ -98,8 +100,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 
 async def _stream(
     state: ServerState, generations: list[Generation], echoes: list[str], model: str, request_id: str,
-    include_usage: bool,
+    include_usage: bool, continuous_usage: bool = False,
 ) -> AsyncIterator[str]:
+    """The SSE stream; with `continuous_usage` every chunk carries the usage so far (see chat.py)."""
     n = generations[0].params.n
     top_n = generations[0].params.logprobs or 0
     text = TokenText(state.engine.tokenizer)
@@ -116,9 +119,12 @@ async def _stream(
                     logprobs = completion_logprobs(piece.token_ids, piece.logprobs, top_n, text, offset)
                 offsets[index] = offset + len(piece.text)
                 if piece.text or echo or logprobs is not None or piece.finish_reason is not None:
-                    yield sse.data({**head, "choices": [{
+                    event = {**head, "choices": [{
                         "index": index, "text": echo + piece.text, "logprobs": logprobs,
-                        "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason}]})
+                        "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason}]}
+                    if continuous_usage:
+                        event["usage"] = _usage(generations)
+                    yield sse.data(event)
         if include_usage:
             yield sse.data({**head, "choices": [], "usage": _usage(generations)})
     except Exception as exc:
