@@ -65,13 +65,13 @@ def check_admission(prompt_token_ids: Sequence[int], params: SamplingParams, lim
             f"maximum context length is {limits.max_model_len} tokens); it must be shorter to leave room for "
             f"at least one output token."
         )
-    overlong = params.max_tokens is not None and num_prompt + params.max_tokens > limits.max_model_len
-    if overlong and limits.refuse_overlong_max_tokens:
+    max_tokens = params.max_tokens
+    if max_tokens is not None and num_prompt + max_tokens > limits.max_model_len and limits.refuse_overlong_max_tokens:
         # Refused rather than clamped, as vLLM and OpenAI do: a silent clamp ends in a surprising
         # finish_reason "length". Without max_tokens a request may use the rest of the window.
         raise ContextTooLong(
-            f"max_tokens={params.max_tokens} with a {num_prompt}-token prompt needs "
-            f"{num_prompt + params.max_tokens} tokens, but max_model_len is {limits.max_model_len}; "
+            f"max_tokens={max_tokens} with a {num_prompt}-token prompt needs "
+            f"{num_prompt + max_tokens} tokens, but max_model_len is {limits.max_model_len}; "
             f"ask for at most {limits.max_model_len - num_prompt} new tokens, or leave max_tokens unset."
         )
     if limits.vocab_size is not None:
