@@ -74,9 +74,12 @@ def _stopping_server(config: object, engine: AsyncEngine) -> Any:
     import uvicorn
 
     loop = asyncio.get_running_loop()
+    pending: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
 
     def abort_all() -> None:
-        loop.create_task(engine.abort_all())
+        task = loop.create_task(engine.abort_all())
+        pending.add(task)
+        task.add_done_callback(pending.discard)
 
     class StoppingServer(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
