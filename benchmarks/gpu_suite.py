@@ -208,16 +208,16 @@ def engine_section(args: argparse.Namespace) -> None:
     t = time.perf_counter()
     core = EngineCore(config)
     RESULTS["engine_startup_s"] = round(time.perf_counter() - t, 1)
-    RESULTS["cuda_graphs"] = core.cuda_graphs_enabled
+    RESULTS["cuda_graphs"] = core.executor.cuda_graphs_enabled
     RESULTS["overlap"] = core.overlap
     RESULTS["kv_pool_pages"] = core.scheduler.config.num_pages
-    layer0 = core.model.model.layers[0].self_attn
+    layer0 = core.executor.model.model.layers[0].self_attn
     RESULTS["attention_backend"] = repr(getattr(layer0, "attention_backend", None))
-    log(f"engine up in {RESULTS['engine_startup_s']} s, graphs={core.cuda_graphs_enabled}, "
+    log(f"engine up in {RESULTS['engine_startup_s']} s, graphs={core.executor.cuda_graphs_enabled}, "
         f"pages={core.scheduler.config.num_pages}, {RESULTS['attention_backend']}")
-    mc = core.model_config
+    mc = core.executor.model_config
     kv_per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * 2
-    wbytes = weight_bytes_read(core.model)
+    wbytes = weight_bytes_read(core.executor.model)
     RESULTS["weight_bytes_read_per_step"] = wbytes
     drv = Driver(core)
     rng = random.Random(0)
@@ -243,7 +243,7 @@ def engine_section(args: argparse.Namespace) -> None:
         return
 
     # -- prefill 8K and 64K (one step each; fresh prompts so the prefix cache cannot help)
-    layer_params, lm_params = linear_params(core.model)
+    layer_params, lm_params = linear_params(core.executor.model)
     attn_flops_per_sq = 2 * mc.num_hidden_layers * mc.num_attention_heads * mc.head_dim
 
     def prefill(length: int, reps: int) -> float:
@@ -309,7 +309,7 @@ def ablations(args: argparse.Namespace) -> None:
             max_num_seqs=8, num_kv_pages=2048, enforce_eager=eager, disable_overlap=no_overlap,
         ))
         drv = Driver(core)
-        vocab = core.model_config.vocab_size
+        vocab = core.executor.model_config.vocab_size
         drv.run([random_prompt(rng, 1024, vocab)], 8)
         stamps = next(iter(drv.run([random_prompt(rng, 1024, vocab)], 128).values()))
         RESULTS[f"ablation_decode_bs1_tpot_ms_{name}"] = round((stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1e3, 3)

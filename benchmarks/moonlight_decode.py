@@ -83,18 +83,18 @@ def decode_section(args: argparse.Namespace) -> None:
     t = time.perf_counter()
     core = EngineCore(config)
     RESULTS["engine_startup_s"] = round(time.perf_counter() - t, 1)
-    RESULTS["cuda_graphs"] = core.cuda_graphs_enabled
+    RESULTS["cuda_graphs"] = core.executor.cuda_graphs_enabled
     RESULTS["overlap"] = core.overlap
-    layer0 = core.model.model.layers[0].self_attn
+    layer0 = core.executor.model.model.layers[0].self_attn
     RESULTS["mla_backend"] = repr(getattr(layer0, "backend", None))
-    mc = core.model_config
+    mc = core.executor.model_config
     assert mc.mla is not None
-    weights = active_bytes_per_token(core.model)
-    kv_per_token = mc.num_hidden_layers * mc.mla.cache_dim * torch.empty((), dtype=core.dtype).element_size()
+    weights = active_bytes_per_token(core.executor.model)
+    kv_per_token = mc.num_hidden_layers * mc.mla.cache_dim * torch.empty((), dtype=core.executor.dtype).element_size()
     RESULTS["active_weight_bytes_per_token"] = weights
     RESULTS["latent_kv_bytes_per_context_token"] = kv_per_token
     log(
-        f"engine up in {RESULTS['engine_startup_s']} s, graphs={core.cuda_graphs_enabled}, {RESULTS['mla_backend']}"
+        f"engine up in {RESULTS['engine_startup_s']} s, graphs={core.executor.cuda_graphs_enabled}, {RESULTS['mla_backend']}"
     )
 
     drv = Driver(core)

@@ -55,7 +55,7 @@ import sys
 import time
 from pathlib import Path
 
-from tokenspeed.executor.forward_batch import RowSpec, build_host_batch
+from tokenspeed.executor.batch_builder import RowSpec, build_host_batch
 from tokenspeed.executor.page_tables import RequestPageTables
 from tokenspeed.scheduler import SamplingParams, Scheduler, SchedulerConfig
 from tokenspeed.scheduler.simulated_executor import SimulatedExecutor

@@ -5,18 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tokenspeed.batch.forward_batch import GraphGuardList, NotCapturable
+from tokenspeed.batch.kv_storage import PagedKVStorage
+from tokenspeed.executor.batch_builder import RowSpec, StagingRing, build_host_batch, to_forward_batch
 from tokenspeed.executor.cuda_graphs import graph_batch_sizes
-from tokenspeed.executor.forward_batch import (
-    PLACEHOLDER_TOKEN_ID,
-    GraphGuardList,
-    NotCapturable,
-    RowSpec,
-    StagingRing,
-    build_host_batch,
-    to_forward_batch,
-)
-from tokenspeed.executor.kv_storage import PagedKVStorage
 from tokenspeed.models import ModelConfig, build_model, load_weights
+from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID
 
 
 def test_bucket_sizes():

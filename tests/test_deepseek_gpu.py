@@ -139,7 +139,7 @@ def test_cuda_graphs_on_and_off_give_identical_tokens(deepseek_small):
     for eager in (True, False):
         llm = _engine(deepseek_small, enforce_eager=eager)
         if not eager:
-            graphs_on = llm.core.cuda_graphs_enabled
+            graphs_on = llm.core.executor.cuda_graphs_enabled
         out = llm.generate([{"prompt_token_ids": p} for p in batch], greedy, use_tqdm=False)
         results[eager] = [o.outputs[0].token_ids for o in out]
         del llm
@@ -161,7 +161,7 @@ def test_moonlight_preset_runs_at_full_shape_with_dummy_weights():
         max_num_seqs=4,
         show_progress=False,
     )
-    assert llm.core.model_config.mla is not None and llm.core.kv.k[0].shape[-1] == 576
+    assert llm.core.executor.model_config.mla is not None and llm.core.executor.kv.k[0].shape[-1] == 576
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     out = llm.generate([{"prompt_token_ids": list(range(1000, 1300))}], params, use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 8

@@ -103,7 +103,7 @@ def test_cuda_graphs_and_overlap_give_identical_tokens(llama_small):
         for overlap in (False, True):
             llm = _engine(llama_small, enforce_eager=eager, disable_overlap=not overlap)
             if not eager:
-                graphs_on = llm.core.cuda_graphs_enabled
+                graphs_on = llm.core.executor.cuda_graphs_enabled
             results[(eager, overlap)] = (
                 _generate(llm, batch, greedy), _generate(llm, batch, sampled), _generate(llm, batch[:5], greedy)
             )
@@ -123,7 +123,7 @@ def test_cuda_graphs_and_overlap_give_identical_tokens(llama_small):
 def test_preset_runs_at_full_shape_with_dummy_weights():
     llm = LLM("llama-3.1-8b", skip_tokenizer_init=True, dtype="bfloat16", device="cuda",
               max_model_len=4096, num_kv_pages=1024, max_num_seqs=8, show_progress=False)
-    assert llm.core.model_config.hidden_size == 4096
+    assert llm.core.executor.model_config.hidden_size == 4096
     out = _generate(llm, [list(range(1000, 1100))], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     assert len(out[0]) == 4
     del llm

@@ -113,5 +113,5 @@ def test_errors_come_back_typed():
 
 
 def test_engine_config_survives_the_command_line():
-    config = EngineConfig(model="/m", max_model_len=77, kernel_overrides=("attention.paged=reference",))
+    config = EngineConfig(model="/m", max_model_len=77, kernel_overrides=("attention.decode=reference",))
     assert ipc.config_from_wire(EngineConfig, ipc.config_to_wire(config)) == config

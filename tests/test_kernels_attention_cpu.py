@@ -16,9 +16,9 @@ from tests.paged_kernels import shuffled_page_table
 from tokenspeed import LLM, SamplingParams
 from tokenspeed.kernels import clear_kernel_overrides, select_kernel
 from tokenspeed.kernels.attention import decode_torch_batched
-from tokenspeed.kernels.attention.backend import PagedAttentionBackend
 from tokenspeed.kernels.attention.decode_torch_batched import decode_attention_torch_batched
 from tokenspeed.kernels.attention.paged_reference import decode_attention_reference
+from tokenspeed.layers.attention_backend import PagedAttentionBackend
 
 
 def _case(

@@ -122,7 +122,7 @@ def _llm_tokens(folder: object, batch: list[list[int]], fused: bool) -> list[lis
     from tokenspeed import LLM, SamplingParams
 
     llm = LLM(str(folder), skip_tokenizer_init=True, page_size=4, seed=0)
-    layer = llm.core.model.model.layers[0]
+    layer = llm.core.executor.model.model.layers[0]
     assert (layer._fused_decode_max_tokens > 0) == fused
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)

@@ -115,7 +115,7 @@ def test_engine_tokens_identical_with_gemv_on_and_off(tmp_path, monkeypatch) -> 
         monkeypatch.setenv("TOKENSPEED_KERNEL_GEMM_DECODE_SILU_MUL", switch)
         llm = LLM(str(folder), skip_tokenizer_init=True, dtype="float32", device="cuda", num_kv_pages=512,
                   max_model_len=512, max_num_seqs=8, show_progress=False)
-        mlp = llm.core.model.model.layers[0].mlp
+        mlp = llm.core.executor.model.model.layers[0].mlp
         assert (mlp._fused_max_tokens > 0) == (switch == "")
         outs = llm.generate([{"prompt_token_ids": p} for p in batch], greedy, use_tqdm=False)
         outs += llm.generate([{"prompt_token_ids": batch[0]}], greedy, use_tqdm=False)  # bs1 steps
@@ -139,7 +139,7 @@ def test_engine_tokens_identical_with_pdl_on_and_off(tmp_path, monkeypatch) -> N
         monkeypatch.setenv("TOKENSPEED_PDL", pdl)
         llm = LLM(str(folder), skip_tokenizer_init=True, dtype="bfloat16", device="cuda", num_kv_pages=512,
                   max_model_len=512, max_num_seqs=8, show_progress=False)
-        assert llm.core.cuda_graphs_enabled
+        assert llm.core.executor.cuda_graphs_enabled
         tokens[pdl] = llm.generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)[0].outputs[0].token_ids
         del llm
         gc.collect()

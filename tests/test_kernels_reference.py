@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenspeed.executor.forward_batch import RowSpec, build_forward_batch
+from tokenspeed.executor.batch_builder import RowSpec, build_forward_batch
 from tokenspeed.kernels.activation.reference import silu_and_mul_reference
 from tokenspeed.kernels.attention.paged_reference import paged_attention_reference
 from tokenspeed.kernels.norm.rms_reference import rms_norm_reference

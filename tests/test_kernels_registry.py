@@ -10,6 +10,7 @@ import torch
 from tokenspeed.kernels import (
     Band,
     KernelSelectionError,
+    check_override_environment,
     clear_kernel_overrides,
     describe_selection,
     list_kernels,
@@ -123,8 +124,25 @@ def test_no_match_and_unknown_names_raise_clearly(family: str) -> None:
         select_kernel(FAMILY, family, platform="cpu")
     with pytest.raises(KernelSelectionError, match="unknown kernel family 'nosuchfamily'.*attention"):
         select_kernel("nosuchfamily", "x", platform="cpu")
-    with pytest.raises(KernelSelectionError, match="unknown mode 'nosuchmode'.*paged"):
+    with pytest.raises(KernelSelectionError, match="unknown mode 'nosuchmode'.*decode"):
         select_kernel("attention", "nosuchmode", platform="cpu")
+
+
+def test_an_override_naming_nothing_is_refused_with_the_valid_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `attention.paged` was once documented as the off switch while selecting nothing: no silent no-op.
+    with pytest.raises(KernelSelectionError, match="unknown mode 'paged'.*known modes: decode, extend"):
+        set_kernel_override("attention", "paged", "reference")
+    with pytest.raises(KernelSelectionError, match="unknown kernel family 'atention'.*attention"):
+        set_kernel_override("atention", "decode", "reference")
+    with pytest.raises(KernelSelectionError, match="no kernel 'refernce' serves attention.decode; known: .*reference"):
+        set_kernel_override("attention", "decode", "refernce")
+    set_kernel_override("attention", "decode", "reference")  # the real off switch
+    clear_kernel_overrides()
+
+    check_override_environment()
+    monkeypatch.setenv("TOKENSPEED_KERNEL_ATTENTION_PAGED", "reference")
+    with pytest.raises(KernelSelectionError, match="TOKENSPEED_KERNEL_ATTENTION_PAGED names no.*ATTENTION_DECODE"):
+        check_override_environment()
 
 
 def test_decorator_form_and_duplicates(family: str) -> None:
@@ -148,7 +166,7 @@ def test_describe_selection_explains_every_candidate(family: str) -> None:
 
 @pytest.mark.parametrize(
     ("family_name", "mode"),
-    [("attention", "paged"), ("norm", "rms"), ("rope", "apply"), ("activation", "silu_and_mul")],
+    [("attention", "extend"), ("norm", "rms"), ("rope", "apply"), ("activation", "silu_and_mul")],
 )
 @pytest.mark.parametrize("platform", ["cpu", "cuda"])
 def test_builtin_references_are_registered_for_cpu_and_cuda(

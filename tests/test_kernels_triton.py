@@ -23,10 +23,9 @@ from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything 
     fresh_process_test,
     interpreted,
 )
-from tokenspeed.executor.forward_batch import RowSpec, build_forward_batch
+from tokenspeed.executor.batch_builder import RowSpec, build_forward_batch
 from tokenspeed.kernels.activation.reference import silu_and_mul_reference
 from tokenspeed.kernels.activation.silu_triton import silu_and_mul_triton
-from tokenspeed.kernels.attention.backend import PagedAttentionBackend
 from tokenspeed.kernels.attention.decode_triton import choose_num_splits, decode_attention_triton
 from tokenspeed.kernels.attention.extend_triton import extend_attention_triton
 from tokenspeed.kernels.attention.paged_reference import (
@@ -42,6 +41,7 @@ from tokenspeed.kernels.rope.reference import apply_rope_reference
 from tokenspeed.kernels.rope.rope_triton import apply_rope_triton
 from tokenspeed.kernels.sampling.reference import filter_probs_reference, sample_reference
 from tokenspeed.kernels.sampling.sample_triton import kept_threshold_bits, sample_triton
+from tokenspeed.layers.attention_backend import PagedAttentionBackend
 
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
 LOG2E = 1.4426950408889634
@@ -332,7 +332,7 @@ def test_sampler_is_keyed_greedy_exact_and_stays_in_the_kept_set() -> None:
 
 
 def test_reference_sampler_draws_what_the_python_sampler_draws() -> None:
-    from tokenspeed.layers.sampler import SampleSpec, random_draw
+    from tokenspeed.executor.sampler import Sampler, SampleSpec
     from tokenspeed.scheduler.sampling_params import SamplingParams
 
     logits = torch.randn(len(SAMPLING_ROWS), 50, generator=torch.Generator().manual_seed(12))
@@ -341,15 +341,13 @@ def test_reference_sampler_draws_what_the_python_sampler_draws() -> None:
     for row, (temperature, top_k, top_p, min_p) in enumerate(SAMPLING_ROWS):
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         spec = SampleSpec(params, int(seeds[row]), int(indices[row]), [], [])
-        assert int(tokens[row]) == random_draw(logits[row], spec)
+        assert int(tokens[row]) == Sampler()(logits[row : row + 1], [spec]).token_ids[0]
 
 
 def test_device_side_seed_mix_equals_the_host_mix() -> None:
     from tokenspeed.kernels.sampling.keys import mix_seed, mix_seeds
-    from tokenspeed.layers.sampler import draw_seed
 
     seeds = torch.tensor([0, 1, 2**62, 12345678901234, 2**63 - 1])
     indices = torch.tensor([0, 5, 7, 2**40, 3])
     mixed = mix_seeds(seeds, indices).tolist()
-    assert mixed == [draw_seed(s, i) for s, i in zip(seeds.tolist(), indices.tolist())]
     assert mixed == [mix_seed(s, i) for s, i in zip(seeds.tolist(), indices.tolist())]

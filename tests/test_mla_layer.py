@@ -23,15 +23,15 @@ from safetensors.torch import load_file, save_file
 
 from tests.checkpoints import make_deepseek_checkpoint
 from tests.test_embedded_tokenizer import TOOLS, agent_conversation
+from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.errors import ModelNotSupported
-from tokenspeed.executor.forward_batch import RowSpec, build_forward_batch
-from tokenspeed.executor.kv_storage import PagedKVStorage
+from tokenspeed.executor.batch_builder import RowSpec, build_forward_batch
 from tokenspeed.layers.mla import MLAAttention
+from tokenspeed.layers.mla_config import MLAConfig
 from tokenspeed.layers.rope_scaling import RopeConfig
 from tokenspeed.layers.rotary_embedding import RotaryEmbedding
 from tokenspeed.models import ModelConfig, build_model, load_weights
 from tokenspeed.models.loader import WeightLoadError
-from tokenspeed.models.mla_config import MLAConfig
 from tokenspeed.models.presets import load_preset, materialize_preset, preset_dict
 from tokenspeed.models.presets.kimi_tokens import KIMI_ADDED_TOKENS, KIMI_FIRST_SPECIAL_ID
 from tokenspeed.models.presets.tokenizers import chat_template

@@ -28,8 +28,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from tokenspeed.executor.forward_batch import RowSpec, build_forward_batch
-from tokenspeed.executor.kv_storage import PagedKVStorage
+from tokenspeed.batch.kv_storage import PagedKVStorage
+from tokenspeed.executor.batch_builder import RowSpec, build_forward_batch
 from tokenspeed.models import ModelConfig, build_model, load_weights
 
 PAGE_SIZE = 4

@@ -20,9 +20,9 @@ from torch import nn
 
 from tokenspeed.layers.mlp import GatedMLP
 from tokenspeed.layers.moe import MIXTRAL_EXPERT_NAMES, SparseMoE
+from tokenspeed.layers.moe_config import MoEConfig
 from tokenspeed.models import WeightLoadError, build_model, load_preset, load_weights
 from tokenspeed.models.llama import DenseDecoderForCausalLM
-from tokenspeed.models.moe_config import MoEConfig
 from tokenspeed.models.moe_decoder import Qwen3MoeForCausalLM
 from tokenspeed.models.presets import tokenizers as pt
 from tokenspeed.models.registry import _BUILDERS

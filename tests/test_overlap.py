@@ -12,7 +12,7 @@ import pytest
 from tests.checkpoints import prompts
 from tests.test_fast_paths import workload
 from tokenspeed import LLM, SamplingParams
-from tokenspeed.executor.forward_batch import PLACEHOLDER_TOKEN_ID
+from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID
 
 
 def outputs(folder, params, **engine_args):

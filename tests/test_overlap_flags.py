@@ -41,7 +41,7 @@ def test_engine_applies_kernel_overrides_and_switches():
     try:
         core = EngineCore(EngineConfig(kernel_overrides=("norm.rms=reference",), disable_overlap=True,
                                        num_kv_pages=64, max_model_len=256))
-        assert not core.overlap and not core.cuda_graphs_enabled
-        assert core.model.model.norm._kernel.__name__ == "rms_norm_reference"
+        assert not core.overlap and not core.executor.cuda_graphs_enabled
+        assert core.executor.model.model.norm._kernel.__name__ == "rms_norm_reference"
     finally:
         clear_kernel_overrides()

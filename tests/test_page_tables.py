@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tokenspeed.executor.forward_batch import RowSpec, StagingRing, build_host_batch, to_forward_batch
+from tokenspeed.executor.batch_builder import RowSpec, StagingRing, build_host_batch, to_forward_batch
 from tokenspeed.executor.page_tables import RequestPageTables
 from tokenspeed.scheduler import ExecutionPlan, SamplingParams, ScheduledRow
 

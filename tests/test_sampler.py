@@ -6,10 +6,15 @@ import math
 
 import torch
 
-from tokenspeed.layers.sampler import Sampler, SampleSpec, apply_penalties, filter_probs
+from tokenspeed.executor.sampler import Sampler, SampleSpec, apply_penalties
+from tokenspeed.kernels.sampling.reference import filter_probs_reference
 from tokenspeed.scheduler.sampling_params import SamplingParams
 
 V = 10
+
+
+def filter_probs(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    return filter_probs_reference(probs, params.top_k, params.top_p, params.min_p)
 
 
 def spec(params: SamplingParams, seed: int = 0, index: int = 0, prompt=(), output=()) -> SampleSpec:

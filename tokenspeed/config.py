@@ -92,7 +92,7 @@ def parse_kernel_override(item: str) -> tuple[str, str, str]:
     key, sep, name = item.partition("=")
     family, dot, mode = key.strip().partition(".")
     if not (sep and dot and family and mode and name.strip()):
-        raise InvalidRequest(f"--kernel expects family.mode=name (e.g. attention.paged=reference), got {item!r}.")
+        raise InvalidRequest(f"--kernel expects family.mode=name (e.g. attention.decode=reference), got {item!r}.")
     return family.strip(), mode.strip(), name.strip()
 
 

@@ -41,7 +41,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cpu-threads", type=int, default=None,
                        help="torch threads of the engine on the CPU (serve default: all cores but one)")
     group.add_argument("--kernel", action="append", default=[], metavar="FAMILY.MODE=NAME",
-                       help="force a kernel, e.g. attention.paged=reference (repeatable)")
+                       help="force a kernel, e.g. attention.decode=reference (repeatable)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

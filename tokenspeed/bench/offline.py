@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM.from_config(engine_config_from_args(args), show_progress=False)
     rng = random.Random(args.seed)
     special = set(getattr(llm.tokenizer, "all_special_ids", []) or [])
-    vocab = [t for t in range(llm.core.vocab_size) if t not in special]
+    vocab = [t for t in range(llm.core.limits.vocab_size) if t not in special]
     prompts = [{"prompt_token_ids": rng.choices(vocab, k=args.input_len)} for _ in range(args.num_prompts)]
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True, detokenize=False)
 
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     result = {
         "command": " ".join(["tokenspeed", *sys.argv[1:]]),
         "model": args.model or "embedded",
-        "device": str(llm.core.device),
+        "device": llm.core.limits.device,
         "num_prompts": args.num_prompts,
         "input_len": args.input_len,
         "output_len": args.output_len,

@@ -203,8 +203,8 @@ def _serve(args: argparse.Namespace, inbox: zmq.Socket[bytes], outbox: zmq.Socke
     stats = core.scheduler.kv.stats()
     ready = ipc.Ready(
         pid=os.getpid(),
-        max_model_len=core.max_model_len,
-        vocab_size=core.vocab_size,
+        max_model_len=core.limits.max_model_len,
+        vocab_size=core.limits.vocab_size,
         max_num_seqs=config.max_num_seqs,
         page_size=config.page_size,
         num_kv_pages=stats.total,

@@ -26,6 +26,7 @@ from tokenspeed.engine.core import EngineCore
 from tokenspeed.engine.output_processor import OutputProcessor
 from tokenspeed.engine.outputs import RequestOutput
 from tokenspeed.errors import InvalidRequest, TokenSpeedError
+from tokenspeed.models import ModelConfig
 from tokenspeed.scheduler.sampling_params import SamplingParams
 
 PromptInput = str | dict[str, Any]
@@ -86,8 +87,10 @@ class LLM:
         )
         self.show_progress = show_progress
         self.core = EngineCore(config, progress=show_progress)
-        self.tokenizer = None if skip_tokenizer_init else load_tokenizer(tokenizer or self.core.model_folder)
-        self.eos_token_ids = _eos_token_ids(self.core.model_folder, self.core.model_config, self.tokenizer)
+        folder = self.core.model_folder
+        assert folder is not None  # the core built its own executor from the model's folder
+        self.tokenizer = None if skip_tokenizer_init else load_tokenizer(tokenizer or folder)
+        self.eos_token_ids = _eos_token_ids(folder, ModelConfig.from_pretrained(folder), self.tokenizer)
         self._ids = itertools.count()
 
     @classmethod

@@ -34,13 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenspeed.executor.forward_batch import (
-    AttentionMetadata,
-    ForwardBatch,
-    GraphGuardList,
-    NotCapturable,
-)
-from tokenspeed.executor.kv_storage import PagedKVStorage
+from tokenspeed.batch.forward_batch import AttentionMetadata, ForwardBatch, GraphGuardList, NotCapturable
+from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.models.interface import CausalLM
 
 logger = logging.getLogger("tokenspeed.executor")
@@ -130,10 +125,6 @@ class DecodeGraphs:
         self.mla_heads = mla_query_heads(model)
         self._graphs: dict[tuple[int, int | None], _Graph] = {}
         self.pool: object | None = None
-
-    def splits_for(self, bs: int, max_seq_len: int) -> int | None:
-        bound = context_class(max_seq_len, self.max_model_len)
-        return decode_kv_splits(bs, self.num_kv_heads, bound, self.device, mla_heads=self.mla_heads)
 
     def _split_variants(self, bs: int) -> list[int | None]:
         bounds = [c for c in CONTEXT_CLASSES if c < self.max_model_len] + [self.max_model_len]

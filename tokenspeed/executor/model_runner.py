@@ -19,22 +19,15 @@ to it, so plans must be launched once each, in the order they were made.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from tokenspeed.batch.kv_storage import PagedKVStorage
+from tokenspeed.executor.batch_builder import RowSpec, StagingRing, build_host_batch, to_forward_batch
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, context_class, decode_kv_splits, mla_query_heads
-from tokenspeed.executor.forward_batch import (
-    RowSpec,
-    StagingRing,
-    build_host_batch,
-    to_forward_batch,
-)
-from tokenspeed.executor.kv_storage import PagedKVStorage
 from tokenspeed.executor.page_tables import RequestPageTables
-from tokenspeed.executor.sampling import needs_host_sampling, sample_on_device
-from tokenspeed.layers.sampler import Sampler, SampleSpec, token_logprobs
+from tokenspeed.executor.sampler import Draws, Sampler, SampleSpec, prompt_token_logprobs
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, RowOutput, ScheduledRow
 
 
@@ -52,6 +45,7 @@ def _prompt_logprob_positions(row: ScheduledRow) -> range:
     """Prompt positions of this chunk whose next-token logprob is wanted."""
     if row.prompt_logprobs_start is None:
         return range(0)
+    assert row.prompt_token_ids is not None, "a row that wants prompt logprobs carries its prompt"
     last_scored = len(row.prompt_token_ids) - 1  # the last prompt token has no prompt successor
     return range(max(row.start_position, row.prompt_logprobs_start), min(row.end_position, last_scored))
 
@@ -61,30 +55,37 @@ class StepHandle:
 
     def __init__(self, plan: ExecutionPlan) -> None:
         self.plan = plan
-        self.sampled: torch.Tensor | None = None
+        self.draws: Draws | None = None
         self.owners: list[int] = []  # plan row of each draw
         self.stream_index: dict[str, int] = {}  # request id -> its draw in `sampled`
-        self._host: torch.Tensor | None = None
-        self._event: torch.cuda.Event | None = None
-        self._finishers: list[Callable[[ExecutionResult], None]] = []
+        self.prompt_logprobs: tuple[torch.Tensor, list[_PromptLogprobSlice]] | None = None  # (logits, slices)
         self._result: ExecutionResult | None = None
 
     @property
-    def done(self) -> bool:
-        return self._result is not None
+    def sampled(self) -> torch.Tensor | None:
+        return None if self.draws is None else self.draws.ids
 
     def result(self) -> ExecutionResult:
         if self._result is not None:
             return self._result
         plan = self.plan
         result = ExecutionResult(step_id=plan.step_id, rows=[RowOutput(r.request_id) for r in plan.rows])
-        if self._host is not None:
-            if self._event is not None:
-                self._event.synchronize()
-            for owner, token_id in zip(self.owners, self._host.tolist()):
-                result.rows[owner].sampled_token_ids.append(int(token_id))
-        for finish in self._finishers:
-            finish(result)
+        if self.draws is not None:
+            for owner, token_id, logprob in zip(self.owners, self.draws.token_ids(), self.draws.logprobs()):
+                result.rows[owner].sampled_token_ids.append(token_id)
+                if logprob is not None:
+                    result.rows[owner].logprobs = [logprob]
+        if self.prompt_logprobs is not None:
+            logits, slices = self.prompt_logprobs
+            for piece in slices:
+                row = plan.rows[piece.row]
+                assert row.prompt_token_ids is not None and row.sampling.prompt_logprobs is not None
+                p0 = piece.start_position
+                targets = row.prompt_token_ids[p0 + 1 : p0 + 1 + piece.count]
+                scored = logits[piece.first : piece.first + piece.count]
+                result.rows[piece.row].prompt_logprobs = prompt_token_logprobs(
+                    scored, targets, row.sampling.prompt_logprobs
+                )
         self._result = result
         return result
 
@@ -113,9 +114,6 @@ class ModelRunner:
         # Decode batches are sized by these buckets (for split-KV counts) even when running eagerly.
         self.graph_sizes = graph_sizes or []
         self.mla_heads = mla_query_heads(model)  # MLA decode sizes its splits by query heads
-
-    def run(self, plan: ExecutionPlan) -> ExecutionResult:
-        return self.launch(plan).result()
 
     @torch.inference_mode()
     def launch(self, plan: ExecutionPlan, previous: StepHandle | None = None) -> StepHandle:
@@ -176,26 +174,9 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
 
         if prompt_slices:
-            handle._finishers.append(lambda result: self._prompt_logprobs(plan, logits, prompt_slices, result))
+            handle.prompt_logprobs = (logits, prompt_slices)
         self._sample(plan, logits, sample_slots, handle)
         return handle
-
-    def _prompt_logprobs(
-        self,
-        plan: ExecutionPlan,
-        logits: torch.Tensor,
-        prompt_slices: list[_PromptLogprobSlice],
-        result: ExecutionResult,
-    ) -> None:
-        for piece in prompt_slices:
-            row = plan.rows[piece.row]
-            assert row.prompt_logprobs_start is not None and row.sampling.prompt_logprobs is not None
-            scored = torch.log_softmax(logits[piece.first : piece.first + piece.count].float(), dim=-1)
-            p0 = piece.start_position
-            targets = row.prompt_token_ids[p0 + 1 : p0 + 1 + piece.count]
-            result.rows[piece.row].prompt_logprobs = token_logprobs(
-                scored, targets, row.sampling.prompt_logprobs
-            )
 
     def _sample(
         self,
@@ -214,9 +195,7 @@ class ModelRunner:
             handle.stream_index[row.request_id] = len(gather)
             gather.append(logits_row)
             handle.owners.append(plan_row)
-            specs.append(
-                SampleSpec(row.sampling, row.seed, row.sample_index, row.prompt_token_ids, row.output_token_ids)
-            )
+            specs.append(SampleSpec.of_row(row))
         if gather == list(range(logits.shape[0])):
             chosen = logits
         else:
@@ -224,40 +203,4 @@ class ModelRunner:
             if logits.is_cuda:
                 index = index.pin_memory().to(logits.device, non_blocking=True)
             chosen = logits.index_select(0, index)
-
-        if needs_host_sampling(plan):  # penalties read host history: sample there, synchronously
-            out = self.sampler(chosen, specs)
-            handle.sampled = torch.tensor(out.token_ids, dtype=torch.int64, device=logits.device)
-            handle._host = torch.tensor(out.token_ids, dtype=torch.int64)
-            logprobs = out.logprobs
-        else:
-            handle.sampled = sample_on_device(chosen, specs)
-            if logits.is_cuda:
-                handle._host = torch.empty(len(specs), dtype=torch.int64, pin_memory=True)
-                handle._host.copy_(handle.sampled, non_blocking=True)
-                handle._event = torch.cuda.Event()
-                handle._event.record()
-            else:
-                handle._host = handle.sampled
-            logprobs = None
-            if any(s.sampling.logprobs is not None for s in specs):
-                raw = torch.log_softmax(chosen.float(), dim=-1)
-                handle._finishers.append(lambda result: self._logprobs(raw, specs, handle.owners, result))
-
-        if logprobs is not None and any(lp is not None for lp in logprobs):
-            def attach(result: ExecutionResult) -> None:
-                for owner, lp in zip(handle.owners, logprobs):
-                    if lp is not None:
-                        out_row = result.rows[owner]
-                        out_row.logprobs = (out_row.logprobs or []) + [lp]
-
-            handle._finishers.append(attach)
-
-    @staticmethod
-    def _logprobs(raw: torch.Tensor, specs: list[SampleSpec], owners: list[int], result: ExecutionResult) -> None:
-        """Raw logprobs of the sampled tokens (after the ids are on the host)."""
-        for i, (spec, owner) in enumerate(zip(specs, owners)):
-            if spec.sampling.logprobs is None:
-                continue
-            (token,) = result.rows[owner].sampled_token_ids
-            result.rows[owner].logprobs = token_logprobs(raw[i : i + 1], [token], spec.sampling.logprobs)
+        handle.draws = self.sampler.launch(chosen, specs)

@@ -1,6 +1,6 @@
 """Kernel layer: every hot op is resolved through the registry (see `registry.py`).
 
-Families and modes: `attention.{decode,extend,paged}`, `kvstore.write`,
+Families and modes: `attention.{decode,extend}`, `kvstore.write`,
 `norm.rms`, `rope.apply`, `activation.silu_and_mul`, `sampling.sample`. Each has
 a torch REFERENCE (cpu and cuda) and a Triton PORTABLE kernel (cuda only; the
 CPU keeps the reference, except `attention.decode`, whose PORTABLE CPU kernel
@@ -35,6 +35,8 @@ from tokenspeed.kernels.registry import (
     KernelSelectionError,
     KernelSpec,
     SelectionReport,
+    check_kernel_override,
+    check_override_environment,
     clear_kernel_overrides,
     describe_selection,
     list_kernels,
@@ -50,6 +52,8 @@ __all__ = [
     "KernelSelectionError",
     "KernelSpec",
     "SelectionReport",
+    "check_kernel_override",
+    "check_override_environment",
     "clear_kernel_overrides",
     "describe_selection",
     "list_kernels",

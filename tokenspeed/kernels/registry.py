@@ -3,7 +3,7 @@
 Why a registry rather than direct calls: the same layer code must run on a
 laptop CPU (torch reference), on any GPU (Triton), and on one tuned chip
 (specialised kernels or third-party plugins), and a user must be able to force
-any of them (`--kernel attention.paged=reference`) to bisect a numerical
+any of them (`--kernel attention.decode=reference`) to bisect a numerical
 problem. Layers therefore ask `select_kernel(family, mode, ...)` in their
 constructor and keep the returned callable; nothing is looked up per call.
 
@@ -280,7 +280,13 @@ def unregister_kernel(family: str, mode: str, name: str) -> None:
 
 
 def set_kernel_override(family: str, mode: str, name: str | None) -> None:
-    """Force `family.mode` to the kernel `name` (None clears). Wins over the environment variable."""
+    """Force `family.mode` to the kernel `name` (None clears). Wins over the environment variable.
+
+    An override naming no registered family, mode or kernel raises at once, listing the valid
+    ones: one that selected nothing would be silently ignored (no layer ever asks for it).
+    """
+    if name is not None:
+        check_kernel_override(family, mode, name)
     with _lock:
         key = (_normalise(family), _normalise(mode))
         if name is None:
@@ -292,6 +298,31 @@ def set_kernel_override(family: str, mode: str, name: str | None) -> None:
 def clear_kernel_overrides() -> None:
     with _lock:
         _overrides.clear()
+
+
+def check_kernel_override(family: str, mode: str, name: str) -> None:
+    """Raise KernelSelectionError, listing what exists, unless `family.mode=name` is a registered kernel."""
+    family, mode, name = _normalise(family), _normalise(mode), _normalise(name)
+    names = [s.name for s in _candidates(family, mode)]  # raises on an unknown family or mode
+    if name not in names:
+        raise KernelSelectionError(f"no kernel {name!r} serves {family}.{mode}; known: {', '.join(names)}")
+
+
+def check_override_environment() -> None:
+    """Raise KernelSelectionError for a `TOKENSPEED_KERNEL_*` variable that names no family.mode.
+
+    Selection reads only the variables of the modes layers ask for, so a misspelt
+    one would otherwise be ignored without a word.
+    """
+    _ensure_loaded()
+    with _lock:
+        known = {override_env_var(family, mode): f"{family}.{mode}" for family, mode in _kernels}
+    for var in sorted(v for v in os.environ if v.startswith(ENV_PREFIX)):
+        if var not in known:
+            raise KernelSelectionError(
+                f"${var} names no kernel family and mode; valid variables: "
+                + ", ".join(f"{v} ({key})" for v, key in sorted(known.items()))
+            )
 
 
 def override_env_var(family: str, mode: str) -> str:

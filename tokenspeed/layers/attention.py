@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from tokenspeed.kernels.attention.backend import PagedAttentionBackend
 from tokenspeed.kernels.registry import platform_of
+from tokenspeed.layers.attention_backend import PagedAttentionBackend
 from tokenspeed.layers.linear import Linear, QKVLinear
 from tokenspeed.layers.norm import RMSNorm
 from tokenspeed.layers.rotary_embedding import RotaryEmbedding
 
 if TYPE_CHECKING:
-    from tokenspeed.executor.forward_batch import AttentionMetadata
+    from tokenspeed.batch.forward_batch import AttentionMetadata
 
 
 class GQAAttention(nn.Module):

@@ -38,16 +38,16 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from tokenspeed.kernels.attention.backend import _int_tensor
 from tokenspeed.kernels.registry import KernelSpec, platform_of, select_kernel
+from tokenspeed.layers.attention_backend import int_tensor_field
 from tokenspeed.layers.linear import Linear, MergedLinear
 from tokenspeed.layers.norm import RMSNorm
 from tokenspeed.layers.rope_scaling import RopeConfig, yarn_mscale
 from tokenspeed.layers.rotary_embedding import RotaryEmbedding
 
 if TYPE_CHECKING:
-    from tokenspeed.executor.forward_batch import AttentionMetadata
-    from tokenspeed.models.mla_config import MLAConfig  # a plain record; layers never import models
+    from tokenspeed.batch.forward_batch import AttentionMetadata
+    from tokenspeed.layers.mla_config import MLAConfig
 
 
 def mla_softmax_scale(mla: MLAConfig, rope: RopeConfig, max_position_embeddings: int) -> float:
@@ -92,7 +92,7 @@ class MLABackend:
     ) -> torch.Tensor:
         """Store `[T, Dl+Dr]` rows, then attend q `[T, H, Dl+Dr]`; latent-space output `[T, H, Dl]`."""
         self.write.impl(latent_and_rope, cache, attn.slot_mapping)
-        seq_lens = _int_tensor(attn, "seq_lens", q.device)
+        seq_lens = int_tensor_field(attn, "seq_lens", q.device)
         if attn.max_query_len == 1 and q.shape[0] == seq_lens.shape[0]:
             return self.decode.impl(
                 q,
@@ -107,7 +107,7 @@ class MLABackend:
         return self.extend.impl(
             q,
             cache,
-            _int_tensor(attn, "query_start", q.device),
+            int_tensor_field(attn, "query_start", q.device),
             seq_lens,
             attn.page_table,
             scale=scale,

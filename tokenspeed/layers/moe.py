@@ -40,8 +40,8 @@ from tokenspeed.kernels.moe.experts_dispatch import select_experts_by_batch
 from tokenspeed.kernels.registry import platform_of, select_kernel
 from tokenspeed.layers.mlp import GatedMLP
 
-if TYPE_CHECKING:  # layers never import models at run time (models import layers)
-    from tokenspeed.models.moe_config import MoEConfig
+if TYPE_CHECKING:
+    from tokenspeed.layers.moe_config import MoEConfig
 
 
 @dataclass(frozen=True, slots=True)

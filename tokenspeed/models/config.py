@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from tokenspeed.errors import ModelNotSupported
+from tokenspeed.layers.mla_config import MLAConfig, mla_config_from_hf
+from tokenspeed.layers.moe_config import MoEConfig, moe_config_from_hf
 from tokenspeed.layers.rope_scaling import SUPPORTED_ROPE_TYPES, RopeConfig
-from tokenspeed.models.mla_config import MLAConfig, mla_config_from_hf
-from tokenspeed.models.moe_config import MoEConfig, moe_config_from_hf
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ from tokenspeed.models.config import ModelConfig
 from tokenspeed.models.llama import DecoderForCausalLM, DecoderModel
 
 if TYPE_CHECKING:
-    from tokenspeed.executor.forward_batch import AttentionMetadata
+    from tokenspeed.batch.forward_batch import AttentionMetadata
 
 
 class DeepseekDecoderLayer(nn.Module):

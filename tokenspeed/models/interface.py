@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from tokenspeed.executor.forward_batch import ForwardBatch
-    from tokenspeed.executor.kv_storage import PagedKVStorage
+    from tokenspeed.batch.forward_batch import ForwardBatch
+    from tokenspeed.batch.kv_storage import PagedKVStorage
     from tokenspeed.models.config import ModelConfig
 
 

@@ -34,8 +34,8 @@ from tokenspeed.models.config import ModelConfig
 from tokenspeed.models.interface import CausalLM
 
 if TYPE_CHECKING:
-    from tokenspeed.executor.forward_batch import AttentionMetadata, ForwardBatch
-    from tokenspeed.executor.kv_storage import PagedKVStorage
+    from tokenspeed.batch.forward_batch import AttentionMetadata, ForwardBatch
+    from tokenspeed.batch.kv_storage import PagedKVStorage
 
 
 class DecoderLayer(nn.Module):

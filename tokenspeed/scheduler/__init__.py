@@ -23,7 +23,14 @@ from tokenspeed.scheduler.fsm import (
     Waiting,
     transition,
 )
-from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, RowOutput, ScheduledRow, TokenLogprob
+from tokenspeed.scheduler.plan import (
+    ExecutionPlan,
+    ExecutionResult,
+    ExecutorLimits,
+    RowOutput,
+    ScheduledRow,
+    TokenLogprob,
+)
 from tokenspeed.scheduler.request import Request, TokenView
 from tokenspeed.scheduler.sampling_params import SamplingParams
 from tokenspeed.scheduler.scheduler import Scheduler
@@ -35,6 +42,7 @@ __all__ = [
     "Decoding",
     "ExecutionPlan",
     "ExecutionResult",
+    "ExecutorLimits",
     "Finish",
     "Finished",
     "IllegalTransition",

@@ -113,3 +113,16 @@ class RowOutput:
 class ExecutionResult:
     step_id: int
     rows: list[RowOutput] = field(default_factory=list)  # aligned with ExecutionPlan.rows
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorLimits:
+    """What an executor can run, known once it is built: the engine core sizes its scheduler from
+    these and the front ends check requests against them."""
+
+    vocab_size: int
+    max_model_len: int
+    num_pages: int  # KV pages the scheduler may hand out
+    page_size: int
+    device: str = "cpu"
+    dtype: str = "float32"

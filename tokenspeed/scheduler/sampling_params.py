@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from tokenspeed.errors import InvalidRequest
 
-_GREEDY_EPSILON = 1e-5
+GREEDY_EPSILON = 1e-5  # temperature below this means argmax (the sampling kernels read it too)
 _MAX_INT32 = 2**31 - 1
 # Upper bounds well past any useful setting: beyond them the distribution no longer changes in
 # bf16, and a finite bound keeps 1e308 (or a typo) from passing for a meaningful value.
@@ -104,7 +104,7 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         """Temperature ~0 means argmax; the sampler then ignores top-k/p and seeds."""
-        return self.temperature < _GREEDY_EPSILON
+        return self.temperature < GREEDY_EPSILON
 
     @property
     def needs_penalties(self) -> bool:

@@ -8,10 +8,11 @@ and computes in fp32; clarity matters more than speed here.
 Masking follows Hugging Face: key j is visible to query i iff j <= i and, with
 a sliding window w, i - j < w.
 
-Three registered modes share one row routine, so they agree to the last bit:
-`attention.extend` (any number of new tokens per row), `attention.decode` (one
-per row; the fast kernels for it differ, hence its own mode) and the older
-`attention.paged`, which also stores this step's K/V first.
+Two registered modes share one row routine, so they agree to the last bit:
+`attention.extend` (any number of new tokens per row) and `attention.decode`
+(one per row; the fast kernels for it differ, hence its own mode).
+`paged_attention_reference` (store this step's K/V, then extend) is the
+whole-layer oracle of the tests; no layer selects it, so it is not registered.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tokenspeed.kernels.kvstore.reference import write_kv_reference
 from tokenspeed.kernels.registry import Band, register_kernel
 
 if TYPE_CHECKING:
-    from tokenspeed.executor.forward_batch import AttentionMetadata
+    from tokenspeed.batch.forward_batch import AttentionMetadata
 
 
 def write_kv_cache(
@@ -133,7 +134,6 @@ def decode_attention_reference(
     return out
 
 
-@register_kernel("attention", "paged", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"))
 def paged_attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -2,9 +2,9 @@
 
 A draw's randomness depends only on its key, never on batch composition or
 generator state, so a request yields the same tokens however it is batched,
-preempted or recomputed. The mix is splitmix64 (the same function as
-`layers/sampler.draw_seed`); the tensor form computes it with wrapping int64
-arithmetic so the executor can derive keys on the device inside a CUDA graph.
+preempted or recomputed. The mix is splitmix64; the tensor form computes it
+with wrapping int64 arithmetic so the executor can derive keys on the device
+inside a CUDA graph.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""Reference batched sampler: the row-by-row torch algorithm of `layers/sampler.py`, on tensors.
+"""Reference sampler: the row-by-row torch algorithm, on tensors.
 
-Given the same key it draws the very token `layers.sampler.random_draw` draws
-(same filters, same torch generator seeding, same exponential race), so it is
-the oracle for both the Python sampler and the Triton kernel. The Triton kernel
-uses Philox instead of torch's generator, so it matches this reference in
-distribution, not token for token.
+`draw_row_reference` is the one keyed draw of the engine: the executor's
+sampler (`executor/sampler.py`) calls it for each random row on the CPU and
+whenever a step has penalties, and `sample_reference` (the REFERENCE kernel of
+`sampling.sample`) loops it over a batch, so it is the oracle of the Triton
+kernel as well. The Triton kernel uses Philox instead of torch's generator, so
+it matches this reference in distribution, not token for token.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import torch
 
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.sampling.keys import mix_seed
-
-GREEDY_EPSILON = 1e-5  # temperature below this means argmax (as SamplingParams.greedy)
+from tokenspeed.scheduler.sampling_params import GREEDY_EPSILON
 
 
 def filter_probs_reference(probs: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
@@ -32,6 +32,25 @@ def filter_probs_reference(probs: torch.Tensor, top_k: int, top_p: float, min_p:
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         probs = torch.where(drop, torch.zeros_like(probs), probs)
     return probs
+
+
+def draw_row_reference(
+    logits_row: torch.Tensor, *, temperature: float, top_k: int, top_p: float, min_p: float, key: int
+) -> torch.Tensor:
+    """One draw from one row of logits with the exponential-race trick, keyed by `key`.
+
+    softmax(logits / temperature), then the filters, then argmax(p / E) with E
+    exponential from a torch generator seeded by `key`: P(token) is its kept
+    probability, and the same key always draws the same token. Returns a 0-d
+    int64 tensor on the logits' device, so a caller that keeps sampled ids on
+    the device (overlap scheduling) never waits for the host.
+    """
+    probs = torch.softmax(logits_row.float() / temperature, dim=-1)
+    probs = filter_probs_reference(probs, top_k, top_p, min_p)
+    generator = torch.Generator(device=probs.device)
+    generator.manual_seed(key)
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    return torch.argmax(probs / race)
 
 
 @register_kernel("sampling", "sample", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"))
@@ -62,10 +81,9 @@ def sample_reference(
         if temp < GREEDY_EPSILON:
             tokens.append(int(torch.argmax(logits[row]).item()))
             continue
-        probs = torch.softmax(logits[row].float() / temp, dim=-1)
-        probs = filter_probs_reference(probs, int(k), float(p), float(m))
-        generator = torch.Generator(device=probs.device)
-        generator.manual_seed(mix_seed(int(seed), int(index)))
-        race = torch.empty_like(probs).exponential_(generator=generator)
-        tokens.append(int(torch.argmax(probs / race).item()))
+        token = draw_row_reference(
+            logits[row], temperature=temp, top_k=int(k), top_p=float(p), min_p=float(m),
+            key=mix_seed(int(seed), int(index)),
+        )
+        tokens.append(int(token.item()))
     return torch.tensor(tokens, dtype=torch.int64, device=logits.device)

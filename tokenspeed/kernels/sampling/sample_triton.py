@@ -30,8 +30,8 @@ import triton.language as tl
 
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.sampling.keys import mix_seeds
-from tokenspeed.kernels.sampling.reference import GREEDY_EPSILON
 from tokenspeed.kernels.triton_launch import for_tensor, next_power_of_2
+from tokenspeed.scheduler.sampling_params import GREEDY_EPSILON
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a constexpr, so the kernel may read it
 _ONE_BITS = 0x3F800000  # bit pattern of 1.0f, the largest q

@@ -5,7 +5,8 @@ kernel (every row has one new token: the common step of a serving engine,
 memory-bound, split-KV) or the extend kernel (prefill chunks, possibly mixed
 with decodes, compute-bound). Which *implementations* serve those modes is
 decided here, when the model is built, from the registry; per call the only
-Python left is one integer comparison (`max_query_len == 1`).
+Python left is one integer comparison (`max_query_len == 1`). It is layer
+glue, not a kernel, so it lives in `layers/` beside `MLABackend` (`mla.py`).
 
 Kernels take tensors only. The metadata should therefore carry device tensors
 (`query_start_tensor` int32 `[rows + 1]`, `seq_lens_tensor` int32 `[rows]`;
@@ -25,10 +26,10 @@ import torch
 from tokenspeed.kernels.registry import KernelSpec, select_kernel
 
 if TYPE_CHECKING:
-    from tokenspeed.executor.forward_batch import AttentionMetadata
+    from tokenspeed.batch.forward_batch import AttentionMetadata
 
 
-def _int_tensor(attn: Any, name: str, device: torch.device) -> torch.Tensor:
+def int_tensor_field(attn: Any, name: str, device: torch.device) -> torch.Tensor:
     """Field `name` of the metadata as an int tensor on `device` (see the module docstring)."""
     value = getattr(attn, f"{name}_tensor", None)
     if value is None:
@@ -70,7 +71,7 @@ class PagedAttentionBackend:
     ) -> torch.Tensor:
         """Store k/v `[tokens, kv_heads, head_dim]`, then attend q `[tokens, heads, head_dim]`."""
         self.write.impl(k, v, k_cache, v_cache, attn.slot_mapping)
-        seq_lens = _int_tensor(attn, "seq_lens", q.device)
+        seq_lens = int_tensor_field(attn, "seq_lens", q.device)
         if attn.max_query_len == 1 and q.shape[0] == seq_lens.shape[0]:
             return self.decode.impl(
                 q,
@@ -86,7 +87,7 @@ class PagedAttentionBackend:
             q,
             k_cache,
             v_cache,
-            _int_tensor(attn, "query_start", q.device),
+            int_tensor_field(attn, "query_start", q.device),
             seq_lens,
             attn.page_table,
             scale=scale,

@@ -1,0 +1,205 @@
+"""`Executor`: everything of one engine replica that lives on its device.
+
+It owns the model (built and loaded by `load_model`), the paged KV pool it
+sizes from the memory budget, the decode CUDA graphs it captures, and the
+`ModelRunner` that turns each plan into a forward pass and a sampling step.
+The engine core sees only the `ModelExecutor` interface (`interface.py`):
+`limits`, `launch(plan, previous) -> StepHandle`, `collect(handle)`.
+
+Construction order matters and is kept fixed: kernel overrides before the
+model is built (layers choose their kernels in their constructors), the torch
+seed before any weight is drawn, the KV pool after the weights (on a GPU it
+takes what memory they leave), graphs last (they capture the pool).
+
+`load_model` is a plain function of its arguments, so that a tensor-parallel
+worker can build its own copy on its own device with the same call.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import torch
+
+from tokenspeed.batch.kv_storage import PagedKVStorage
+from tokenspeed.config import (
+    EngineConfig,
+    kv_cache_budget_bytes,
+    parse_kernel_override,
+    resolve_device,
+    resolve_dtype,
+)
+from tokenspeed.errors import ContextTooLong, InvalidRequest
+from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from tokenspeed.executor.model_runner import ModelRunner, StepHandle
+from tokenspeed.kernels import check_override_environment, set_kernel_override
+from tokenspeed.models import CausalLM, ModelConfig, build_model, load_weights
+from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
+
+logger = logging.getLogger("tokenspeed.executor")
+
+_MAX_GRAPH_BS = 512
+
+
+def load_model(
+    model_config: ModelConfig,
+    weights: Path | None,
+    *,
+    load_format: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int = 0,
+    progress: bool = False,
+) -> CausalLM:
+    """The model of `model_config` on `device`, in eval mode, with its weights: read from the
+    checkpoint folder `weights`, or seeded random ones when `load_format == "dummy"`."""
+    model = build_model(model_config, dtype=dtype, device=device)
+    load_weights(model, weights, load_format=load_format, seed=seed, progress=progress)
+    model.eval()
+    return model
+
+
+def resolve_max_model_len(model_config: ModelConfig, wanted: int | None) -> int:
+    """`max_model_len` as asked, or the model's limit when not asked; never past that limit."""
+    limit = model_config.max_position_embeddings
+    if wanted is None:
+        return limit
+    if wanted > limit:
+        raise ContextTooLong(f"max_model_len {wanted} exceeds the model's max_position_embeddings ({limit}).")
+    return wanted
+
+
+class Executor:
+    def __init__(
+        self, config: EngineConfig, model_folder: Path, *, dummy_weights: bool = False, progress: bool = False
+    ) -> None:
+        """`model_folder` holds the model's config.json (and its weights unless `dummy_weights`, as for
+        a preset, or `config.load_format == "dummy"`)."""
+        self.config = config
+        self.model_config = ModelConfig.from_pretrained(model_folder)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config.torch_dtype)
+        self.max_model_len = resolve_max_model_len(self.model_config, config.max_model_len)
+
+        check_override_environment()
+        for item in config.kernel_overrides:
+            set_kernel_override(*parse_kernel_override(item))
+        torch.manual_seed(config.seed)
+        if config.cpu_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(config.cpu_threads)
+        dummy = dummy_weights or config.load_format == "dummy"
+        self.model = load_model(
+            self.model_config,
+            None if dummy else model_folder,
+            load_format="dummy" if dummy else config.load_format,
+            dtype=self.dtype,
+            device=self.device,
+            seed=config.seed,
+            progress=progress,
+        )
+
+        num_pages = self._resolve_num_pages()
+        kv_heads, k_dim, v_dim = self.model_config.kv_cache_layout
+        self.kv = PagedKVStorage(
+            num_layers=self.model_config.num_hidden_layers,
+            num_pages=num_pages + 1,  # the last page is scratch for padded CUDA-graph rows
+            page_size=config.page_size,
+            num_kv_heads=kv_heads,
+            head_dim=k_dim,
+            v_head_dim=v_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.runner = ModelRunner(
+            self.model,
+            self.kv,
+            self.device,
+            scratch_page=num_pages,
+            graphs=self._capture_graphs(scratch_page=num_pages),
+            max_model_len=self.max_model_len,
+            graph_sizes=graph_batch_sizes(self._graph_max_bs()),
+        )
+        self._limits = ExecutorLimits(
+            vocab_size=self.model_config.vocab_size,
+            max_model_len=self.max_model_len,
+            num_pages=num_pages,
+            page_size=config.page_size,
+            device=str(self.device),
+            dtype=str(self.dtype).removeprefix("torch."),
+        )
+        logger.info(
+            "executor ready: %s on %s (%s), %d KV pages of %d tokens, max_model_len %d, CUDA graphs %s",
+            self.model_config.architecture,
+            self.device,
+            self.dtype,
+            num_pages,
+            config.page_size,
+            self.max_model_len,
+            "on" if self.cuda_graphs_enabled else "off",
+        )
+
+    # ---- the ModelExecutor interface ----------------------------------------------------
+
+    @property
+    def limits(self) -> ExecutorLimits:
+        return self._limits
+
+    def launch(self, plan: ExecutionPlan, previous: StepHandle | None = None) -> StepHandle:
+        return self.runner.launch(plan, previous)
+
+    def collect(self, handle: StepHandle) -> ExecutionResult:
+        return handle.result()
+
+    # ---- construction --------------------------------------------------------------------
+
+    @property
+    def cuda_graphs_enabled(self) -> bool:
+        return self.runner.graphs is not None
+
+    def _graph_max_bs(self) -> int:
+        return min(self.config.cuda_graph_max_bs or _MAX_GRAPH_BS, self.config.max_num_seqs)
+
+    def _capture_graphs(self, *, scratch_page: int) -> DecodeGraphs | None:
+        if self.device.type != "cuda" or self.config.enforce_eager:
+            return None
+        graphs = DecodeGraphs(
+            self.model,
+            self.kv,
+            max_bs=self._graph_max_bs(),
+            max_pages_per_seq=math.ceil(self.max_model_len / self.config.page_size),
+            max_model_len=self.max_model_len,
+            scratch_page=scratch_page,
+        )
+        return graphs if graphs.capture() else None
+
+    def _resolve_num_pages(self) -> int:
+        """Enough pages for one max-length request at least; otherwise what the memory budget allows."""
+        config = self.config
+        one_request = math.ceil(self.max_model_len / config.page_size)
+        if config.num_kv_pages is not None:
+            if config.num_kv_pages < one_request:
+                raise InvalidRequest(
+                    f"num_kv_pages={config.num_kv_pages} cannot hold one request of max_model_len "
+                    f"{self.max_model_len} (needs {one_request} pages of {config.page_size})."
+                )
+            return config.num_kv_pages
+        kv_heads, k_dim, v_dim = self.model_config.kv_cache_layout
+        per_page = PagedKVStorage.bytes_per_page(
+            num_layers=self.model_config.num_hidden_layers,
+            page_size=config.page_size,
+            num_kv_heads=kv_heads,
+            head_dim=k_dim,
+            v_head_dim=v_dim,
+            dtype=self.dtype,
+        )
+        budget_pages = kv_cache_budget_bytes(config, self.device) // per_page
+        useful_pages = config.max_num_seqs * one_request + 1
+        num_pages = min(budget_pages, useful_pages)
+        if num_pages < one_request:
+            raise InvalidRequest(
+                f"The KV cache budget holds {budget_pages} pages but one request of max_model_len "
+                f"{self.max_model_len} needs {one_request}; lower max_model_len or raise the budget."
+            )
+        return int(num_pages)
