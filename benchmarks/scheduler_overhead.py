@@ -78,7 +78,7 @@ class Bench:
                 num_pages=num_requests * -(-(context + HEADROOM) // PAGE_SIZE),
             )
         )
-        self.model = SimulatedExecutor(self.scheduler.config.num_pages, PAGE_SIZE, vocab_size=32000, check_history=False)
+        self.model = SimulatedExecutor(self.scheduler.config.num_pages, PAGE_SIZE, vocab_size=32000)
         import torch
 
         self.tables = RequestPageTables(torch.device("cpu"), scratch_page=self.scheduler.config.num_pages)

@@ -84,7 +84,8 @@ class Reference(dict[str, list[int]]):
 
 
 def new_world(config: SchedulerConfig) -> World:
-    return World(Scheduler(config), SimulatedExecutor(config.num_pages, config.page_size, VOCAB))
+    scheduler = Scheduler(config)
+    return World(scheduler, SimulatedExecutor(config.num_pages, config.page_size, VOCAB, history=scheduler.token_history))
 
 
 def plan_step(world: World) -> ExecutionPlan:

@@ -67,7 +67,8 @@ class OverlapWorld(World):
 
 
 def new_overlap_world(cfg: SchedulerConfig) -> World:
-    return OverlapWorld(Scheduler(cfg), SimulatedExecutor(cfg.num_pages, cfg.page_size, VOCAB))
+    scheduler = Scheduler(cfg)
+    return OverlapWorld(scheduler, SimulatedExecutor(cfg.num_pages, cfg.page_size, VOCAB, history=scheduler.token_history))
 
 
 def _world(world: World) -> OverlapWorld:

@@ -48,7 +48,8 @@ def make(
         enable_prefix_caching=caching,
         seed=seed,
     )
-    return Scheduler(config), SimulatedExecutor(num_pages, page_size)
+    scheduler = Scheduler(config)
+    return scheduler, SimulatedExecutor(num_pages, page_size, history=scheduler.token_history)
 
 
 @dataclass

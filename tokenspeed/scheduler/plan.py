@@ -8,7 +8,8 @@ later cross a process boundary to tensor-parallel workers unchanged.
 Plans are incremental: the executor keeps each running request's page table
 from step to step, a row carries only the pages its request gained since its
 previous row, and the plan names the requests whose tables the executor must
-drop (finished, aborted or preempted). Host work per step is then
+drop (finished, aborted or preempted). A row carries the request's token
+history only when the executor reads it (penalties, prompt logprobs). Host work per step is then
 proportional to what changed, not to the context length (`benchmarks/
 scheduler_overhead.py`). The executor applies a plan's drops before its rows,
 and plans in the order they were made.
@@ -55,12 +56,14 @@ class ScheduledRow:
     # Output tokens generated so far; with the seed it keys the random draw, so a
     # request's tokens do not depend on batch composition or preemption.
     sample_index: int
-    # References to the request's token history, used by penalties and prompt logprobs.
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
     # First prompt position whose logprob must be returned (None: not wanted).
     # Position p's logprob is that of prompt_token_ids[p + 1] given tokens 0..p.
     prompt_logprobs_start: int | None = None
+    # The request's token history (references, not copies), only on rows whose executor work
+    # reads it: penalties (prompt and output) and prompt logprobs (the prompt). None otherwise,
+    # so a plan's size does not grow with the context when it crosses a process boundary.
+    prompt_token_ids: list[int] | None = None
+    output_token_ids: list[int] | None = None
 
     @property
     def num_pages(self) -> int:

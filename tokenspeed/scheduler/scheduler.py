@@ -106,6 +106,12 @@ class Scheduler:
         """The live (unfinished) request with this id, if any."""
         return self._streams.get(request_id)
 
+    def token_history(self, request_id: str) -> tuple[list[int], list[int]] | None:
+        """(prompt, outputs so far) of a live request, None if it is not live: what a checking
+        executor (`SimulatedExecutor`) compares the KV it reads with, as plans carry no history."""
+        request = self._streams.get(request_id)
+        return None if request is None else (request.prompt_token_ids, request.output_token_ids)
+
     def running(self) -> list[Request]:
         return list(self._running)
 
@@ -257,7 +263,7 @@ class Scheduler:
             inputs = request.output_token_ids[start - num_prompt : end - num_prompt]
         else:
             inputs = request.all_token_ids[start:end]
-        return ScheduledRow(
+        row = ScheduledRow(
             request_id=request.request_id,
             input_token_ids=inputs,
             start_position=start,
@@ -267,10 +273,11 @@ class Scheduler:
             sample=sample,
             seed=request.seed,
             sample_index=len(request.output_token_ids),
-            prompt_token_ids=request.prompt_token_ids,
-            output_token_ids=request.output_token_ids,
             prompt_logprobs_start=logprobs_start,
         )
+        if logprobs_start is not None or (sample and request.sampling.needs_penalties):
+            row.prompt_token_ids, row.output_token_ids = request.prompt_token_ids, request.output_token_ids
+        return row
 
     def _preempt(self, request: Request) -> None:
         """Recompute later: publish what is computed (so it can be matched back), free the pages."""

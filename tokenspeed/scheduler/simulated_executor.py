@@ -24,39 +24,75 @@ each request's page table across steps, applies each row's new pages and
 each plan's released tables, and raises if a row extends a table it does not
 hold as the row says (a lost or repeated update).
 
+Plans carry a request's token history only where the real executor reads it
+(penalties, prompt logprobs), so the history this executor checks against
+comes from `history(request_id)` (the scheduler's `token_history`): the truth
+as the scheduler holds it, never a copy the plan could get wrong. A row of a
+request that is no longer live (aborted after the plan was made) runs blind.
+
 Pure Python, no torch: usable by the scheduler unit tests, the model checker
-and any engine test that wants a device-free executor. With
-`check_history=False` it keeps no KV and reads no history (each row costs
-O(its new tokens and pages)), so `benchmarks/scheduler_overhead.py` can drive
-the scheduler at 128K contexts; tokens are then a hash of the row's position.
+and any engine test that wants a device-free executor; it has the engine
+core's executor interface (`limits`, `launch`, `collect`: see
+`executor/interface.py`). Without `history` it keeps no KV and reads no
+history (each row costs O(its new tokens and pages)), so
+`benchmarks/scheduler_overhead.py` can drive the scheduler at 128K contexts;
+tokens are then a hash of the row's position.
 """
 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable, Sequence
 from hashlib import blake2b
 
 from tokenspeed.scheduler.plan import (
     PLACEHOLDER_TOKEN_ID,
     ExecutionPlan,
     ExecutionResult,
+    ExecutorLimits,
     RowOutput,
     ScheduledRow,
     TokenLogprob,
 )
 
+# request id -> (prompt, outputs so far) of a live request, None once it is not live.
+TokenHistory = Callable[[str], tuple[Sequence[int], Sequence[int]] | None]
+
 
 class SimulatedExecutor:
-    __slots__ = ("page_size", "vocab_size", "check_history", "_slots", "_tables", "num_steps", "num_tokens")
+    __slots__ = ("num_pages", "page_size", "vocab_size", "history", "_slots", "_tables", "num_steps", "num_tokens")
 
-    def __init__(self, num_pages: int, page_size: int, vocab_size: int = 32, *, check_history: bool = True) -> None:
+    def __init__(
+        self, num_pages: int, page_size: int, vocab_size: int = 32, *, history: TokenHistory | None = None
+    ) -> None:
+        self.num_pages = num_pages
         self.page_size = page_size
         self.vocab_size = vocab_size
-        self.check_history = check_history
-        self._slots: list[list[int | None]] = [[None] * page_size for _ in range(num_pages if check_history else 0)]
+        self.history = history
+        self._slots: list[list[int | None]] = [[None] * page_size for _ in range(num_pages if history else 0)]
         self._tables: dict[str, list[int]] = {}  # request id -> its pages, kept across steps
         self.num_steps = 0
         self.num_tokens = 0
+
+    # ---- the engine core's executor interface (`executor/interface.py`) -------------------
+
+    @property
+    def limits(self) -> ExecutorLimits:
+        return ExecutorLimits(
+            vocab_size=self.vocab_size,
+            max_model_len=self.num_pages * self.page_size,
+            num_pages=self.num_pages,
+            page_size=self.page_size,
+            device="simulated",
+            dtype="token ids",
+        )
+
+    def launch(self, plan: ExecutionPlan, previous: ExecutionResult | None = None) -> ExecutionResult:
+        """The step runs at once: its handle is its result."""
+        return self.run(plan, previous)
+
+    def collect(self, handle: ExecutionResult) -> ExecutionResult:
+        return handle
 
     def run(self, plan: ExecutionPlan, previous: ExecutionResult | None = None) -> ExecutionResult:
         """Run `plan`; `previous` is the step whose samples placeholder inputs stand for."""
@@ -71,7 +107,17 @@ class SimulatedExecutor:
         outputs = []
         for row in plan.rows:
             pages = self._update_table(row)
-            outputs.append(self._run_row(row, pages, sampled) if self.check_history else self._run_blind(row))
+            if row.sample and row.sampling.needs_penalties and row.output_token_ids is None:
+                raise AssertionError(f"{row.request_id}: penalties read the history, but the row carries none")
+            if self.history is None:
+                outputs.append(self._run_blind(row))
+                continue
+            history = self.history(row.request_id)
+            if history is None:  # no longer live: its K/V is still written (a later row may read it)
+                self._write(row, pages, [sampled.get(row.request_id, t) if t == PLACEHOLDER_TOKEN_ID else t for t in row.input_token_ids])
+                outputs.append(self._run_blind(row))
+                continue
+            outputs.append(self._run_row(row, pages, sampled, history))
         self.num_steps += 1
         self.num_tokens += plan.num_tokens
         return ExecutionResult(step_id=plan.step_id, rows=outputs)
@@ -92,16 +138,23 @@ class SimulatedExecutor:
         return table
 
     def _run_blind(self, row: ScheduledRow) -> RowOutput:
-        """`check_history=False`: a token from the row's position and seed, nothing stored or read."""
+        """No history to check against: a token from the row's position and seed, nothing stored or read."""
         output = RowOutput(request_id=row.request_id)
         if row.sample:
             key = (row.end_position * 1_000_003 + row.seed) & ((1 << 63) - 1)
             output.sampled_token_ids.append(key % self.vocab_size)
         return output
 
-    def _run_row(self, row: ScheduledRow, pages: list[int], sampled: dict[str, int]) -> RowOutput:
+    def _run_row(
+        self,
+        row: ScheduledRow,
+        pages: list[int],
+        sampled: dict[str, int],
+        history: tuple[Sequence[int], Sequence[int]],
+    ) -> RowOutput:
         size = self.page_size
-        context = row.prompt_token_ids + row.output_token_ids
+        prompt, outputs = history
+        context = [*prompt, *outputs]
         start, end = row.start_position, row.end_position
         inputs = row.input_token_ids
         if PLACEHOLDER_TOKEN_ID in inputs:
@@ -116,8 +169,7 @@ class SimulatedExecutor:
             raise AssertionError(f"{row.request_id}: a row without input tokens has no logits to sample")
         if context[start:end] != inputs:
             raise AssertionError(f"{row.request_id}: input tokens are not the history at {start}..{end}")
-        for position in range(start, end):
-            self._slots[pages[position // size]][position % size] = context[position]
+        self._write(row, pages, inputs)
         seen = [self._slots[pages[p // size]][p % size] for p in range(end)]
         if seen != context[:end]:
             bad = next(p for p in range(end) if seen[p] != context[p])
@@ -132,11 +184,17 @@ class SimulatedExecutor:
             if row.sampling.logprobs is not None:
                 output.logprobs = [_fake_logprob(t) for t in output.sampled_token_ids]
         if row.prompt_logprobs_start is not None:
-            last = min(end, len(row.prompt_token_ids) - 1)
-            output.prompt_logprobs = [
-                _fake_logprob(row.prompt_token_ids[p + 1]) for p in range(row.prompt_logprobs_start, last)
-            ]
+            if row.prompt_token_ids is None:
+                raise AssertionError(f"{row.request_id}: prompt logprobs read the prompt, but the row carries none")
+            last = min(end, len(prompt) - 1)
+            output.prompt_logprobs = [_fake_logprob(prompt[p + 1]) for p in range(row.prompt_logprobs_start, last)]
         return output
+
+    def _write(self, row: ScheduledRow, pages: list[int], tokens: Sequence[int]) -> None:
+        """Store `tokens` (the row's resolved inputs) at the row's positions, as a device stores K/V."""
+        size = self.page_size
+        for position, token in zip(range(row.start_position, row.end_position), tokens, strict=True):
+            self._slots[pages[position // size]][position % size] = token
 
     def _sample(self, context_digest: bytes, row: ScheduledRow) -> int:
         key = blake2b(context_digest, digest_size=8)
