@@ -1,8 +1,9 @@
 """`EngineConfig`: the one set of engine knobs shared by `LLM`, the CLI and the server.
 
 Names follow vLLM's engine arguments where they exist, so flags carry over.
-`None` means "derive it": `resolve()` fills those from the model and device
-once, so every component downstream sees concrete numbers.
+`None` means "derive it": the `Executor` (`executor/executor.py`) derives
+max_model_len, dtype, device and the KV page count from the model and the
+device once, and reports them to the core as its `limits`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from safetensors import safe_open
@@ -319,12 +319,3 @@ def load_dummy_weights(model: nn.Module, *, seed: int = 0, std: float = DUMMY_ST
             if gen is None:
                 gen = generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
             param.data.normal_(mean=0.0, std=std, generator=gen)
-
-
-def describe_parameters(model: nn.Module) -> dict[str, Any]:
-    """Parameter count and bytes, for logs and `tokenspeed env`."""
-    params = list(model.parameters())
-    return {
-        "parameters": sum(p.numel() for p in params),
-        "bytes": sum(p.numel() * p.element_size() for p in params),
-    }
