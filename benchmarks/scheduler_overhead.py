@@ -5,7 +5,7 @@
 For each (running requests R, context C thousand tokens) it fills a scheduler
 (page size 16, prefix caching on, as the engine runs by default) with R
 requests whose prompts are C*1024 - 128 tokens long, prefills them through the
-`SimulatedExecutor` (`check_history=False`: it stands in for the model and
+`SimulatedExecutor` (given no token history: it stands in for the model and
 stores no KV), then times `--steps` decode steps at steady state (every
 request decoding, a new page every 16 steps). Per step it counts
 `Scheduler.next_plan()`, the executor's host work to turn the plan into a
