@@ -1,6 +1,6 @@
 """Typed errors of the engine.
 
-Each maps to one HTTP status in the API layer (DESIGN.md): callers can tell a
+Each maps to one HTTP status in the API layer (`api/errors.py`): callers can tell a
 bad request from an overloaded or dead engine without parsing messages.
 Pure Python so the scheduler may raise them.
 """

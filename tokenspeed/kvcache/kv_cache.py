@@ -7,7 +7,7 @@ allocation is all-or-nothing (`OutOfPages`, so a failed step never leaves
 half-grown tables behind); publishing is incremental (each table remembers
 how far it was hashed). With prefix caching disabled nothing is ever indexed,
 so every released page goes straight back to the free list: the off switch
-of DESIGN.md, and the baseline the cached runs are compared against.
+(`--disable-prefix-cache`), and the baseline the cached runs are compared against.
 """
 
 from __future__ import annotations

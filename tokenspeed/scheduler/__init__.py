@@ -3,7 +3,7 @@
 Pure Python (no torch): `Scheduler.next_plan()` says what the executor runs,
 `Scheduler.advance()` records what it produced. One request is one sample:
 `n > 1` is fanned out into n requests by the front end (`engine/fan_out.py`),
-which share the prompt's pages through the prefix cache. See DESIGN.md.
+which share the prompt's pages through the prefix cache. See docs/architecture.md.
 """
 
 from __future__ import annotations
