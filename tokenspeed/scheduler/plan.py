@@ -9,10 +9,10 @@ Plans are incremental: the executor keeps each running request's page table
 from step to step, a row carries only the pages its request gained since its
 previous row, and the plan names the requests whose tables the executor must
 drop (finished, aborted or preempted). A row carries the request's token
-history only when the executor reads it (penalties, prompt logprobs). Host work per step is then
-proportional to what changed, not to the context length (`benchmarks/
-scheduler_overhead.py`). The executor applies a plan's drops before its rows,
-and plans in the order they were made.
+history only when the executor reads it (penalties, prompt logprobs). Host
+work per step is then proportional to what changed, not to the context length
+(`benchmarks/scheduler_overhead.py`). The executor applies a plan's drops
+before its rows, and plans in the order they were made.
 
 Within a step, the K/V of every row is stored before any row attends, so a
 row may read pages an earlier row of the same plan writes (prefix-cache hits

@@ -28,7 +28,8 @@ Plans carry a request's token history only where the real executor reads it
 (penalties, prompt logprobs), so the history this executor checks against
 comes from `history(request_id)` (the scheduler's `token_history`): the truth
 as the scheduler holds it, never a copy the plan could get wrong. A row of a
-request that is no longer live (aborted after the plan was made) runs blind.
+request that is no longer live (aborted after the plan was made) still stores
+its inputs (a later row of the step may read those pages) but is not checked.
 
 Pure Python, no torch: usable by the scheduler unit tests, the model checker
 and any engine test that wants a device-free executor; it has the engine
