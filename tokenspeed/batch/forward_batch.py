@@ -55,10 +55,6 @@ class AttentionMetadata:
         if self.query_start_tensor is None:
             self.query_start_tensor = torch.tensor(list(self.query_start), dtype=torch.int32, device=device)
 
-    @property
-    def num_rows(self) -> int:
-        return len(self.seq_lens)
-
 
 class GraphGuardList(list[int]):
     """A list whose length is known but whose elements must not be read (CUDA-graph capture)."""
