@@ -1,5 +1,5 @@
 """What runs on the device: `Executor` (`executor.py`) behind the `ModelExecutor` interface (`interface.py`).
 
-Import the modules directly; this package imports nothing itself, so the
-torch-free parts of the engine never load torch through it.
+Import the modules directly; the package imports nothing itself, so the
+interface (which needs no torch) can be imported without loading the rest.
 """
