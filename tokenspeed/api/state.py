@@ -26,6 +26,7 @@ from tokenspeed.api.errors import unknown_model
 from tokenspeed.api.generation import Generation
 from tokenspeed.api.metrics import ServerMetrics
 from tokenspeed.api.parsers import REASONING_PARSERS, TOOL_FORMATS
+from tokenspeed.api.responses_store import ResponseStore
 from tokenspeed.api.settings import ServerSettings
 from tokenspeed.api.templating import ChatRenderer, RenderedPrompt
 from tokenspeed.api.tool_policy import ToolPolicy
@@ -41,6 +42,7 @@ class ServerState:
         self.metrics = ServerMetrics(engine)
         self.created = int(time.time())
         self.parsers_need_special_tokens = _hides_any(engine.tokenizer, _parser_markers(settings))
+        self.responses = ResponseStore(settings.max_stored_responses)
 
     def check_model(self, name: str | None) -> str:
         """The model name to echo back; 404 for a name this server does not serve."""
