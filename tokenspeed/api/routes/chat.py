@@ -89,7 +89,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                                    "content": parsed.content if parsed.content or not parsed.tool_calls else None}
         if message["content"] is None and not parsed.tool_calls:
             message["content"] = ""
-        if state.settings.reasoning_parser is not None:
+        if state.settings.reasoning_parser is not None or parsed.reasoning is not None:  # harmony carries it
             message["reasoning_content"] = parsed.reasoning
         if parsed.tool_calls:
             message["tool_calls"] = [_tool_call_json(call) for call in parsed.tool_calls]
@@ -117,31 +117,28 @@ class _ChoiceStream:
         self.parser = parser
         self.calls: CallFilter = policy.calls(CALL_ID_PREFIX)
 
-    def delta(self, events: list[ParsedEvent]) -> dict[str, Any]:
-        content: list[str] = []
-        reasoning: list[str] = []
-        calls: list[dict[str, Any]] = []
+    def deltas(self, events: list[ParsedEvent]) -> list[dict[str, Any]]:
+        """The chunks' deltas for `events`: text and argument fragments merge, and each call's start (index,
+        id, name) gets a delta of its own, as OpenAI streams it."""
+        out: list[dict[str, Any]] = []
+        current: dict[str, Any] = {}
         passed = self.calls(events)
         index = len(self.calls.calls) - 1 - sum(isinstance(item, ToolCallStart) for item in passed)
         for item in passed:
             if isinstance(item, TextPiece):
-                (reasoning if item.kind == "reasoning" else content).append(item.text)
+                key = "reasoning_content" if item.kind == "reasoning" else "content"
+                current[key] = current.get(key, "") + item.text
             elif isinstance(item, ToolCallStart):
                 index += 1
-                calls.append({"index": index, "id": item.call_id, "type": "function",
-                              "function": {"name": item.name, "arguments": ""}})
-            elif calls and calls[-1]["index"] == index:
-                calls[-1]["function"]["arguments"] += item.text
+                out += [current] if current else []
+                out.append({"tool_calls": [{"index": index, "id": item.call_id, "type": "function",
+                                            "function": {"name": item.name, "arguments": ""}}]})
+                current = {}
+            elif current.get("tool_calls") and current["tool_calls"][-1]["index"] == index:
+                current["tool_calls"][-1]["function"]["arguments"] += item.text
             else:
-                calls.append({"index": index, "function": {"arguments": item.text}})
-        delta: dict[str, Any] = {}
-        if content:
-            delta["content"] = "".join(content)
-        if reasoning:
-            delta["reasoning_content"] = "".join(reasoning)
-        if calls:
-            delta["tool_calls"] = calls
-        return delta
+                current.setdefault("tool_calls", []).append({"index": index, "function": {"arguments": item.text}})
+        return out + [current] if current else out
 
 
 async def _stream(
@@ -156,6 +153,8 @@ async def _stream(
     text = TokenText(state.engine.tokenizer)
     head = {"id": generation.request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
 
+    sent_tokens = 0  # output tokens in the chunks sent so far: what a chunk's continuous usage counts
+
     def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None,
               stop_reason: int | str | None = None) -> str:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -163,7 +162,7 @@ async def _stream(
             choice["stop_reason"] = stop_reason
         if continuous_usage:
             return sse.data({**head, "choices": [choice], "usage": usage(
-                len(generation.prompt_token_ids), generation.num_generated, generation.num_cached_tokens)})
+                len(generation.prompt_token_ids), sent_tokens, generation.num_cached_tokens)})
         return sse.data({**head, "choices": [choice]})
 
     try:
@@ -171,9 +170,10 @@ async def _stream(
             yield chunk(index, {"role": "assistant", "content": ""})
         async for update in generation.deltas():
             for piece in update.deltas:
+                sent_tokens += len(piece.token_ids)
                 stream = streams[piece.index]
                 finishing = piece.finish_reason is not None
-                delta = stream.delta(stream.parser.feed(piece.text) + (stream.parser.finish() if finishing else []))
+                deltas = stream.deltas(stream.parser.feed(piece.text) + (stream.parser.finish() if finishing else []))
                 finish = None
                 if finishing:
                     stream.calls.check()
@@ -181,8 +181,11 @@ async def _stream(
                 logprobs = None
                 if piece.logprobs is not None:
                     logprobs = {"content": chat_logprobs(piece.token_ids, piece.logprobs, params.logprobs or 0, text)}
-                if delta or logprobs is not None or finish is not None:
-                    yield chunk(piece.index, delta, logprobs, finish, piece.stop_reason)
+                for delta in deltas[:-1]:
+                    yield chunk(piece.index, delta)
+                last = deltas[-1] if deltas else {}
+                if last or logprobs is not None or finish is not None:
+                    yield chunk(piece.index, last, logprobs, finish, piece.stop_reason)
         if include_usage:
             yield sse.data({**head, "choices": [], "usage": usage(
                 len(generation.prompt_token_ids), generation.num_generated, generation.num_cached_tokens)})

@@ -57,10 +57,11 @@ async def _prompts(
     raise InvalidRequest("prompt must be a string, a list of strings, or token ids.")
 
 
-def _usage(generations: list[Generation]) -> dict[str, Any]:
+def _usage(generations: list[Generation], completion_tokens: int | None = None) -> dict[str, Any]:
+    """Usage summed over the prompts; `completion_tokens` (the tokens sent so far) for a stream's chunks."""
     return usage(
         sum(len(g.prompt_token_ids) for g in generations),
-        sum(g.num_generated for g in generations),
+        sum(g.num_generated for g in generations) if completion_tokens is None else completion_tokens,
         sum(g.num_cached_tokens for g in generations),
     )
 
@@ -137,9 +138,11 @@ async def _stream(
     text = TokenText(state.engine.tokenizer)
     offsets: dict[int, int] = {}
     head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model}
+    sent_tokens = 0
     try:
         async for position, update in merge_streams([g.deltas() for g in generations]):
             for piece in update.deltas:
+                sent_tokens += len(piece.token_ids)
                 index = position * n + piece.index
                 first = index not in offsets
                 echo = echoes[position] if first else ""
@@ -155,7 +158,7 @@ async def _stream(
                         "index": index, "text": echo + piece.text, "logprobs": logprobs,
                         "finish_reason": piece.finish_reason, "stop_reason": piece.stop_reason}]}
                     if continuous_usage:
-                        event["usage"] = _usage(generations)
+                        event["usage"] = _usage(generations, sent_tokens)
                     yield sse.data(event)
         if include_usage:
             yield sse.data({**head, "choices": [], "usage": _usage(generations)})
