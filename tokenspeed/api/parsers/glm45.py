@@ -12,11 +12,10 @@ they are written, other values once their `</arg_value>` arrives
 
 from __future__ import annotations
 
-from tokenspeed.api.canonical_json import canonical_json
 from tokenspeed.api.parsers.events import ParsedEvent, ToolCallArguments, ToolCallStart
-from tokenspeed.api.parsers.reading import HEADER_LIMIT, Cursor, ToolSchemas, json_string_body
+from tokenspeed.api.parsers.reading import HEADER_LIMIT, Cursor, ToolSchemas
 from tokenspeed.api.parsers.tool_blocks import ToolBlockStream
-from tokenspeed.api.parsers.xml_values import ArgumentsWriter, declared_type, decode_value
+from tokenspeed.api.parsers.xml_values import ArgumentsWriter, declared_type, read_value
 
 START = "<tool_call>"
 END = "</tool_call>"
@@ -93,17 +92,7 @@ class GlmCallReader:
             self._state = _VALUE_OPEN
             return True
         if self._state == _VALUE:
-            value = cursor.until(VALUE_END)
-            if self._kind == "string":
-                piece = value if value is not None else cursor.safe_prefix(VALUE_END)
-                text = json_string_body(piece) + ('"' if value is not None else "")
-            elif value is not None:
-                text = canonical_json(decode_value(value, self._kind))
-            else:
-                return False
-            if text:
-                events.append(ToolCallArguments(text))
-            if value is None:
+            if not read_value(cursor, VALUE_END, self._kind, events, strip_newline=False):
                 return False
             self._state = _KEYS
             return True

@@ -112,21 +112,19 @@ class JsonCallsReader:
                 if cursor.text.startswith('"'):
                     self._state, self._json, self._string = _STRING_ARGUMENTS, JsonStream(), ""
                     return True
-            new = self._arguments.feed(cursor.consume(len(cursor.text)))
+            new: list[ParsedEvent] = []
+            complete = self._arguments.read(cursor, new)
             self._calls += any(isinstance(e, ToolCallStart) for e in new)
             events.extend(new)
-            if self._arguments.rejected:
-                self._give_up()
-                return False
-            return self._after_value(self._arguments.json)
+            return self._after_value(complete)
         if self._state == _STRING_ARGUMENTS:
             self._string += self._json.feed(cursor.consume(len(cursor.text)))
-            if self._json.done:
+            complete = True if self._json.done else False if self._json.failed else None
+            if complete:
                 self._calls += 1
                 events.extend(whole_call(ToolCall(self._name, _string_arguments(self._string))))
-            elif self._json.failed:
-                self._give_up()
-            return self._after_value(self._json)
+                cursor.add(self._json.tail)
+            return self._after_value(complete)
         if self._state == _REST:  # the rest of the call object, e.g. `, "id": 3}`
             self._json.feed(cursor.consume(len(cursor.text)))
             if self._json.done:
@@ -171,17 +169,15 @@ class JsonCallsReader:
         """Not a call: the rest is dropped after calls, and the section is decoded whole if there were none."""
         self._state = _OVER if self._calls else _UNSTREAMABLE
 
-    def _after_value(self, value: JsonStream) -> bool:
-        if self._state in (_OVER, _UNSTREAMABLE):
+    def _after_value(self, complete: bool | None) -> bool:
+        """The arguments ended (True: go on to the rest of the object), broke (False) or go on (None)."""
+        if complete is None:
             return False
-        if value.failed:
-            self._state = _OVER
-            return False
-        if not value.done:
+        if not complete:
+            self._give_up()
             return False
         self._json = JsonStream(inside_object=True)
         self._state = _REST
-        self._cursor.add(value.tail)
         return True
 
 

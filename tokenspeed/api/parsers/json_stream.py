@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable
 
 from tokenspeed.api.parsers.events import ParsedEvent, ToolCallArguments
+from tokenspeed.api.parsers.reading import Cursor
 
 _PLAIN_RUN = re.compile(r'[^"\\\x00-\x1f]+')  # string characters that need no escaping
 _NUMBER_CHARS = frozenset("0123456789+-.eE")
@@ -261,6 +262,17 @@ class JsonArguments:
     @property
     def rejected(self) -> bool:
         return not self.announced and (self.json.failed or not "{".startswith(self._held[:1]))
+
+    def read(self, cursor: Cursor, events: list[ParsedEvent]) -> bool | None:
+        """Take all of `cursor`'s text into `events`: None while the arguments go on, True once they are complete
+        (what follows them goes back to the cursor), False if they failed (or were never a call)."""
+        events.extend(self.feed(cursor.consume(len(cursor.text))))
+        if self.rejected or self.json.failed:
+            return False
+        if self.json.done:
+            cursor.add(self.json.tail)
+            return True
+        return None
 
     def feed(self, text: str) -> list[ParsedEvent]:
         fragment = self.json.feed(text)

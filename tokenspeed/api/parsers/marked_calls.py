@@ -71,15 +71,10 @@ class MarkedCallsReader:
             self._arguments, self._state = JsonArguments(lambda: [ToolCallStart(*read)]), _ARGUMENTS
             return True
         if self._state == _ARGUMENTS:
-            events.extend(self._arguments.feed(cursor.consume(len(cursor.text))))
-            json = self._arguments.json
-            if self._arguments.rejected or json.failed:
-                self._state = _OVER
-            elif json.done:
-                cursor.add(json.tail)
-                self._state = _TAIL
-                return True
-            return False
+            complete = self._arguments.read(cursor, events)
+            if complete is not None:
+                self._state = _TAIL if complete else _OVER
+            return bool(complete)
         if self._state == _TAIL:  # e.g. DeepSeek-V3's closing fence
             if cursor.until(self._call_end) is None:
                 return False

@@ -79,15 +79,10 @@ class MistralCallsReader:
             self._arguments, self._state = JsonArguments(lambda: [start]), _ARGUMENTS
             return True
         if self._state == _ARGUMENTS:
-            events.extend(self._arguments.feed(cursor.consume(len(cursor.text))))
-            json = self._arguments.json
-            if self._arguments.rejected or json.failed:
-                self._state = _OVER
-            elif json.done:
-                cursor.add(json.tail)
-                self._state = _BETWEEN
-                return True
-            return False
+            complete = self._arguments.read(cursor, events)
+            if complete is not None:
+                self._state = _BETWEEN if complete else _OVER
+            return bool(complete)
         return False
 
 

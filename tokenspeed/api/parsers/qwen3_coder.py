@@ -20,11 +20,10 @@ their parameter closes (`xml_values.py` types them by the tool's schema).
 
 from __future__ import annotations
 
-from tokenspeed.api.canonical_json import canonical_json
 from tokenspeed.api.parsers.events import ParsedEvent, ToolCallArguments, ToolCallStart
-from tokenspeed.api.parsers.reading import HEADER_LIMIT, Cursor, ToolSchemas, json_string_body
+from tokenspeed.api.parsers.reading import HEADER_LIMIT, Cursor, ToolSchemas
 from tokenspeed.api.parsers.tool_blocks import ToolBlockStream
-from tokenspeed.api.parsers.xml_values import ArgumentsWriter, declared_type, decode_value
+from tokenspeed.api.parsers.xml_values import ArgumentsWriter, declared_type, read_value
 
 START = "<tool_call>"
 END = "</tool_call>"
@@ -108,19 +107,7 @@ class QwenCoderCallReader:
             self._state = _VALUE
             return True
         if self._state == _VALUE:
-            value = cursor.until(PARAMETER_END)
-            if value is not None:
-                value = value.removesuffix("\n")
-            if self._kind == "string":
-                piece = value if value is not None else cursor.safe_prefix(PARAMETER_END, hold="\n")
-                text = json_string_body(piece) + ('"' if value is not None else "")
-            elif value is not None:
-                text = canonical_json(decode_value(value, self._kind))
-            else:
-                return False
-            if text:
-                events.append(ToolCallArguments(text))
-            if value is None:
+            if not read_value(cursor, PARAMETER_END, self._kind, events, strip_newline=True):
                 return False
             self._state = _PARAMETERS
             return True

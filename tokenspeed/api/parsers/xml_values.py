@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from tokenspeed.api.canonical_json import canonical_json
-from tokenspeed.api.parsers.reading import ToolSchemas, strict_loads
+from tokenspeed.api.parsers.events import ParsedEvent, ToolCallArguments
+from tokenspeed.api.parsers.reading import Cursor, ToolSchemas, json_string_body, strict_loads
 
 
 def declared_type(schemas: ToolSchemas, function: str, parameter: str) -> str | None:
@@ -52,3 +53,21 @@ class ArgumentsWriter:
 
     def close(self) -> str:
         return "}" if self.members else "{}"
+
+
+def read_value(cursor: Cursor, end: str, kind: str | None, events: list[ParsedEvent], *, strip_newline: bool) -> bool:
+    """Read a parameter's value up to `end` into argument events; True once the value is complete.
+
+    A string value streams as it arrives (escaped; the closing quote comes with its end), any other value
+    is written whole once complete. `strip_newline`: the format puts a newline before `end` (Qwen3-Coder)."""
+    value = cursor.until(end)
+    if value is not None and strip_newline:
+        value = value.removesuffix("\n")
+    if kind == "string":
+        piece = value if value is not None else cursor.safe_prefix(end, hold="\n" if strip_newline else "")
+        text = json_string_body(piece) + ('"' if value is not None else "")
+    else:
+        text = canonical_json(decode_value(value, kind)) if value is not None else ""
+    if text:
+        events.append(ToolCallArguments(text))
+    return value is not None
