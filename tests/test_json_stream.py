@@ -9,12 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenspeed.api.canonical_json import canonical_json
-from tokenspeed.api.parsers.json_stream import JsonStream, canonical_prefix
+from tokenspeed.api.parsers.json_stream import JsonStream
 
 _SCALARS = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) \
     | st.text(st.characters(codec="utf-8"), max_size=12)
 VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4)
                       | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=20)
+
+
+def canonical_prefix(text: str) -> tuple[str, bool]:
+    """`text` read as one JSON value: (what was emitted, complete?)."""
+    out, reader = stream([text])
+    return out, reader.done
 
 
 def stream(chunks: list[str]) -> tuple[str, JsonStream]:

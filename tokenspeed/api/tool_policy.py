@@ -12,8 +12,12 @@ prefix. Then:
   continue inside a call, and the result is checked: no valid call (of the
   right function) is a 500 `invalid_model_output`, never a silent text answer.
 
-Shared by the OpenAI and Anthropic routes (Anthropic's `any`/`tool` map to
-`required`/named).
+`CallFilter` applies the policy to a completion's parser events: call ids in
+the shape the model's template accepts, and `parallel_tool_calls=false`
+(calls after the first are dropped, streaming as when not).
+
+Shared by the OpenAI, Anthropic and Responses routes (Anthropic's
+`any`/`tool` map to `required`/named).
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ from tokenspeed.api.parsers import (
     TOOL_FORMATS,
     OutputParser,
     ParsedEvent,
-    ParsedOutput,
     ToolCall,
     ToolCallArguments,
     ToolCallStart,
@@ -58,21 +61,19 @@ class ToolPolicy:
     def calls(self, id_prefix: str) -> CallFilter:
         return CallFilter(self, id_prefix)
 
-    def check(self, output: ParsedOutput) -> ParsedOutput:
-        """Enforce `required`/named and `parallel_tool_calls=false` on a finished output."""
-        if self.required:
-            if not output.tool_calls:
-                raise model_output_error("tool_choice requires a tool call, but the model did not write a valid one.")
-            for call in output.tool_calls:
-                if not call.complete:
-                    raise model_output_error(f"The model's call of {call.name!r} has no valid JSON arguments.")
-                if self.function is not None and call.name != self.function:
-                    raise model_output_error(f"tool_choice names {self.function!r}, but the model called {call.name!r}.")
-                if call.name not in self.tool_names:
-                    raise model_output_error(f"The model called {call.name!r}, which is not among the tools.")
-        if not self.parallel and len(output.tool_calls) > 1:
-            output.tool_calls = output.tool_calls[:1]
-        return output
+    def check(self, calls: list[ToolCall]) -> None:
+        """Enforce `required`/named on the calls of a finished output."""
+        if not self.required:
+            return
+        if not calls:
+            raise model_output_error("tool_choice requires a tool call, but the model did not write a valid one.")
+        for call in calls:
+            if not call.complete:
+                raise model_output_error(f"The model's call of {call.name!r} has no valid JSON arguments.")
+            if self.function is not None and call.name != self.function:
+                raise model_output_error(f"tool_choice names {self.function!r}, but the model called {call.name!r}.")
+            if call.name not in self.tool_names:
+                raise model_output_error(f"The model called {call.name!r}, which is not among the tools.")
 
 
 def tool_policy(
@@ -116,7 +117,7 @@ def tool_policy(
 class CallFilter:
     """A completion's parser events as the routes send them: every call gets an id (the model's own, else one
     in the shape its template accepts, with the API's prefix), and with `parallel_tool_calls=false` calls
-    after the first are dropped, while streaming as when not. `calls` folds what was let through."""
+    after the first are dropped. `calls` folds what was let through."""
 
     def __init__(self, policy: ToolPolicy, id_prefix: str) -> None:
         self._policy = policy
@@ -142,4 +143,4 @@ class CallFilter:
         return out
 
     def check(self) -> None:
-        self._policy.check(ParsedOutput(tool_calls=list(self.calls)))
+        self._policy.check(self.calls)

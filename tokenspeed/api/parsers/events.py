@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 TextKind = Literal["reasoning", "content"]
 
@@ -43,6 +43,14 @@ class ToolCallArguments:
 
 
 ParsedEvent = TextPiece | ToolCallStart | ToolCallArguments
+
+
+class ParserStage(Protocol):
+    """Reads one completion's text as it arrives into events: a reasoning splitter or a tool-call stream."""
+
+    def feed(self, text: str) -> list[ParsedEvent]: ...
+
+    def finish(self) -> list[ParsedEvent]: ...
 
 
 @dataclass(slots=True)

@@ -237,13 +237,6 @@ class JsonStream:
         return _escaped(chr(high))
 
 
-def canonical_prefix(text: str) -> tuple[str, bool]:
-    """`text` read as one JSON value: (canonical serialisation, complete?). Anything after the value is ignored."""
-    stream = JsonStream()
-    out = stream.feed(text) + stream.finish()
-    return out, stream.done
-
-
 class JsonArguments:
     """A call's JSON arguments, announced with the call only once they have begun well-formed.
 

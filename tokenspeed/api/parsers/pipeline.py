@@ -11,10 +11,10 @@ is one stage doing both.
 
 from __future__ import annotations
 
-from tokenspeed.api.parsers.events import ParsedEvent, ParsedOutput, TextPiece
+from tokenspeed.api.parsers.events import ParsedEvent, ParsedOutput, ParserStage, TextPiece
 from tokenspeed.api.parsers.reading import ToolSchemas
-from tokenspeed.api.parsers.reasoning import ReasoningStage, reasoning_stream
-from tokenspeed.api.parsers.registry import ToolFormat, ToolStream
+from tokenspeed.api.parsers.reasoning import reasoning_stream
+from tokenspeed.api.parsers.registry import ToolFormat
 
 
 class OutputParser:
@@ -27,8 +27,8 @@ class OutputParser:
         tools: ToolSchemas | None = None,
         thinking: bool = True,
     ) -> None:
-        self._reasoning: ReasoningStage | None = None
-        self._tools: ToolStream | None = None
+        self._reasoning: ParserStage | None = None
+        self._tools: ParserStage | None = None
         if tool_format is not None and tool_format.reads_reasoning:
             self._reasoning = tool_format.stream(tools or {})
         else:

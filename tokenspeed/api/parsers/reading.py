@@ -1,4 +1,4 @@
-"""Small pieces the tool-call readers share: a text cursor that waits for markers, and a value writer.
+"""Small pieces the tool-call readers share: a text cursor that waits for markers, JSON helpers.
 
 Readers decide only on text they have: a marker that may still be
 completing is waited for (never guessed), so what a reader emits depends on

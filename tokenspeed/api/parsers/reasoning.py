@@ -31,10 +31,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from tokenspeed.api.parsers import harmony
-from tokenspeed.api.parsers.events import ParsedEvent, TextPiece, partial_marker_len
+from tokenspeed.api.parsers.events import ParsedEvent, ParserStage, TextPiece, partial_marker_len
 from tokenspeed.api.parsers.kimi_k2 import START as KIMI_TOOL_SECTION
 
 THINK_START = "<think>"
@@ -134,18 +133,10 @@ class ReasoningStream:
         pieces.append(TextPiece("content", text))
 
 
-class ReasoningStage(Protocol):
-    """What the pipeline needs of a reasoning parser (`ReasoningStream`, `harmony.HarmonyStream`)."""
-
-    def feed(self, text: str) -> list[ParsedEvent]: ...
-
-    def finish(self) -> list[ParsedEvent]: ...
-
-
 @dataclass(frozen=True, slots=True)
 class ReasoningFormat:
     name: str
-    stream: Callable[[bool], ReasoningStage]  # argument: is thinking on?
+    stream: Callable[[bool], ParserStage]  # argument: is thinking on?
     markers: tuple[str, ...]  # its syntax (kept when the tokenizer would hide them as special tokens)
 
 
@@ -172,7 +163,7 @@ REASONING_PARSERS: dict[str, ReasoningFormat] = {
 }
 
 
-def reasoning_stream(name: str, thinking: bool = True) -> ReasoningStage:
+def reasoning_stream(name: str, thinking: bool = True) -> ParserStage:
     return REASONING_PARSERS[name].stream(thinking)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from tokenspeed.api.parsers import (
     deepseek_v3,
@@ -26,14 +25,8 @@ from tokenspeed.api.parsers import (
     mistral,
     qwen3_coder,
 )
-from tokenspeed.api.parsers.events import ParsedEvent
+from tokenspeed.api.parsers.events import ParserStage
 from tokenspeed.api.parsers.reading import ToolSchemas
-
-
-class ToolStream(Protocol):
-    def feed(self, text: str) -> list[ParsedEvent]: ...
-
-    def finish(self) -> list[ParsedEvent]: ...
 
 
 def default_call_id(prefix: str) -> str:
@@ -47,7 +40,7 @@ def _mistral_call_id(prefix: str) -> str:
 @dataclass(frozen=True, slots=True)
 class ToolFormat:
     name: str
-    stream: Callable[[ToolSchemas], ToolStream]
+    stream: Callable[[ToolSchemas], ParserStage]
     forced_prefix: Callable[[str | None], str]
     markers: tuple[str, ...] = ()
     new_call_id: Callable[[str], str] = field(default=default_call_id)  # argument: the API's id prefix
