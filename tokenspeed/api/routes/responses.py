@@ -99,6 +99,7 @@ def _usage(generation: Generation, reasoning_tokens: int) -> dict[str, Any]:
 
 
 async def _reasoning_tokens(state: ServerState, items: list[dict[str, Any]]) -> int:
+    """The reasoning's length in tokens, re-tokenised (the engine does not count tokens by where they went)."""
     text = "".join(part["text"] for item in items if item["type"] == "reasoning" for part in item["content"])
     return len(await state.encode(text)) if text else 0
 
