@@ -1,6 +1,6 @@
 """Bounded fuzzing of the live server: no request may get a 5xx, and the server must be healthy afterwards.
 
-Every numeric field of the completions and chat schemas (read from the
+Every numeric field of the completions, chat and responses schemas (read from the
 app's own OpenAPI schema, so a field added later is fuzzed too) is drawn
 near its limits: the schema's bounds, the sampling ranges of
 `SamplingParams`, the vocabulary edge, 32/64-bit edges, NaN and infinities,
@@ -21,13 +21,15 @@ from hypothesis import strategies as st
 
 from tests.test_api_server import start_server, stop_server
 from tokenspeed.api.protocol.openai import ChatCompletionRequest, CompletionRequest
+from tokenspeed.api.protocol.responses import ResponsesRequest
 
 VOCAB = 4096
 EDGES = [0, 1, 2, -1, VOCAB - 1, VOCAB, 2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64, -(2**63) - 1]
 FLOAT_EDGES = [0.0, -0.0, 1e-9, 1e-5, 0.5, 1.0, 1.0000001, 2.0, 2.0000001, -2.0, -2.0000001, 100.0, 100.5,
                1e308, math.nan, math.inf, -math.inf]
 WRONG_TYPES = ["3", True, [1], {"a": 1}, None]
-SMALL = {"max_tokens", "max_completion_tokens", "min_tokens", "n", "best_of", "logprobs", "top_logprobs"}
+SMALL = {"max_tokens", "max_completion_tokens", "min_tokens", "n", "best_of", "logprobs", "top_logprobs",
+         "prompt_logprobs", "max_output_tokens"}
 
 
 def _numeric_fields(model: type) -> dict[str, dict]:
@@ -69,9 +71,21 @@ PROMPT = st.one_of(st.text(max_size=30), st.lists(st.integers(-1, VOCAB), min_si
                    st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=3))
 MESSAGES = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "robot"]),
                                            "content": st.text(max_size=30)}), min_size=0, max_size=3)
+ITEMS = st.one_of(
+    st.text(max_size=30),
+    st.lists(st.one_of(
+        st.fixed_dictionaries({"role": st.sampled_from(["user", "developer", "assistant", "robot"]),
+                               "content": st.text(max_size=30)}),
+        st.fixed_dictionaries({"type": st.just("function_call"), "call_id": st.text(max_size=4),
+                               "name": st.text(max_size=4), "arguments": st.sampled_from(["{}", "[", '{"a": 1}'])}),
+        st.fixed_dictionaries({"type": st.sampled_from(["function_call_output", "reasoning", "nope"]),
+                               "call_id": st.text(max_size=4), "output": st.text(max_size=8)}),
+    ), max_size=3),
+)
 REQUESTS = st.one_of(
     st.tuples(st.just("/v1/completions"), _body(CompletionRequest, {"prompt": PROMPT})),
     st.tuples(st.just("/v1/chat/completions"), _body(ChatCompletionRequest, {"messages": MESSAGES})),
+    st.tuples(st.just("/v1/responses"), _body(ResponsesRequest, {"input": ITEMS})),
 )
 
 
@@ -87,7 +101,7 @@ def http(tmp_path_factory):
 def test_fuzzed_requests_never_get_a_5xx(http):
     outcomes: dict[int, int] = {}
 
-    @settings(max_examples=250, deadline=None, derandomize=True,
+    @settings(max_examples=300, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(REQUESTS)
     def one(request: tuple[str, dict]) -> None:
@@ -98,7 +112,8 @@ def test_fuzzed_requests_never_get_a_5xx(http):
         if response.status_code == 200 and body.get("stream") is True:
             for line in response.text.splitlines():
                 if line.startswith("data: ") and line != "data: [DONE]":
-                    assert "error" not in json.loads(line[6:]), (path, body, line)
+                    event = json.loads(line[6:])
+                    assert event.get("error") is None and event.get("type") != "error", (path, body, line)
 
     one()
     assert outcomes.get(200, 0) >= 40, outcomes  # generation was reached, not only validation

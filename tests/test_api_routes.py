@@ -74,7 +74,11 @@ class ScriptedEngine:
                 logprobs = [{t: Logprob(-0.25, 1, self.tokenizer.decode([t]))} for t in ids]
             deltas = [StreamDelta(i, chunk, list(ids), logprobs, script.finish_reason if last else None,
                                   script.stop_reason if last else None) for i in range(params.n)]
-            yield RequestDelta(request_id, deltas, prompt, 4, None, last)
+            prompt_logprobs = None
+            if position == 0 and params.prompt_logprobs is not None:  # token i scores -i/100, ranked first
+                prompt_logprobs = [None] + [{t: Logprob(-i / 100, 1, self.tokenizer.decode([t]))}
+                                            for i, t in enumerate(prompt[1:], start=1)]
+            yield RequestDelta(request_id, deltas, prompt, 4, prompt_logprobs, last)
             await asyncio.sleep(0)
 
     async def abort(self, request_id):
@@ -133,17 +137,18 @@ async def test_streamed_tool_calls_and_reasoning_equal_non_streamed(tokenizer):
     engine.scripts = [Script(chunks), Script(chunks)]
     whole = (await oai.chat.completions.create(model="embedded", messages=user("q"), tools=[WEATHER])).choices[0]
     stream = await oai.chat.completions.create(model="embedded", messages=user("q"), tools=[WEATHER], stream=True)
-    content, reasoning, calls, finish = "", "", [], None
+    content, reasoning, calls, finish = "", "", {}, None
     async for chunk in stream:
         delta = chunk.choices[0].delta
         content += delta.content or ""
         reasoning += getattr(delta, "reasoning_content", None) or ""
-        calls += delta.tool_calls or []
+        for call in delta.tool_calls or []:  # accumulated by index, as OpenAI clients do
+            name, arguments = calls.get(call.index, (call.function.name, ""))
+            calls[call.index] = (name, arguments + call.function.arguments)
         finish = chunk.choices[0].finish_reason or finish
     assert whole.message.reasoning_content == reasoning == "plan"
     assert whole.message.content == content == "Calling now"
-    assert [(c.function.name, c.function.arguments) for c in calls] == [
-        (c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert list(calls.values()) == [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
     assert finish == whole.finish_reason == "tool_calls"
 
 

@@ -9,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenspeed.api.canonical_json import arguments_for_template, canonical_json
-from tokenspeed.api.parsers import OutputParser, ParsedOutput, TextPiece, ToolCall, tool_format
+from tokenspeed.api.parsers import (
+    REASONING_PARSERS,
+    TOOL_FORMATS,
+    OutputParser,
+    ParsedOutput,
+    TextPiece,
+    ToolCall,
+    tool_format,
+)
 from tokenspeed.api.parsers import deepseek_v3 as ds
 from tokenspeed.api.parsers.events import partial_marker_len
 
@@ -17,14 +25,18 @@ HERMES = tool_format("hermes")
 DEEPSEEK = tool_format("deepseek_v3")
 
 
+SCHEMAS = {"f": {"properties": {"a": {"type": "string"}}}}  # typed parameters stream as they are written
+
+
 def parse(text: str, *, reasoning: str | None = None, tools=HERMES, forced: str = "") -> ParsedOutput:
-    return OutputParser(reasoning_parser=reasoning, tool_format=tools, forced_prefix=forced).parse(text)
+    return OutputParser(reasoning_parser=reasoning, tool_format=tools, forced_prefix=forced,
+                        tools=SCHEMAS).parse(text)
 
 
 def stream_parse(chunks: list[str], **kwargs) -> ParsedOutput:
     parser = OutputParser(
         reasoning_parser=kwargs.get("reasoning"), tool_format=kwargs.get("tools", HERMES),
-        forced_prefix=kwargs.get("forced", ""),
+        forced_prefix=kwargs.get("forced", ""), tools=SCHEMAS,
     )
     events = []
     for chunk in chunks:
@@ -155,16 +167,21 @@ def test_tool_call_inside_reasoning_is_not_a_call():
 _FRAGMENTS = [
     "<think>", "</think>", "\n", "\n\n", " ", "hello", "é€", "<tool_call>", "</tool_call>", "<tool", "_call>",
     '{"name": "f", "arguments": {"a": 1}}', '{"name": "g"}', "{bad", "</", "<", ds.START, ds.END,
-    _v3_call("h", '{"z": true}'), ds.CALL_START,
+    _v3_call("h", '{"z": true}'), ds.CALL_START, '{"x": [1, 2.50, "\\u00e9"]}', "}", '"', ",",
+    "<function=f>", "<parameter=a>", "</parameter>", "</function>", "<arg_key>", "</arg_key>", "<arg_value>",
+    "</arg_value>", "[TOOL_CALLS]", "[ARGS]", "<|tool_calls_section_begin|>", "<|tool_call_begin|>",
+    "functions.f:0", "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|channel|>analysis", "<|message|>",
+    "<|end|>", "<|start|>assistant", "<|channel|>final", " to=functions.f", "<|call|>", "[THINK]", "[/THINK]",
 ]
+_TOOLS = [None, *(tool_format(name) for name in sorted(TOOL_FORMATS))]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(
-    pieces=st.lists(st.sampled_from(_FRAGMENTS), max_size=12),
+    pieces=st.lists(st.sampled_from(_FRAGMENTS), max_size=14),
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8),
-    reasoning=st.sampled_from([None, "qwen3", "deepseek_r1"]),
-    tools=st.sampled_from([None, HERMES, DEEPSEEK]),
+    reasoning=st.sampled_from([None, *sorted(REASONING_PARSERS)]),
+    tools=st.sampled_from(_TOOLS),
 )
 def test_streaming_in_any_chunks_equals_parsing_at_once(pieces, cuts, reasoning, tools):
     text = "".join(pieces)
@@ -172,7 +189,7 @@ def test_streaming_in_any_chunks_equals_parsing_at_once(pieces, cuts, reasoning,
     chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
     whole = parse(text, reasoning=reasoning, tools=tools)
     assert stream_parse(chunks, reasoning=reasoning, tools=tools) == whole
-    if reasoning is None and not whole.tool_calls:
+    if reasoning is None and not whole.tool_calls and (tools is None or not tools.reads_reasoning):
         assert (whole.content or "") == text  # no call found: nothing was dropped or altered
 
 

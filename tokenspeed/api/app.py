@@ -32,7 +32,7 @@ from tokenspeed.api.auth import require_api_key
 from tokenspeed.api.engine_client import EngineClient
 from tokenspeed.api.errors import APIError, error_body, from_exception
 from tokenspeed.api.middleware import BodyLimit, CatchUnexpected
-from tokenspeed.api.routes import chat, completions, messages, models, ops, tokenize
+from tokenspeed.api.routes import chat, completions, messages, models, ops, responses, tokenize
 from tokenspeed.api.settings import ServerSettings
 from tokenspeed.api.state import ServerState
 from tokenspeed.errors import TokenSpeedError
@@ -84,8 +84,8 @@ def build_app(engine: EngineClient, settings: ServerSettings) -> FastAPI:
     app.state.server = ServerState(engine, settings)
     _install_error_handlers(app)
     guarded = [Depends(require_api_key)]
-    for router in (completions.router, chat.router, messages.router, models.router, tokenize.router,
-                   ops.debug_router):
+    for router in (completions.router, chat.router, messages.router, responses.router, models.router,
+                   tokenize.router, ops.debug_router):
         app.include_router(router, dependencies=guarded)
     app.include_router(ops.router)
     app.add_middleware(CatchUnexpected)

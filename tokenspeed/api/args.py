@@ -17,6 +17,7 @@ from tokenspeed.api.parsers.registry import TOOL_FORMATS
 from tokenspeed.api.settings import (
     DEFAULT_MAX_PROMPTS_PER_REQUEST,
     DEFAULT_MAX_REQUEST_BODY_BYTES,
+    DEFAULT_MAX_STORED_RESPONSES,
     ServerSettings,
 )
 from tokenspeed.config import EngineConfig
@@ -52,6 +53,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                                               "(default: %(default)s)")
     server.add_argument("--max-prompts-per-request", type=int, default=DEFAULT_MAX_PROMPTS_PER_REQUEST,
                         metavar="N", help="most prompts one /v1/completions request may carry (default: %(default)s)")
+    server.add_argument("--max-stored-responses", type=int, default=DEFAULT_MAX_STORED_RESPONSES, metavar="N",
+                        help="responses kept in memory for /v1/responses previous_response_id and GET, least "
+                             "recently used dropped first; 0 stores none (default: %(default)s)")
     server.add_argument("--max-waiting-requests", type=int, default=None, metavar="N",
                         help="answer 429 once N requests wait for the engine (default: unbounded)")
     server.add_argument("--uvicorn-log-level", default="info", choices=_LOG_LEVELS,
@@ -60,10 +64,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     chat = parser.add_argument_group("chat templating and output parsing")
     chat.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                       help="Jinja chat template (a file, or the template text) replacing the tokenizer's")
-    chat.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_FORMATS),
-                      help="format the model writes tool calls in; needed for tool_choice auto/required/named")
-    chat.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
-                      help="split <think>...</think> into reasoning_content / thinking blocks")
+    chat.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_FORMATS), metavar="NAME",
+                      help="format the model writes tool calls in, by vLLM's names: "
+                           f"{', '.join(sorted(TOOL_FORMATS))}; needed for tools with tool_choice "
+                           "auto/required/named (default: none)")
+    chat.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS), metavar="NAME",
+                      help="split the model's reasoning into reasoning_content / thinking blocks / reasoning "
+                           f"items, by vLLM's names: {', '.join(sorted(REASONING_PARSERS))} (default: none)")
     add_engine_args(parser)
 
 
@@ -84,6 +91,8 @@ def serve_config(
     for flag in ("max_request_body_bytes", "max_prompts_per_request"):
         if getattr(args, flag) < 1:
             fail(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.max_stored_responses < 0:
+        fail("--max-stored-responses must be at least 0")
     if args.metrics_require_auth and not args.api_key:
         fail("--metrics-require-auth needs an API key (--api-key or $TOKENSPEED_API_KEY)")
     if not 0 <= args.port <= 65535:
@@ -99,6 +108,7 @@ def serve_config(
         metrics_require_auth=args.metrics_require_auth,
         max_request_body_bytes=args.max_request_body_bytes,
         max_prompts_per_request=args.max_prompts_per_request,
+        max_stored_responses=args.max_stored_responses,
     )
     listen = ListenOptions(
         host=args.host,

@@ -8,6 +8,12 @@ closes the engine iterator, which aborts the request and frees its KV pages;
 the close runs in a shielded scope because Starlette cancels a disconnected
 stream with an anyio cancel scope, where every unshielded `await` would be
 cancelled again before the abort is sent.
+
+When the output parsers need markers that the tokenizer counts as special
+tokens (harmony's `<|channel|>`, Mistral's `[TOOL_CALLS]`), the request is
+decoded with special tokens kept; the stop token that ends the output
+(`<|return|>`, `</s>`) is then not part of the answer, and `hide_stop_token`
+cuts its text off the last delta.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ class Generation:
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
+        *,
+        hide_stop_token: bool = False,
     ) -> None:
         self.engine = engine
         self.timer = timer
@@ -44,6 +52,8 @@ class Generation:
         self.prompt_token_ids = list(prompt_token_ids)
         self.num_cached_tokens = 0
         self.num_generated = 0
+        self.prompt_logprobs: list[PositionLogprobs | None] | None = None
+        self._hide_stop_token = hide_stop_token
         self._iterator = engine.generate(request_id, prompt_token_ids, params)
         self._first: RequestDelta | None = None
         self._reasons: list[str] = []
@@ -80,6 +90,12 @@ class Generation:
     def _observe(self, delta: RequestDelta) -> RequestDelta:
         self.prompt_token_ids = delta.prompt_token_ids or self.prompt_token_ids
         self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = delta.prompt_logprobs
+        if self._hide_stop_token:
+            for stream in delta.deltas:
+                if stream.finish_reason == "stop" and isinstance(stream.stop_reason, int):
+                    stream.text = stream.text.removesuffix(self.engine.tokenizer.decode([stream.stop_reason]))
         count = sum(len(d.token_ids) for d in delta.deltas)
         self.num_generated += count
         self.timer.tokens(count)

@@ -26,6 +26,13 @@ def _or(value: Any, default: Any) -> Any:
 def _common(body: openai.SamplingFields) -> dict[str, Any]:
     if body.logit_bias:
         raise InvalidRequest("logit_bias is not supported.")
+    if body.stream_options is not None and not body.stream:
+        raise InvalidRequest("stream_options is only allowed with stream=true.")
+    if body.prompt_logprobs is not None:
+        if body.prompt_logprobs > MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {body.prompt_logprobs}.")
+        if body.stream:
+            raise InvalidRequest("prompt_logprobs is not available with stream=true.")
     return {
         "n": body.n,
         "temperature": _or(body.temperature, 1.0),
@@ -42,6 +49,7 @@ def _common(body: openai.SamplingFields) -> dict[str, Any]:
         "ignore_eos": body.ignore_eos,
         "skip_special_tokens": body.skip_special_tokens,
         "include_stop_str_in_output": body.include_stop_str_in_output,
+        "prompt_logprobs": body.prompt_logprobs,
     }
 
 
@@ -64,9 +72,10 @@ def completion_params(body: openai.CompletionRequest) -> SamplingParams:
         raise InvalidRequest("best_of must equal n (sampling extra candidates is not supported).")
     if body.logprobs is not None and not 0 <= body.logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidRequest(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {body.logprobs}.")
-    if body.echo and body.logprobs is not None:
-        raise InvalidRequest("echo together with logprobs is not supported.")
-    return SamplingParams(**_common(body), max_tokens=body.max_tokens, logprobs=body.logprobs)
+    common = _common(body)
+    if body.echo and body.logprobs is not None:  # the echoed prompt's tokens come with logprobs too
+        common["prompt_logprobs"] = max(body.logprobs, body.prompt_logprobs or 0)
+    return SamplingParams(**common, max_tokens=body.max_tokens, logprobs=body.logprobs)
 
 
 def messages_params(body: anthropic.MessagesRequest) -> SamplingParams:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20
 # Prompts in one /v1/completions request: each is tokenised and run as its own engine request.
 DEFAULT_MAX_PROMPTS_PER_REQUEST = 256
+# Responses kept for `previous_response_id` (an LRU); an agent session needs only its latest one.
+DEFAULT_MAX_STORED_RESPONSES = 1024
 
 
 @dataclass(slots=True)
@@ -24,6 +26,7 @@ class ServerSettings:
     metrics_require_auth: bool = False  # /metrics behind the API key too
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST
+    max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES
 
     @property
     def model_name(self) -> str:

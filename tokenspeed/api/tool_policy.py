@@ -12,17 +12,31 @@ prefix. Then:
   continue inside a call, and the result is checked: no valid call (of the
   right function) is a 500 `invalid_model_output`, never a silent text answer.
 
-Shared by the OpenAI and Anthropic routes (Anthropic's `any`/`tool` map to
-`required`/named).
+`CallFilter` applies the policy to a completion's parser events: call ids in
+the shape the model's template accepts, and `parallel_tool_calls=false`
+(calls after the first are dropped, streaming as when not).
+
+Shared by the OpenAI, Anthropic and Responses routes (Anthropic's
+`any`/`tool` map to `required`/named).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tokenspeed.api.errors import model_output_error
-from tokenspeed.api.parsers import TOOL_FORMATS, OutputParser, ParsedOutput, ToolFormat
+from tokenspeed.api.parsers import (
+    TOOL_FORMATS,
+    OutputParser,
+    ParsedEvent,
+    ToolCall,
+    ToolCallArguments,
+    ToolCallStart,
+    ToolFormat,
+    ToolSchemas,
+)
+from tokenspeed.api.parsers.registry import default_call_id
 from tokenspeed.errors import InvalidRequest
 
 ToolChoice = str | None  # "none" | "auto" | "required" | None; a named function goes in `function`
@@ -36,25 +50,30 @@ class ToolPolicy:
     function: str | None = None
     tool_names: frozenset[str] = frozenset()
     parallel: bool = True
+    schemas: ToolSchemas = field(default_factory=dict)  # name -> parameters, for formats that type values by them
 
-    def output_parser(self, reasoning_parser: str | None) -> OutputParser:
+    def output_parser(self, reasoning_parser: str | None, *, thinking: bool = True) -> OutputParser:
         return OutputParser(
-            reasoning_parser=reasoning_parser, tool_format=self.tool_format, forced_prefix=self.forced_prefix
+            reasoning_parser=reasoning_parser, tool_format=self.tool_format, forced_prefix=self.forced_prefix,
+            tools=self.schemas, thinking=thinking,
         )
 
-    def check(self, output: ParsedOutput) -> ParsedOutput:
-        """Enforce `required`/named and `parallel_tool_calls=false` on a finished output."""
-        if self.required:
-            if not output.tool_calls:
-                raise model_output_error("tool_choice requires a tool call, but the model did not write a valid one.")
-            for call in output.tool_calls:
-                if self.function is not None and call.name != self.function:
-                    raise model_output_error(f"tool_choice names {self.function!r}, but the model called {call.name!r}.")
-                if call.name not in self.tool_names:
-                    raise model_output_error(f"The model called {call.name!r}, which is not among the tools.")
-        if not self.parallel and len(output.tool_calls) > 1:
-            output.tool_calls = output.tool_calls[:1]
-        return output
+    def calls(self, id_prefix: str) -> CallFilter:
+        return CallFilter(self, id_prefix)
+
+    def check(self, calls: list[ToolCall]) -> None:
+        """Enforce `required`/named on the calls of a finished output."""
+        if not self.required:
+            return
+        if not calls:
+            raise model_output_error("tool_choice requires a tool call, but the model did not write a valid one.")
+        for call in calls:
+            if not call.complete:
+                raise model_output_error(f"The model's call of {call.name!r} has no valid JSON arguments.")
+            if self.function is not None and call.name != self.function:
+                raise model_output_error(f"tool_choice names {self.function!r}, but the model called {call.name!r}.")
+            if call.name not in self.tool_names:
+                raise model_output_error(f"The model called {call.name!r}, which is not among the tools.")
 
 
 def tool_policy(
@@ -66,6 +85,7 @@ def tool_policy(
     parallel: bool = True,
 ) -> ToolPolicy:
     names = frozenset(t["function"]["name"] for t in tools or [])
+    schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or []}
     forcing = choice == "required" or function is not None
     if not tools:
         if forcing:
@@ -82,7 +102,7 @@ def tool_policy(
     if function is not None and function not in names:
         raise InvalidRequest(f"tool_choice names {function!r}, which is not among the tools.")
     if not forcing:
-        return ToolPolicy(tool_format, tool_names=names, parallel=parallel)
+        return ToolPolicy(tool_format, tool_names=names, parallel=parallel, schemas=schemas)
     return ToolPolicy(
         tool_format,
         forced_prefix=tool_format.forced_prefix(function),
@@ -90,4 +110,37 @@ def tool_policy(
         function=function,
         tool_names=names,
         parallel=parallel,
+        schemas=schemas,
     )
+
+
+class CallFilter:
+    """A completion's parser events as the routes send them: every call gets an id (the model's own, else one
+    in the shape its template accepts, with the API's prefix), and with `parallel_tool_calls=false` calls
+    after the first are dropped. `calls` folds what was let through."""
+
+    def __init__(self, policy: ToolPolicy, id_prefix: str) -> None:
+        self._policy = policy
+        self._prefix = id_prefix
+        self._dropping = False
+        self.calls: list[ToolCall] = []
+
+    def __call__(self, events: list[ParsedEvent]) -> list[ParsedEvent]:
+        out: list[ParsedEvent] = []
+        for event in events:
+            if isinstance(event, ToolCallStart):
+                self._dropping = bool(self.calls) and not self._policy.parallel
+                if self._dropping:
+                    continue
+                new_id = self._policy.tool_format.new_call_id if self._policy.tool_format else default_call_id
+                event = ToolCallStart(event.name, event.call_id or new_id(self._prefix))
+                self.calls.append(ToolCall(event.name, "", event.call_id))
+            elif isinstance(event, ToolCallArguments):
+                if self._dropping:
+                    continue
+                self.calls[-1].arguments += event.text
+            out.append(event)
+        return out
+
+    def check(self) -> None:
+        self._policy.check(self.calls)

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from tokenspeed.api.parsers.events import ParsedEvent, ParsedOutput, TextPiece, ToolCall
-from tokenspeed.api.parsers.pipeline import OutputParser, ToolFormat
+from tokenspeed.api.parsers.events import (
+    ParsedEvent,
+    ParsedOutput,
+    TextPiece,
+    ToolCall,
+    ToolCallArguments,
+    ToolCallStart,
+)
+from tokenspeed.api.parsers.pipeline import OutputParser
+from tokenspeed.api.parsers.reading import ToolSchemas
 from tokenspeed.api.parsers.reasoning import REASONING_PARSERS
-from tokenspeed.api.parsers.registry import TOOL_FORMATS, tool_format
+from tokenspeed.api.parsers.registry import TOOL_FORMATS, ToolFormat, tool_format
 
 __all__ = [
     "REASONING_PARSERS",
@@ -15,6 +23,9 @@ __all__ = [
     "ParsedOutput",
     "TextPiece",
     "ToolCall",
+    "ToolCallArguments",
+    "ToolCallStart",
     "ToolFormat",
+    "ToolSchemas",
     "tool_format",
 ]

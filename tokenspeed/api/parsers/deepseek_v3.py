@@ -7,17 +7,15 @@
 
 DeepSeek-V3.1 and later drop the type and the fence
 (`<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{"arg": 1}<｜tool▁call▁end｜>`); both
-decode here. A block decodes only if it is nothing but well-formed calls, so a
-malformed one comes back as text instead of being half-used.
+decode here (`marked_calls.py` streams the arguments).
 """
 
 from __future__ import annotations
 
-import json
 import re
 
-from tokenspeed.api.canonical_json import canonical_json
-from tokenspeed.api.parsers.events import ToolCall
+from tokenspeed.api.parsers.marked_calls import MarkedCallsReader
+from tokenspeed.api.parsers.reading import ToolSchemas
 from tokenspeed.api.parsers.tool_blocks import ToolBlockStream
 
 START = "<｜tool▁calls▁begin｜>"
@@ -25,44 +23,20 @@ END = "<｜tool▁calls▁end｜>"
 CALL_START = "<｜tool▁call▁begin｜>"
 CALL_END = "<｜tool▁call▁end｜>"
 SEP = "<｜tool▁sep｜>"
+MARKERS = (START, END, CALL_START, CALL_END, SEP)
 
-_CALL = re.compile(re.escape(CALL_START) + r"(.*?)" + re.escape(SEP) + r"(.*?)" + re.escape(CALL_END), re.DOTALL)
-_FENCED = re.compile(r"^([^\n]+)\n```(?:json)?\n(.*)\n```\s*$", re.DOTALL)
-
-
-def _decode_call(head: str, body: str) -> ToolCall | None:
-    fenced = _FENCED.match(body)
-    if head.strip() == "function" and fenced:
-        name, arguments_text = fenced.group(1).strip(), fenced.group(2)
-    else:
-        name, arguments_text = head.strip(), body
-    try:
-        arguments = json.loads(arguments_text)
-    except ValueError:
-        return None
-    if not name or not isinstance(arguments, dict):
-        return None
-    return ToolCall(name, canonical_json(arguments))
+_FENCE = re.compile(r"\s*(?:```(?:json)?\s*)?")
 
 
-def decode_block(inner: str) -> list[ToolCall] | None:
-    calls: list[ToolCall] = []
-    position = 0
-    for match in _CALL.finditer(inner):
-        if inner[position : match.start()].strip():
-            return None  # text between calls: not a clean block
-        call = _decode_call(match.group(1), match.group(2))
-        if call is None:
-            return None
-        calls.append(call)
-        position = match.end()
-    if not calls or inner[position:].strip():
-        return None
-    return calls
+def read_header(header: str, preamble: str) -> tuple[str, str | None] | None:
+    if header.strip() == "function" and preamble.strip():  # V3: the name is on the line after the separator
+        name, _, fence = preamble.partition("\n")
+        return (name.strip(), None) if name.strip() and _FENCE.fullmatch(fence) else None
+    return (header.strip(), None) if header.strip() and not preamble.strip() else None
 
 
-def stream() -> ToolBlockStream:
-    return ToolBlockStream(START, END, decode_block)
+def stream(tools: ToolSchemas) -> ToolBlockStream:
+    return ToolBlockStream(START, END, lambda: MarkedCallsReader(CALL_START, SEP, CALL_END, read_header))
 
 
 def forced_prefix(name: str | None) -> str:

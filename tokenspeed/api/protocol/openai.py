@@ -44,6 +44,7 @@ class SamplingFields(RequestBody):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] | None = None
+    prompt_logprobs: Count | None = None  # vLLM's: logprobs of the prompt tokens, with this many alternatives
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

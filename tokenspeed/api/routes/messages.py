@@ -5,7 +5,9 @@ The conversation is normalised into the same template messages as OpenAI's
 cache hits, whichever API it speaks. Output events from `OutputParser` map
 one-to-one onto content blocks: reasoning → `thinking`, answer → `text`,
 each call → `tool_use`, in the order the model wrote them; streaming opens
-and closes a block whenever the kind changes.
+and closes a block whenever the kind changes, and a call's `tool_use` block
+opens when its name is known and receives its arguments as
+`input_json_delta`s while the model writes them.
 
 Usage follows Anthropic's accounting: `input_tokens` excludes the prompt
 tokens read from the prefix cache, which are reported as
@@ -26,12 +28,12 @@ from tokenspeed.api.conversation import anthropic_conversation, anthropic_tools
 from tokenspeed.api.errors import anthropic_body, from_exception
 from tokenspeed.api.generation import Generation, collect
 from tokenspeed.api.openai_format import new_id
-from tokenspeed.api.parsers import ParsedEvent, ParsedOutput, ToolCall
+from tokenspeed.api.parsers import ParsedEvent, ToolCallArguments, ToolCallStart
 from tokenspeed.api.protocol.anthropic import CountTokensRequest, MessagesRequest
 from tokenspeed.api.sampling import messages_params
 from tokenspeed.api.state import ServerState, get_state
 from tokenspeed.api.templating import RenderedPrompt
-from tokenspeed.api.tool_policy import ToolPolicy, tool_policy
+from tokenspeed.api.tool_policy import CallFilter, ToolPolicy, tool_policy
 
 router = APIRouter()
 
@@ -81,21 +83,35 @@ def _usage(generation: Generation) -> dict[str, int]:
             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 
 
-def _tool_use(call: ToolCall) -> dict[str, Any]:
-    return {"type": "tool_use", "id": new_id("toolu_")[:30], "name": call.name, "input": json.loads(call.arguments)}
+TOOL_ID_PREFIX = "toolu_"
+
+
+def _input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as a `tool_use` input, which must be an object (`{}` for a call cut off inside them)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _blocks(events: list[ParsedEvent]) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     for item in events:
-        if isinstance(item, ToolCall):
-            blocks.append(_tool_use(item))
+        if isinstance(item, ToolCallStart):
+            blocks.append({"type": "tool_use", "id": item.call_id, "name": item.name, "input": ""})
+            continue
+        if isinstance(item, ToolCallArguments):
+            blocks[-1]["input"] += item.text
             continue
         kind, field = ("thinking", "thinking") if item.kind == "reasoning" else ("text", "text")
         if blocks and blocks[-1]["type"] == kind:
             blocks[-1][field] += item.text
         else:
             blocks.append({"type": kind, field: item.text, **({"signature": ""} if kind == "thinking" else {})})
+    for block in blocks:
+        if block["type"] == "tool_use":
+            block["input"] = _input(block["input"])
     return blocks
 
 
@@ -115,14 +131,16 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     params = messages_params(body)
     message_id = new_id("msg_")
     generation = await sse.cancel_on_disconnect(
-        request, state.start_generation(message_id, prompt.token_ids, params)
+        request, state.start_generation(message_id, prompt.token_ids, params, parsed=state.parses_output(policy))
     )
+    thinking = body.thinking is None or body.thinking.type != "disabled"
     if body.stream:
-        return sse.response(_stream(state, generation, policy, model))
+        return sse.response(_stream(state, generation, policy, model, thinking))
     (choice,) = await sse.cancel_on_disconnect(request, collect(generation))
-    parser = policy.output_parser(state.settings.reasoning_parser)
-    events = parser.feed(choice.text) + parser.finish()
-    policy.check(ParsedOutput.fold(events))
+    parser = policy.output_parser(state.settings.reasoning_parser, thinking=thinking)
+    calls = policy.calls(TOOL_ID_PREFIX)
+    events = calls(parser.feed(choice.text) + parser.finish())
+    calls.check()
     blocks = _blocks(events)
     has_calls = any(b["type"] == "tool_use" for b in blocks)
     stop_reason, stop_sequence = _stop(choice.finish_reason, choice.stop_reason, has_calls)
@@ -135,23 +153,19 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
 class _BlockWriter:
     """Turns parser events into Anthropic's content_block_* events, opening a block per change of kind."""
 
-    def __init__(self, policy: ToolPolicy) -> None:
-        self.policy = policy
+    def __init__(self, calls: CallFilter) -> None:
+        self.calls = calls
         self.index = -1
         self.open_kind: str | None = None
-        self.calls: list[ToolCall] = []
 
     def write(self, events: list[ParsedEvent]) -> list[str]:
         out: list[str] = []
-        for item in events:
-            if isinstance(item, ToolCall):
-                if not self.policy.parallel and self.calls:
-                    continue
-                self.calls.append(item)
-                block = _tool_use(item)
-                out += self._open("tool_use", {**block, "input": {}})
-                out.append(self._delta({"type": "input_json_delta", "partial_json": item.arguments}))
-                out += self.close()
+        for item in self.calls(events):
+            if isinstance(item, ToolCallStart):
+                block: dict[str, Any] = {"type": "tool_use", "id": item.call_id, "name": item.name, "input": {}}
+                out += self._open("tool_use", block)
+            elif isinstance(item, ToolCallArguments):
+                out.append(self._delta({"type": "input_json_delta", "partial_json": item.text}))
             elif item.kind == "reasoning":
                 if self.open_kind != "thinking":
                     out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
@@ -180,9 +194,11 @@ class _BlockWriter:
         return sse.event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
 
 
-async def _stream(state: ServerState, generation: Generation, policy: ToolPolicy, model: str) -> AsyncIterator[str]:
-    parser = policy.output_parser(state.settings.reasoning_parser)
-    writer = _BlockWriter(policy)
+async def _stream(
+    state: ServerState, generation: Generation, policy: ToolPolicy, model: str, thinking: bool
+) -> AsyncIterator[str]:
+    parser = policy.output_parser(state.settings.reasoning_parser, thinking=thinking)
+    writer = _BlockWriter(policy.calls(TOOL_ID_PREFIX))
     usage = _usage(generation)
     start: dict[str, Any] = {"id": generation.request_id, "type": "message", "role": "assistant", "model": model, "content": [],
              "stop_reason": None, "stop_sequence": None, "usage": {**usage, "output_tokens": 0}}
@@ -197,8 +213,8 @@ async def _stream(state: ServerState, generation: Generation, policy: ToolPolicy
                     finish = (piece.finish_reason, piece.stop_reason)
         for line in writer.write(parser.finish()) + writer.close():
             yield line
-        policy.check(ParsedOutput(tool_calls=list(writer.calls)))
-        stop_reason, stop_sequence = _stop(finish[0], finish[1], bool(writer.calls))
+        writer.calls.check()
+        stop_reason, stop_sequence = _stop(finish[0], finish[1], bool(writer.calls.calls))
         yield sse.event("message_delta", {"type": "message_delta",
                                           "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                                           "usage": _usage(generation)})
