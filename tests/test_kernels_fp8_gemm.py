@@ -35,6 +35,7 @@ from tokenspeed.kernels.quant.fp8 import (
     FP8_DTYPE,
     FP8_MAX,
     MIN_AMAX,
+    PER_CHANNEL_BLOCK,
     cast_to_fp8,
     check_weight_scale,
     dequantize_per_token_group,
@@ -104,7 +105,9 @@ def test_per_token_group_scales_map_each_group_amax_to_448() -> None:
     step = 2.0 ** (torch.floor(torch.log2(scaled.abs().clamp(min=2.0**-6))) - 3)
     error = (q.float() - scaled).abs()
     assert (error <= step / 2 * (1 + 1e-5)).all()
-    assert torch.allclose(dequantize_per_token_group(q, scales), q.float() * scales.repeat_interleave(128, -1)[:, :300])
+    assert torch.allclose(
+        dequantize_per_token_group(q, scales), q.float() * scales.repeat_interleave(128, -1)[:, :300]
+    )
 
 
 @pytest.mark.parametrize("block_size", [(128, 128), (32, 64), (1, 96)])
@@ -114,7 +117,9 @@ def test_weight_block_quantisation_round_trips_within_half_a_step(block_size: tu
     q, scales = quantize_weight_block(w, block_size)
     bn, bk = block_size
     assert q.dtype == FP8_DTYPE and scales.shape == (2, -(-70 // bn), -(-96 // bk))
-    blocks = torch.nn.functional.pad(w, (0, -96 % bk, 0, -70 % bn)).view(2, -(-70 // bn), bn, -(-96 // bk), bk)
+    blocks = torch.nn.functional.pad(w, (0, -96 % bk, 0, -70 % bn)).view(
+        2, -(-70 // bn), bn, -(-96 // bk), bk
+    )
     assert torch.equal(scales, blocks.abs().amax(dim=(-3, -1)) / FP8_MAX)
     restored = dequantize_weight(q, scales, block_size)
     expanded = scales.repeat_interleave(bn, 1)[:, :70].repeat_interleave(bk, 2)[:, :, :96]
@@ -154,7 +159,10 @@ def test_reference_is_linear_on_the_dequantised_weight(block_size: tuple[int, in
     gen = torch.Generator().manual_seed(4)
     w8, scales = quantize_weight_block(torch.randn(40, 200, generator=gen), block_size)
     x, bias = torch.randn(3, 200, generator=gen), torch.randn(40, generator=gen)
-    dequantised = w8.float() * scales.repeat_interleave(block_size[0], 0)[:40].repeat_interleave(block_size[1], 1)[:, :200]
+    dequantised = (
+        w8.float()
+        * scales.repeat_interleave(block_size[0], 0)[:40].repeat_interleave(block_size[1], 1)[:, :200]
+    )
     want = F.linear(x, dequantised, bias)
     assert torch.equal(fp8_gemm_reference(x, w8, scales, block_size=block_size, bias=bias), want)
     emulated = fp8_gemm_reference(x, w8, scales, block_size=block_size, bias=bias, quantize_activations=True)
@@ -197,6 +205,7 @@ GEMM_CASES = [  # (tokens, N, K, block_size)
     (1, 33, 200, (1, 200)),
     (20, 48, 384, (48, 256)),
     (2, 24, 96, (24, 96)),  # per tensor
+    (4, 40, 160, PER_CHANNEL_BLOCK),
 ]
 
 
@@ -215,7 +224,9 @@ def test_fp8_gemm_triton_matches_reference(
     dtype: torch.dtype, m: int, n: int, k: int, block_size: tuple[int, int]
 ) -> None:
     x, w8, scales, bias = _gemm_case(m, n, k, block_size, dtype)
-    want = fp8_gemm_reference(x.float(), w8, scales, block_size=block_size, bias=bias.float(), quantize_activations=True)
+    want = fp8_gemm_reference(
+        x.float(), w8, scales, block_size=block_size, bias=bias.float(), quantize_activations=True
+    )
     for tiles in (Fp8GemmTiles(16, 16, 4, 1), Fp8GemmTiles(32, 64, 4, 2, group_m=2)):
         got = fp8_gemm_triton(x, w8, scales, block_size=block_size, bias=bias, tiles=tiles)
         assert got.dtype == dtype and got.shape == (m, n)

@@ -157,5 +157,7 @@ def fp8_gemm_triton(
         raise ValueError("the weight must be contiguous along K")
     a, a_scale = quantize_per_token_group_triton(x.reshape(-1, k))
     out = torch.empty(a.shape[0], n, dtype=out_dtype or x.dtype, device=x.device)
-    fp8_gemm_prequantized(a, a_scale, weight, weight_scale, out, block_size=block_size, bias=bias, tiles=tiles)
+    fp8_gemm_prequantized(
+        a, a_scale, weight, weight_scale, out, block_size=block_size, bias=bias, tiles=tiles
+    )
     return out.view(*x.shape[:-1], n)

@@ -66,7 +66,9 @@ def choose_config(m: int, k: int) -> Fp8GemvConfig:
     if m == 1:
         if k > 8192:
             return Fp8GemvConfig(block_m=1, block_n=4, groups=8, num_warps=4, stages=3)
-        return Fp8GemvConfig(block_m=1, block_n=4, groups=min(32, next_power_of_2(groups)), num_warps=8, stages=1)
+        return Fp8GemvConfig(
+            block_m=1, block_n=4, groups=min(32, next_power_of_2(groups)), num_warps=8, stages=1
+        )
     return Fp8GemvConfig(block_m=16, block_n=32, groups=1, num_warps=4, stages=4)
 
 
@@ -107,7 +109,9 @@ def _fp8_gemv_kernel(
     offs_c = tl.arange(0, GROUP_K)
     n_mask = offs_n < N
     m_mask = offs_m < M
-    scale_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn  # the program's row block (block scales)
+    scale_row = (
+        ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn
+    )  # the program's row block (block scales)
     if USE_DOT:
         rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
         x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
@@ -116,7 +120,9 @@ def _fp8_gemv_kernel(
             offs_k = k0 + offs_c
             k_mask = offs_k < K
             w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            xt = tl.trans(tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0))
+            xt = tl.trans(
+                tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            )
             if IEEE:
                 part = tl.dot(w.to(xt.dtype), xt, input_precision="ieee")
             else:
@@ -133,7 +139,9 @@ def _fp8_gemv_kernel(
         tile = tl.zeros([BLOCK_N, GROUPS, GROUP_K], dtype=tl.float32)
         for k0 in tl.range(0, K, GROUPS * GROUP_K, num_stages=STAGES):
             k_mask = (k0 + cols) < K
-            w = tl.load(rows + (k0 + cols)[None, :, :], mask=n_mask[:, None, None] & k_mask[None, :, :], other=0.0)
+            w = tl.load(
+                rows + (k0 + cols)[None, :, :], mask=n_mask[:, None, None] & k_mask[None, :, :], other=0.0
+            )
             x = tl.load(x_row + k0 + cols, mask=k_mask, other=0.0).to(tl.float32)
             if not ROW_SCALE:
                 group_start = k0 + offs_g * GROUP_K

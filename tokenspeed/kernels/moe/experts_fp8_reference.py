@@ -47,12 +47,17 @@ def check_fp8_experts_args(
     bn, bk = block_size
     if w13.dtype != FP8_DTYPE or w2.dtype != FP8_DTYPE:
         raise ValueError(f"expert weights must be {FP8_DTYPE}, got {w13.dtype} and {w2.dtype}")
-    for name, scale, (rows, cols) in (("w13", w13_scale, (2 * inter, hidden_size)), ("w2", w2_scale, (hidden_size, inter))):
+    for name, scale, (rows, cols) in (
+        ("w13", w13_scale, (2 * inter, hidden_size)),
+        ("w2", w2_scale, (hidden_size, inter)),
+    ):
         want = (experts, -(-rows // bn), -(-cols // bk))
         if tuple(scale.shape) != want or scale.dtype != torch.float32:
             raise ValueError(f"{name}_scale must be float32 {want}, got {scale.dtype} {tuple(scale.shape)}")
         if bk % GROUP_SIZE and bk < cols:
-            raise ValueError(f"block_size[1]={bk} must be a multiple of {GROUP_SIZE} or span {name}'s K={cols}")
+            raise ValueError(
+                f"block_size[1]={bk} must be a multiple of {GROUP_SIZE} or span {name}'s K={cols}"
+            )
     return tokens, hidden_size, inter, experts
 
 
@@ -74,7 +79,9 @@ def fused_experts_fp8_reference(
     quantize_activations: bool = False,
 ) -> torch.Tensor:
     """sum_k topk_weights[:, k] * Expert_{topk_ids[:, k]}(hidden) with dequantised fp8 experts."""
-    experts = check_fp8_experts_args(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size)[3]
+    experts = check_fp8_experts_args(
+        hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size
+    )[3]
 
     def expert_weights(e: int) -> tuple[torch.Tensor, torch.Tensor]:
         return (

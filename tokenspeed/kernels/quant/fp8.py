@@ -14,7 +14,8 @@ Formats, as the checkpoints and the kernels use them:
   `weight [N, K]` fp8 and `scale [ceil(N / bn), ceil(K / bk)]` fp32, and
   w = w_fp8 * scale[n // bn, k // bk]: DeepSeek-V3/R1, Kimi-K2 and
   Qwen3-*-FP8 publish `weight_scale_inv` this way with `block_size` (128, 128).
-  Per-output-channel scales are the block (1, K) (scale `[N, 1]`) and a
+  A block at least as large as the weight is clipped to it: per-output-channel
+  scales are the block (1, K) or `PER_CHANNEL_BLOCK` (scale `[N, 1]`), a
   per-tensor scale the block (N, K); all kernels take the same `block_size`.
 - **KV cache, static per-head scales** (`quantize_kv`, `dequantize_kv`): see
   `kv_scale_layout` (a scale per kv head, or one for all heads).
@@ -31,6 +32,8 @@ FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
 # The activation group and the checkpoints' weight block (DeepSeek-V3, Kimi-K2, Qwen3-FP8).
 GROUP_SIZE = 128
 WEIGHT_BLOCK = (128, 128)
+# Per-output-channel scales as a block: one row by any K (so one `block_size` serves w13 and w2 of experts).
+PER_CHANNEL_BLOCK = (1, 2**31 - 1)
 # An all-zero group still gets a positive scale, so its reciprocal stays finite.
 MIN_AMAX = 1e-10
 
@@ -57,7 +60,9 @@ def _groups(x: torch.Tensor, group_size: int) -> torch.Tensor:
     return xf.view(*x.shape[:-1], (k + pad) // group_size, group_size)
 
 
-def quantize_per_token_group(x: torch.Tensor, group_size: int = GROUP_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_per_token_group(
+    x: torch.Tensor, group_size: int = GROUP_SIZE
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x `[..., K]` -> (fp8 `[..., K]`, fp32 scales `[..., ceil(K / group_size)]`), scale = group amax / 448."""
     groups = _groups(x, group_size)
     scales = scale_of(groups.abs().amax(dim=-1))
@@ -99,9 +104,14 @@ def check_weight_scale(weight: torch.Tensor, scale: torch.Tensor, block_size: Bl
         )
 
 
+def _clip(block_size: BlockSize, n: int, k: int) -> BlockSize:
+    """The block within an `n x k` weight (a block larger than the weight covers all of it)."""
+    return min(block_size[0], max(n, 1)), min(block_size[1], max(k, 1))
+
+
 def _expand_blocks(scale: torch.Tensor, shape: tuple[int, int], block_size: BlockSize) -> torch.Tensor:
     """Per-block scales `[..., ceil(N/bn), ceil(K/bk)]` repeated to one per element `[..., N, K]`."""
-    bn, bk = block_size
+    bn, bk = _clip(block_size, *shape)
     rows = scale.repeat_interleave(bn, dim=-2)[..., : shape[0], :]
     return rows.repeat_interleave(bk, dim=-1)[..., : shape[1]]
 
@@ -115,7 +125,7 @@ def quantize_weight_block(
     `block_size` (1, K) gives per-output-channel scales `[N, 1]`.
     """
     n, k = weight.shape[-2:]
-    bn, bk = block_size
+    bn, bk = _clip(block_size, n, k)
     pad_n, pad_k = -n % bn, -k % bk
     w = torch.nn.functional.pad(weight.float(), (0, pad_k, 0, pad_n))
     blocks = w.view(*weight.shape[:-2], (n + pad_n) // bn, bn, (k + pad_k) // bk, bk)
@@ -125,8 +135,8 @@ def quantize_weight_block(
 
 
 def quantize_weight_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`quantize_weight_block` with one scale per output row: (fp8 `[N, K]`, fp32 `[N, 1]`)."""
-    return quantize_weight_block(weight, (1, weight.shape[-1]))
+    """`quantize_weight_block` with one scale per output row (`PER_CHANNEL_BLOCK`): (fp8, fp32 `[..., N, 1]`)."""
+    return quantize_weight_block(weight, PER_CHANNEL_BLOCK)
 
 
 def dequantize_weight(
@@ -143,11 +153,12 @@ def kv_scale_layout(scale: torch.Tensor, kv_heads: int) -> int:
     Why per head: a program of every attention kernel serves one kv head, so
     its scale is a constant there; dequantisation folds into the softmax scale
     (keys) and the output normalisation (values) and the inner loop only
-    widens fp8 to the query dtype. Heads differ in key magnitude (some carry
-    large outlier channels), so a scale per head keeps small heads away from
-    the fp8 subnormals at no cost; one scale for all heads (vLLM's per-tensor
-    `k_scale`) is the special case of shape `[1]`. Scales are static (fixed
-    for the cache's life, 1.0 unless a checkpoint or calibration gives them):
+    widens fp8 to the query dtype. So per-head scales cost nothing over one
+    scale, and take calibrated per-head scales where a checkpoint has them;
+    one scale for all heads (vLLM's per-tensor `k_scale`) is the special case
+    of shape `[1]`. (With e4m3's ~2^15 range, one scale loses precision only
+    on heads a few hundred times smaller than the largest.) Scales are static
+    (fixed for the cache's life, 1.0 unless a checkpoint or calibration gives them):
     a cached value is never rescaled.
     """
     if scale.dtype != torch.float32 or scale.dim() != 1 or scale.numel() not in (1, kv_heads):

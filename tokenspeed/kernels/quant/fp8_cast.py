@@ -31,12 +31,16 @@ def to_fp8(x):
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
     magnitude = tl.abs(x)
     tiny = (magnitude + _SUBNORMAL_ROUNDER) - _SUBNORMAL_ROUNDER
-    tiny = (tiny.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)  # x's sign, -0 too
+    tiny = (tiny.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(
+        tl.float32, bitcast=True
+    )  # x's sign, -0 too
     return tl.where(magnitude >= _MIN_NORMAL, normal, tiny).to(tl.float8e4nv)
 
 
 @triton.jit
-def quantize_heads(x, scale_ptr, offs_h, NUM_HEADS: tl.constexpr, HAS_SCALE: tl.constexpr, SCALE_STRIDE: tl.constexpr):
+def quantize_heads(
+    x, scale_ptr, offs_h, NUM_HEADS: tl.constexpr, HAS_SCALE: tl.constexpr, SCALE_STRIDE: tl.constexpr
+):
     """Rows `[BLOCK_H, D]` of heads `offs_h` -> e4m3, each times the reciprocal of its head's scale (if any)."""
     x = x.to(tl.float32)
     if HAS_SCALE:
