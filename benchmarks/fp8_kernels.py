@@ -43,7 +43,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -74,14 +73,11 @@ class Timer:
         self.notes: list[str] = []
 
     def us(self, fn: Callable[[], Any], label: str = "") -> float:
-        if self.device == "cpu":
+        if self.device == "cpu":  # --smoke: the numbers only show the script runs
             fn()
-            runs = []
-            for _ in range(3):
-                start = time.perf_counter()
-                fn()
-                runs.append(time.perf_counter() - start)
-            return statistics.median(runs) * 1e6
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e6
         from triton.testing import do_bench
 
         side = torch.cuda.Stream()
