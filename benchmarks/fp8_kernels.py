@@ -7,9 +7,9 @@ Ceilings (`ceilings`): copy bandwidth (a 2 GiB device-to-device copy, bytes
 read + written over the median time), the bf16 matmul rate and the fp8
 `torch._scaled_mm` rate (8192^3, per-tensor scales), both on random data.
 
-Every kernel is timed as a CUDA-graph replay (median of `triton.testing.
-do_bench`, which flushes L2 between replays), the way the engine runs them;
-a capture failure falls back to eager timing and is noted.
+Every kernel is timed as a CUDA-graph replay (`moe_kernels.graph_ms`: median
+of `triton.testing.do_bench`, which flushes L2 between replays), the way the
+engine runs them; a capture failure falls back to eager timing and is logged.
 
 Metrics (JSON `metrics`, also printed as a markdown table):
 - `gemm[shape][M]`: Llama-3.1-8B's projections (qkv 6144x4096, o 4096x4096,
@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gpu_suite import log  # benchmarks/ is on sys.path when run as a script
 
 GEMM_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 SMOKE_GEMM_SHAPES = {"qkv": (96, 128), "down": (64, 384)}
@@ -61,38 +62,21 @@ SMOKE_MOE = dict(hidden=256, inter=128, experts=8, top_k=2)
 BLOCK = (128, 128)
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 class Timer:
     """Median µs of a callable: CUDA-graph replays on the GPU, wall clock under the CPU interpreter."""
 
     def __init__(self, device: str) -> None:
         self.device = device
-        self.notes: list[str] = []
 
-    def us(self, fn: Callable[[], Any], label: str = "") -> float:
+    def us(self, fn: Callable[[], Any]) -> float:
         if self.device == "cpu":  # --smoke: the numbers only show the script runs
             fn()
             start = time.perf_counter()
             fn()
             return (time.perf_counter() - start) * 1e6
-        from triton.testing import do_bench
+        from moe_kernels import graph_ms  # benchmarks/ is on sys.path when run as a script
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()  # compile and allocate outside the capture
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                fn()
-        except RuntimeError as exc:
-            self.notes.append(f"{label}: graph capture failed ({exc}); timed eagerly")
-            return float(do_bench(fn, warmup=5, rep=100, return_mode="median")) * 1e3
-        return float(do_bench(graph.replay, warmup=5, rep=100, return_mode="median")) * 1e3
+        return graph_ms(fn) * 1e3
 
 
 def ceilings(timer: Timer, smoke: bool) -> dict[str, float | None]:
@@ -100,17 +84,17 @@ def ceilings(timer: Timer, smoke: bool) -> dict[str, float | None]:
     n = 1 << (20 if smoke else 30)
     a = torch.randn(n, dtype=torch.bfloat16, device=dev)
     b = torch.empty_like(a)
-    copy_gb_s = 2 * a.numel() * 2 / timer.us(lambda: b.copy_(a), "copy") / 1e3
+    copy_gb_s = 2 * a.numel() * 2 / timer.us(lambda: b.copy_(a)) / 1e3
     m = 256 if smoke else 8192
     x = torch.randn(m, m, device=dev).to(torch.bfloat16)
     y = torch.randn(m, m, device=dev).to(torch.bfloat16)
-    bf16 = 2 * m**3 / timer.us(lambda: x @ y, "bf16 matmul") / 1e6
+    bf16 = 2 * m**3 / timer.us(lambda: x @ y) / 1e6
     fp8 = None
     if dev == "cuda":
         x8, y8 = x.to(torch.float8_e4m3fn), y.to(torch.float8_e4m3fn).t().contiguous().t()
         one = torch.ones((), device=dev)
         mm = lambda: torch._scaled_mm(x8, y8, one, one, out_dtype=torch.bfloat16)  # noqa: E731
-        fp8 = round(2 * m**3 / timer.us(mm, "fp8 scaled_mm") / 1e6, 1)
+        fp8 = round(2 * m**3 / timer.us(mm) / 1e6, 1)
     return {
         "copy_bandwidth_gb_s": round(copy_gb_s, 1),
         "bf16_matmul_tflops": round(bf16, 1),
@@ -146,18 +130,14 @@ def bench_gemm(
             a8, a_scale = quantize_per_token_group_triton(x)
             out = torch.empty(m, n, dtype=dtype, device=dev)
             row: dict[str, Any] = {}
-            row["triton"] = _tflops(
-                m, n, k, timer.us(partial(fp8_gemm_triton, x, w8, w_scale), f"gemm {name}")
-            )
+            row["triton"] = _tflops(m, n, k, timer.us(partial(fp8_gemm_triton, x, w8, w_scale)))
             prequantized = partial(fp8_gemm_prequantized, a8, a_scale, w8, w_scale, out, block_size=BLOCK)
-            row["triton_gemm_only"] = _tflops(m, n, k, timer.us(prequantized, f"gemm-only {name}"))
+            row["triton_gemm_only"] = _tflops(m, n, k, timer.us(prequantized))
             if m <= FP8_GEMV_MAX_TOKENS:
-                row["triton_gemv"] = _tflops(
-                    m, n, k, timer.us(partial(fp8_gemv_triton, x, w8, w_scale), "gemv")
-                )
+                row["triton_gemv"] = _tflops(m, n, k, timer.us(partial(fp8_gemv_triton, x, w8, w_scale)))
             row["selected"] = dispatch.kernel_for(m).name
             row["selected_tflops"] = row["triton_gemv" if row["selected"] == "triton_gemv" else "triton"]
-            row["bf16"] = _tflops(m, n, k, timer.us(partial(torch.matmul, x, w_bf16.t()), "bf16"))
+            row["bf16"] = _tflops(m, n, k, timer.us(partial(torch.matmul, x, w_bf16.t())))
             if dev == "cuda":
                 row |= scaled_mm_rates(timer, x, w8, m, n, k)
                 row["selected_vs_scaled_mm_rowwise"] = round(
@@ -169,7 +149,7 @@ def bench_gemm(
                 rates = {}
                 for tiles in GEMM_SWEEP:
                     label = f"{tiles.block_m}x{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages}"
-                    rates[label] = _tflops(m, n, k, timer.us(partial(prequantized, tiles=tiles), label))
+                    rates[label] = _tflops(m, n, k, timer.us(partial(prequantized, tiles=tiles)))
                 sweeps.setdefault(name, {})[str(m)] = rates
     return {"gemm": results} | ({"gemm_tile_sweep": sweeps} if sweep else {})
 
@@ -188,7 +168,7 @@ def scaled_mm_rates(
             mm = lambda sa=sa, sb=sb, fast=fast: torch._scaled_mm(  # noqa: E731
                 x8, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast
             )
-            rates[f"scaled_mm_{label}" + ("_fast" if fast else "")] = _tflops(m, n, k, timer.us(mm, label))
+            rates[f"scaled_mm_{label}" + ("_fast" if fast else "")] = _tflops(m, n, k, timer.us(mm))
     return rates
 
 
@@ -208,10 +188,10 @@ def bench_gemv(
         w_bf16 = w.to(dtype)
         for m in tokens:
             x = torch.randn(m, k, generator=gen, device=dev).to(dtype)
-            us = timer.us(partial(fp8_gemv_triton, x, w8, w_scale), f"gemv {name}")
+            us = timer.us(partial(fp8_gemv_triton, x, w8, w_scale))
             moved = w8.numel() + w_scale.numel() * 4 + (m * k + m * n) * x.element_size()
             roofline_us = moved / copy_gb_s / 1e3
-            bf16_us = timer.us(partial(torch.matmul, x, w_bf16.t()), "bf16 gemv")
+            bf16_us = timer.us(partial(torch.matmul, x, w_bf16.t()))
             row = {
                 "us": round(us, 2),
                 "roofline_us": round(roofline_us, 2),
@@ -226,7 +206,7 @@ def bench_gemv(
                 for cfg in GEMV_SWEEP[m == 1]:
                     label = f"m{cfg.block_m} n{cfg.block_n} g{cfg.groups} w{cfg.num_warps} s{cfg.stages}"
                     run = partial(fp8_gemv_triton, x, w8, w_scale, config=cfg)
-                    rates[label] = round(roofline_us / timer.us(run, label), 3)
+                    rates[label] = round(roofline_us / timer.us(run), 3)
                 sweeps.setdefault(name, {})[str(m)] = rates
     return {"gemv": results} | ({"gemv_config_sweep": sweeps} if sweep else {})
 
@@ -256,7 +236,7 @@ def bench_decode_attention(timer: Timer, shape: dict[str, int], copy_gb_s: float
     v_scale = torch.full((kv_heads,), 1.0 / 64, device=dev)
     k8 = (k_cache.float() * 64).to(FP8_DTYPE)
     v8 = (v_cache.float() * 64).to(FP8_DTYPE)
-    bf16_us = timer.us(lambda: spec.impl(q, k_cache, v_cache, table, seq_lens, scale=scale), "decode bf16")
+    bf16_us = timer.us(lambda: spec.impl(q, k_cache, v_cache, table, seq_lens, scale=scale))
     fp8_us = timer.us(
         lambda: spec.impl(q, k8, v8, table, seq_lens, scale=scale, k_scale=k_scale, v_scale=v_scale),
         "decode fp8",
@@ -299,10 +279,8 @@ def bench_moe(
         ids = torch.rand(t, experts, generator=gen, device=dev).topk(top_k, dim=-1).indices.to(torch.int32)
         weights = torch.randn(t, top_k, generator=gen, device=dev).softmax(dim=-1)
         fp8 = partial(fused_experts_fp8_triton, x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
-        fp8_us = timer.us(fp8, f"moe fp8 T={t}")
-        bf16_us = timer.us(
-            partial(fused_experts_triton, x, w13_bf16, w2_bf16, weights, ids), f"moe bf16 T={t}"
-        )
+        fp8_us = timer.us(fp8)
+        bf16_us = timer.us(partial(fused_experts_triton, x, w13_bf16, w2_bf16, weights, ids))
         hit = int(ids.unique().numel())
         weight_bytes = hit * (3 * inter * hidden + (s13[0].numel() + s2[0].numel()) * 4)
         row = {
@@ -425,8 +403,6 @@ def main() -> int:
     metrics |= bench_moe(
         timer, SMOKE_MOE if args.smoke else MOE, (1, 8) if args.smoke else (1, 64, 1024), copy
     )
-    if timer.notes:
-        metrics["notes"] = timer.notes
     doc = {
         "command": command,
         "device": torch.cuda.get_device_name()
