@@ -238,8 +238,7 @@ def bench_decode_attention(timer: Timer, shape: dict[str, int], copy_gb_s: float
     v8 = (v_cache.float() * 64).to(FP8_DTYPE)
     bf16_us = timer.us(lambda: spec.impl(q, k_cache, v_cache, table, seq_lens, scale=scale))
     fp8_us = timer.us(
-        lambda: spec.impl(q, k8, v8, table, seq_lens, scale=scale, k_scale=k_scale, v_scale=v_scale),
-        "decode fp8",
+        lambda: spec.impl(q, k8, v8, table, seq_lens, scale=scale, k_scale=k_scale, v_scale=v_scale)
     )
     elements = 2 * batch * context * kv_heads * dim
     result = {
