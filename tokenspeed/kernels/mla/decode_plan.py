@@ -78,10 +78,10 @@ def default_launch(
     512-wide fp32 accumulator needs two warpgroups) and three stages. fp32
     (exact tests) uses 16 positions per step to fit.
     An fp8 cache is widened to bf16 in registers, which the bf16 path never
-    needs (its tiles go straight to shared memory): 8 warps and half the
-    positions (so the same bytes per step as 64 bf16 positions would be 32);
-    tiles up to 32 rows then compile without (16 rows) or with 20 B of
-    spills, 64-row tiles spill ~170 B (compile_check; not yet measured).
+    needs (its tiles go straight to shared memory), so it takes 8 warps and
+    32 positions a step (16 for 64-row tiles): 16-row tiles then compile
+    without spills, 32-row tiles with 20 B and 64-row tiles with ~170 B
+    (compile_check; the fp8 launches are not yet measured).
     """
     anchored = block_m <= 32 and (split_tokens is None or split_tokens >= _ANCHORED_MIN_SPLIT_TOKENS)
     if fp8_cache and dtype != torch.float32:

@@ -31,6 +31,13 @@ Tile sizes come from `tile_config`, keyed on the mean pairs per expert (what
 decides how full a BLOCK_M-row block is): decode-sized batches are weight-
 bandwidth bound and use 16-row blocks with long K steps and 4 pipeline
 stages; prefill uses 128-row blocks on 8 warps (Hopper wgmma tiles).
+
+FP8 experts (`W_FP8`, launched by `experts_fp8_triton`): weights fp8 with a
+scale per (row block, K block); each K tile's product is scaled in fp32
+before it is accumulated (`_fp8_step`), so BLOCK_K must divide the scale
+block. The activations are either widened against (bf16 x widened weight)
+or, with `A_FP8`, quantised per token and group of 128 (fp8 x fp8 tensor
+cores). With the flags off the kernels compile exactly as before.
 """
 
 from __future__ import annotations
