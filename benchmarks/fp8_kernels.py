@@ -168,7 +168,11 @@ def scaled_mm_rates(
             mm = lambda sa=sa, sb=sb, fast=fast: torch._scaled_mm(  # noqa: E731
                 x8, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast
             )
-            rates[f"scaled_mm_{label}" + ("_fast" if fast else "")] = _tflops(m, n, k, timer.us(mm))
+            key = f"scaled_mm_{label}" + ("_fast" if fast else "")
+            try:  # a torch build may refuse a variant: record why rather than lose the run
+                rates[key] = _tflops(m, n, k, timer.us(mm))
+            except RuntimeError as exc:
+                rates[key] = f"unavailable: {str(exc).splitlines()[0][:200]}"
     return rates
 
 
@@ -392,30 +396,35 @@ def main() -> int:
     timer = Timer("cpu" if args.smoke else "cuda")
     _sweep_configs()
     command = " ".join(["python", "benchmarks/fp8_kernels.py", *sys.argv[1:]])
+    device = torch.cuda.get_device_name() if timer.device == "cuda" else "cpu (Triton interpreter, smoke)"
     metrics: dict[str, Any] = {"ceilings": ceilings(timer, args.smoke)}
     log(f"ceilings: {metrics['ceilings']}")
     copy = metrics["ceilings"]["copy_bandwidth_gb_s"]
     shapes = SMOKE_GEMM_SHAPES if args.smoke else GEMM_SHAPES
-    metrics |= bench_gemm(timer, shapes, (2, 20) if args.smoke else (16, 256, 4096), args.sweep)
-    metrics |= bench_gemv(timer, shapes, (1, 4, 16), copy, args.sweep)
-    metrics |= bench_decode_attention(timer, SMOKE_ATTENTION if args.smoke else ATTENTION, copy)
-    metrics |= bench_moe(
-        timer, SMOKE_MOE if args.smoke else MOE, (1, 8) if args.smoke else (1, 64, 1024), copy
-    )
-    doc = {
-        "command": command,
-        "device": torch.cuda.get_device_name()
-        if timer.device == "cuda"
-        else "cpu (Triton interpreter, smoke)",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "metrics": metrics,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    sections: list[Callable[[], dict[str, Any]]] = [
+        partial(bench_gemm, timer, shapes, (2, 20) if args.smoke else (16, 256, 4096), args.sweep),
+        partial(bench_gemv, timer, shapes, (1, 4, 16), copy, args.sweep),
+        partial(bench_decode_attention, timer, SMOKE_ATTENTION if args.smoke else ATTENTION, copy),
+        partial(
+            bench_moe, timer, SMOKE_MOE if args.smoke else MOE, (1, 8) if args.smoke else (1, 64, 1024), copy
+        ),
+    ]
+    for section in sections:  # the file is rewritten after each, so a timeout keeps what finished
+        metrics |= section()
+        date = save(args.out, command, device, metrics)
     table = markdown(metrics)
-    args.out.with_suffix(".md").write_text(f"`{command}` on {doc['device']}, {doc['date']}\n\n{table}\n")
+    args.out.with_suffix(".md").write_text(f"`{command}` on {device}, {date}\n\n{table}\n")
     print(table)
     return 0
+
+
+def save(path: Path, command: str, device: str, metrics: dict[str, Any]) -> str:
+    """Write the result file `{"command", "device", "date", "metrics"}`; returns the date."""
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"command": command, "device": device, "date": date, "metrics": metrics}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return date
 
 
 if __name__ == "__main__":
