@@ -206,6 +206,7 @@ GEMM_CASES = [  # (tokens, N, K, block_size)
     (20, 48, 384, (48, 256)),
     (2, 24, 96, (24, 96)),  # per tensor
     (4, 40, 160, PER_CHANNEL_BLOCK),
+    (3, 24, 256, (8, 128)),  # row blocks narrower than an MMA tile: the GEMV takes its one-token path
 ]
 
 
@@ -245,7 +246,12 @@ def test_fp8_gemv_triton_matches_reference(
 ) -> None:
     x, w8, scales, bias = _gemm_case(m, n, k, block_size, dtype)
     want = fp8_gemm_reference(x.float(), w8, scales, block_size=block_size, bias=bias.float())
-    configs = [None, Fp8GemvConfig(1, 8, 2, 4, 2), Fp8GemvConfig(16, 16, 1, 4, 2)]
+    configs = [
+        None,
+        Fp8GemvConfig(1, 8, 2, 4, 2),
+        Fp8GemvConfig(16, 16, 1, 4, 2),
+        Fp8GemvConfig(16, 8, 2, 4, 2),
+    ]
     for config in configs:
         got = fp8_gemv_triton(x, w8, scales, block_size=block_size, bias=bias, config=config)
         assert got.dtype == dtype and got.shape == (m, n)

@@ -7,18 +7,18 @@ step, no extra launch, and more accurate than the tensor-core GEMM). As in
 and writes finished outputs (no split-K, no second kernel). The weight is
 widened fp8 -> fp32 (or the activation dtype for `tl.dot`) in registers.
 
-Scales never multiply the weight tile. With block scales (a program's rows
-always lie in one row block: BLOCK_N divides bn) the scale of a K group is
-the same for all of the program's rows, so:
+With block scales a program's rows always lie in one row block (BLOCK_N
+divides bn), so the scale of a K group is the same for all of its rows:
 - one token (`USE_DOT` False): the K step is `GROUPS` groups of 128, loaded
   as a `[BLOCK_N, GROUPS, 128]` tile; the step's `GROUPS` scales multiply the
   `[1, GROUPS, 128]` input instead (128x fewer products), and the tile is
   FMA-accumulated in fp32 registers, reduced once at the end;
-- 2-16 tokens (`USE_DOT`): one group per step, `tl.dot(W, X^T)` with the
-  weight rows as the M side (swap-AB, tokens padded to 16), and the step's
-  fp32 result scaled before it is accumulated.
+- 2-16 tokens (`USE_DOT`): `GROUPS` groups per step, dequantised in
+  registers to the activation dtype exactly as the reference dequantises
+  (w_fp8 * scale, rounded once), then `tl.dot(W, X^T)` with the weight rows
+  as the M side (swap-AB, tokens padded to 16).
 Per-channel and per-tensor scales (a block spanning K, `ROW_SCALE`) multiply
-each row's finished sum instead.
+each row's finished sum instead (one token) or its dequantised rows (the dot).
 
 Launched with programmatic dependent launch on Hopper (`kernels/pdl.py`).
 """
@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tokenspeed.kernels.attention.paged_tiles import dot
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
@@ -60,7 +61,9 @@ def choose_config(m: int, k: int) -> Fp8GemvConfig:
 
     One token: 4 rows x up to 4096 values (16 KB) per program, loaded at once
     like the bf16 kernel's 2 x 4096; long rows (down_proj) take pipelined
-    steps of 1024. More tokens: 32 rows per tensor-core step, 4 stages.
+    steps of 1024. More tokens: 16 rows x 512 values per tensor-core step,
+    4 stages (two programs an SM even for 4096 rows). Not tuned one by one
+    on the H200 yet: `benchmarks/fp8_kernels.py --sweep` times alternatives.
     """
     groups = triton.cdiv(k, GROUP_SIZE)
     if m == 1:
@@ -69,7 +72,9 @@ def choose_config(m: int, k: int) -> Fp8GemvConfig:
         return Fp8GemvConfig(
             block_m=1, block_n=4, groups=min(32, next_power_of_2(groups)), num_warps=8, stages=1
         )
-    return Fp8GemvConfig(block_m=16, block_n=32, groups=1, num_warps=4, stages=4)
+    return Fp8GemvConfig(
+        block_m=16, block_n=16, groups=min(4, next_power_of_2(groups)), num_warps=4, stages=4
+    )
 
 
 @triton.jit
@@ -109,32 +114,36 @@ def _fp8_gemv_kernel(
     offs_c = tl.arange(0, GROUP_K)
     n_mask = offs_n < N
     m_mask = offs_m < M
-    scale_row = (
-        ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn
-    )  # the program's row block (block scales)
-    if USE_DOT:
-        rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    offs_g = tl.arange(0, GROUPS)
+    cols = offs_g[:, None] * GROUP_K + offs_c[None, :]  # [GROUPS, GROUP_K] offsets within a step
+    rows = w_ptr + offs_n.to(tl.int64)[:, None, None] * stride_wn
+    scale_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn  # the program's row block
+    if ROW_SCALE:
+        row_scales = tl.load(ws_ptr + (offs_n // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)
+    if USE_DOT:  # 2-16 tokens: the step's weights dequantised as the reference rounds them, one dot
         x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+        offs_kb = tl.arange(0, GROUPS * GROUP_K)
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        for k0 in tl.range(0, K, GROUP_K, num_stages=STAGES):
-            offs_k = k0 + offs_c
-            k_mask = offs_k < K
-            w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            xt = tl.trans(
-                tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            )
-            if IEEE:
-                part = tl.dot(w.to(xt.dtype), xt, input_precision="ieee")
-            else:
-                part = tl.dot(w.to(xt.dtype), xt)
+        for k0 in tl.range(0, K, GROUPS * GROUP_K, num_stages=STAGES):
+            k_mask = (k0 + cols) < K
+            w = tl.load(
+                rows + (k0 + cols)[None, :, :], mask=n_mask[:, None, None] & k_mask[None, :, :], other=0.0
+            ).to(tl.float32)
             if ROW_SCALE:
-                acc += part
+                w = w * row_scales[:, None, None]
             else:
-                acc += part * tl.load(scale_row + k0 // SCALE_BK)
+                group_start = k0 + offs_g * GROUP_K
+                w = (
+                    w
+                    * tl.load(scale_row + group_start // SCALE_BK, mask=group_start < K, other=0.0)[
+                        None, :, None
+                    ]
+                )
+            w = tl.reshape(w.to(x_ptr.dtype.element_ty), (BLOCK_N, GROUPS * GROUP_K))
+            offs_k = k0 + offs_kb
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+            acc += dot(w, tl.trans(x), IEEE)
     else:  # one token: [BLOCK_N, GROUPS, GROUP_K] tiles FMA-accumulated in fp32, one reduction at the end
-        offs_g = tl.arange(0, GROUPS)
-        cols = offs_g[:, None] * GROUP_K + offs_c[None, :]  # [GROUPS, GROUP_K] offsets within a step
-        rows = w_ptr + offs_n.to(tl.int64)[:, None, None] * stride_wn
         x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
         tile = tl.zeros([BLOCK_N, GROUPS, GROUP_K], dtype=tl.float32)
         for k0 in tl.range(0, K, GROUPS * GROUP_K, num_stages=STAGES):
@@ -148,8 +157,8 @@ def _fp8_gemv_kernel(
                 x = x * tl.load(scale_row + group_start // SCALE_BK, mask=group_start < K, other=0.0)[:, None]
             tile += w.to(tl.float32) * x[None, :, :]
         acc = tl.sum(tl.sum(tile, 2), 1)[:, None]
-    if ROW_SCALE:
-        acc *= tl.load(ws_ptr + (offs_n // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)[:, None]
+        if ROW_SCALE:
+            acc *= row_scales[:, None]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
     dst = out_ptr + offs_m.to(tl.int64)[None, :] * stride_om + offs_n[:, None]
@@ -196,6 +205,9 @@ def fp8_gemv_triton(
     cfg = config or choose_config(m, k)
     row_scale = block_size[1] >= k
     block_n = _fitting_block_n(cfg.block_n, block_size[0], row_scale)
+    if cfg.use_dot and block_n < 16:  # row blocks under 16 rows leave no MMA tile: one token per program
+        cfg = choose_config(1, k)
+        block_n = _fitting_block_n(cfg.block_n, block_size[0], row_scale)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, cfg.block_m))
     for_tensor(_fp8_gemv_kernel, x)[grid](
         x2, weight, weight_scale.contiguous(), bias if bias is not None else out, out, m,
