@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from tokenspeed.kernels.quant.fp8 import dequantize_kv
+from tokenspeed.kernels.quant.fp8 import byte_view, dequantize_kv
 from tokenspeed.kernels.registry import Band, register_kernel
 
 # Most elements of padded keys (values alike) one chunk of rows may gather: 4M (16 MiB each in fp32).
@@ -86,8 +86,8 @@ def _attend_chunk(
     owned = table_idx * page_size < lens[:, None]  # pages past a row's end may hold anything: read page 0
     pages = table.long().masked_fill_(~owned, 0).reshape(-1)
     # Pages as flat rows: index_select over a 2-D view copies each page in one piece (~4x faster than 4-D).
-    keys = k_cache.reshape(k_cache.shape[0], -1).index_select(0, pages)
-    values = v_cache.reshape(v_cache.shape[0], -1).index_select(0, pages)
+    keys = byte_view(k_cache).reshape(k_cache.shape[0], -1).index_select(0, pages).view(k_cache.dtype)
+    values = byte_view(v_cache).reshape(v_cache.shape[0], -1).index_select(0, pages).view(v_cache.dtype)
     keys = dequantize_kv(keys.view(rows, span, num_kv_heads, -1), k_scale)
     values = dequantize_kv(values.view(rows, span, num_kv_heads, -1), v_scale)
 

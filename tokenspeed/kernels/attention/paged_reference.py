@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tokenspeed.kernels.kvstore.reference import write_kv_reference
-from tokenspeed.kernels.quant.fp8 import dequantize_kv
+from tokenspeed.kernels.quant.fp8 import byte_view, dequantize_kv
 from tokenspeed.kernels.registry import Band, register_kernel
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def gather_row_kv(cache: torch.Tensor, page_table_row: torch.Tensor, seq_len: in
     page_size = cache.shape[1]
     positions = torch.arange(seq_len, device=cache.device)
     pages = page_table_row[positions // page_size].long()
-    return cache[pages, positions % page_size]
+    return byte_view(cache)[pages, positions % page_size].view(cache.dtype)
 
 
 def _attend_row(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from tokenspeed.kernels.quant.fp8 import kv_for_cache
+from tokenspeed.kernels.quant.fp8 import byte_view, kv_for_cache
 from tokenspeed.kernels.registry import Band, register_kernel
 
 
@@ -39,5 +39,5 @@ def write_kv_reference(
     page_size = k_cache.shape[1]
     pages, offsets = slots // page_size, slots % page_size
     # Indexing by (page, offset) rather than a flat view also serves non-contiguous caches.
-    k_cache[pages, offsets] = kv_for_cache(k, k_cache.dtype, k_scale)
-    v_cache[pages, offsets] = kv_for_cache(v, v_cache.dtype, v_scale)
+    byte_view(k_cache)[pages, offsets] = byte_view(kv_for_cache(k, k_cache.dtype, k_scale))
+    byte_view(v_cache)[pages, offsets] = byte_view(kv_for_cache(v, v_cache.dtype, v_scale))

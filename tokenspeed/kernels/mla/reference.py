@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from tokenspeed.kernels.quant.fp8 import dequantize_kv, kv_for_cache
+from tokenspeed.kernels.quant.fp8 import byte_view, dequantize_kv, kv_for_cache
 from tokenspeed.kernels.registry import Band, register_kernel
 
 
@@ -43,7 +43,7 @@ def _gather_row(
     page_size = cache.shape[1]
     positions = torch.arange(seq_len, device=cache.device)
     pages = page_table_row[positions // page_size].long()
-    return dequantize_kv(cache[pages, positions % page_size, 0], kv_scale)
+    return dequantize_kv(byte_view(cache)[pages, positions % page_size, 0].view(cache.dtype), kv_scale)
 
 
 def _attend_row(
@@ -98,9 +98,10 @@ def mla_write_reference(
     any_real = keep[first]
     index = torch.where(keep, torch.arange(tokens, device=slots.device), first)
     target = torch.where(keep, slots, torch.where(any_real, slots[first], 0))
-    values = kv_for_cache(latent_and_rope, cache.dtype, kv_scale)[index]
-    values = torch.where(any_real, values, cache[0, 0, 0].expand_as(values))
-    cache[target // page_size, target % page_size, 0] = values
+    cached = byte_view(cache)  # fp8 through its bytes: see quant/fp8.byte_view
+    values = byte_view(kv_for_cache(latent_and_rope, cache.dtype, kv_scale))[index]
+    values = torch.where(any_real, values, cached[0, 0, 0].expand_as(values))
+    cached[target // page_size, target % page_size, 0] = values
 
 
 @register_kernel("mla", "decode", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"))

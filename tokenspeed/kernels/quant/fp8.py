@@ -40,6 +40,16 @@ MIN_AMAX = 1e-10
 BlockSize = tuple[int, int]
 
 
+def byte_view(t: torch.Tensor) -> torch.Tensor:
+    """An fp8 tensor as uint8 (the same bytes), others unchanged.
+
+    torch's indexing kernels (`index`, `index_put_`, `where`, `index_select`)
+    do not take fp8 on every build and device; the references gather and
+    scatter cached fp8 values through this view instead.
+    """
+    return t.view(torch.uint8) if t.dtype == FP8_DTYPE else t
+
+
 def cast_to_fp8(x: torch.Tensor) -> torch.Tensor:
     """fp32 values -> e4m3, saturating at +-448 (torch's cast alone would give NaN above it on some builds)."""
     return x.float().clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
