@@ -26,6 +26,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 _FLOAT_ARGS = {"scale_log2e", "eps", "greedy_epsilon"}
+# Per-head fp32 scales of an fp8 e4m3 KV cache; the caches' pointer types when they are fp8.
+_KV_SCALES = {"k_scale_ptr": "fp32", "v_scale_ptr": "fp32"}
+_FP8_KV = _KV_SCALES | {"k_cache_ptr": "fp8e4nv", "v_cache_ptr": "fp8e4nv"}
 _ALIGNED = re.compile(r"(_ptr$|^stride_(?!pt$|cos$|row$|x_inner$|r_inner$))")
 
 
@@ -35,6 +38,8 @@ class KernelConfig:
 
     `spill_allowance`: register spill bytes this configuration is known to
     have and was measured to be fastest with anyway (0 for nearly all).
+    `multiple_of_16`: integer arguments the launcher sees as multiples of 16
+    (Triton specialises on it at run time; a masked fp8 K loop pipelines only then).
     """
 
     name: str
@@ -45,6 +50,7 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 2
     spill_allowance: int = 0
+    multiple_of_16: tuple[str, ...] = ()
 
 
 def _signature(config: KernelConfig) -> tuple[dict[str, str], dict[tuple[int, ...], Any]]:
@@ -58,7 +64,7 @@ def _signature(config: KernelConfig) -> tuple[dict[str, str], dict[tuple[int, ..
             signature[arg] = "*" + config.pointers.get(arg, config.pointee)
         else:
             signature[arg] = "fp32" if arg in _FLOAT_ARGS else "i32"
-        if signature[arg] != "constexpr" and _ALIGNED.search(arg):
+        if signature[arg] != "constexpr" and (_ALIGNED.search(arg) or arg in config.multiple_of_16):
             attrs[(index,)] = [["tt.divisibility", 16]]
     return signature, attrs
 
@@ -73,15 +79,17 @@ def serving_configs() -> Iterator[KernelConfig]:
 
     tables = {"page_table_ptr": "i32", "seq_lens_ptr": "i32", "query_start_ptr": "i32"}
     partials = {"part_out_ptr": "fp32", "part_lse_ptr": "fp32"}
-    for splits in (1, 8):
-        for window in (False, True):
-            yield KernelConfig(
-                f"attention.decode splits={splits} window={window}",
-                decode_triton._decode_split_kernel,
-                dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=splits, G_BLOCKS=1)
-                | dict(BLOCK_G=16, BLOCK_D=128, BLOCK_N=64, HAS_WINDOW=window, IEEE=False, USE_PDL=True),
-                pointers=tables | partials,
-            )
+    for splits, window, fp8 in ((1, False, False), (1, True, False), (8, False, False), (8, True, False))+(
+        (1, False, True), (8, False, True)
+    ):
+        yield KernelConfig(
+            f"attention.decode splits={splits} window={window} fp8={fp8}",
+            decode_triton._decode_split_kernel,
+            dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=splits, G_BLOCKS=1)
+            | dict(BLOCK_G=16, BLOCK_D=128, BLOCK_N=decode_triton.positions_per_step(128, 1 if fp8 else 2))
+            | dict(HAS_WINDOW=window, IEEE=False, USE_PDL=True, HAS_SCALE=fp8, SCALE_STRIDE=1),
+            pointers=tables | partials | (_FP8_KV if fp8 else _KV_SCALES),
+        )
     yield KernelConfig(
         "attention.decode reduce",
         decode_triton._decode_reduce_kernel,
@@ -89,21 +97,23 @@ def serving_configs() -> Iterator[KernelConfig]:
         pointers=partials,
     )
     for block_m, block_n, warps in ((128, 64, 8), (16, 64, 4)):
-        for window in (False, True):
+        for window, fp8 in ((False, False), (True, False), (False, True)):
             yield KernelConfig(
-                f"attention.extend {block_m}x{block_n} window={window}",
+                f"attention.extend {block_m}x{block_n} window={window} fp8={fp8}",
                 extend_triton._extend_kernel,
                 dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=128)
-                | dict(HAS_WINDOW=window, IEEE=False),
-                pointers=tables,
+                | dict(HAS_WINDOW=window, IEEE=False, HAS_SCALE=fp8, SCALE_STRIDE=1),
+                pointers=tables | (_FP8_KV if fp8 else _KV_SCALES),
                 num_warps=warps,
             )
-    yield KernelConfig(
-        "kvstore.write",
-        write_triton._write_kv_kernel,
-        dict(NUM_KV_HEADS=8, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_H=8, BLOCK_D=128, USE_PDL=True),
-        pointers={"slot_ptr": "i64"},
-    )
+    for fp8 in (False, True):
+        yield KernelConfig(
+            f"kvstore.write fp8={fp8}",
+            write_triton._write_kv_kernel,
+            dict(NUM_KV_HEADS=8, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_H=8, BLOCK_D=128, USE_PDL=True)
+            | dict(FP8_CACHE=fp8, HAS_SCALE=fp8, SCALE_STRIDE=1),
+            pointers={"slot_ptr": "i64"} | (_FP8_KV if fp8 else _KV_SCALES),
+        )
     yield KernelConfig(
         "norm.rms residual",
         rms_triton._rms_norm_kernel,
@@ -121,6 +131,9 @@ def serving_configs() -> Iterator[KernelConfig]:
 
     yield from moe_compile_configs()
     yield from _gemm_configs()
+    from tokenspeed.kernels.quant.compile_configs import fp8_compile_configs
+
+    yield from fp8_compile_configs()
     from tokenspeed.kernels.mla.compile_configs import mla_compile_configs
 
     yield from mla_compile_configs()

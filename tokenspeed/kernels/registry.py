@@ -57,10 +57,13 @@ _BUILTIN_MODULES = (
     "tokenspeed.kernels.activation.reference",
     "tokenspeed.kernels.sampling.reference",
     "tokenspeed.kernels.gemm.reference",
+    "tokenspeed.kernels.gemm.fp8_reference",
+    "tokenspeed.kernels.quant.fp8",
     "tokenspeed.kernels.mla.reference",
     "tokenspeed.kernels.moe.routing_reference",
     "tokenspeed.kernels.moe.experts_reference",
     "tokenspeed.kernels.moe.experts_grouped_mm",
+    "tokenspeed.kernels.moe.experts_fp8_reference",
 )
 # Triton (PORTABLE) kernels: skipped, with a debug note, where triton is not installed.
 _TRITON_MODULES = (
@@ -72,11 +75,15 @@ _TRITON_MODULES = (
     "tokenspeed.kernels.activation.silu_triton",
     "tokenspeed.kernels.sampling.sample_triton",
     "tokenspeed.kernels.moe.experts_triton",
+    "tokenspeed.kernels.moe.experts_fp8_triton",
     "tokenspeed.kernels.moe.routing_triton",
     "tokenspeed.kernels.mla.write_triton",
     "tokenspeed.kernels.mla.decode_triton",
     "tokenspeed.kernels.mla.extend_triton",
     "tokenspeed.kernels.gemm.gemv_triton",
+    "tokenspeed.kernels.gemm.fp8_gemm_triton",
+    "tokenspeed.kernels.gemm.fp8_gemv_triton",
+    "tokenspeed.kernels.quant.quantize_triton",
 )
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from tokenspeed.kernels.quant.fp8 import byte_view, dequantize_kv
 from tokenspeed.kernels.registry import Band, register_kernel
 
 # Most elements of padded keys (values alike) one chunk of rows may gather: 4M (16 MiB each in fp32).
@@ -63,6 +64,8 @@ def _attend_chunk(
     first_page: torch.Tensor | None,
     span_pages: int,
     scale: float,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
 ) -> torch.Tensor:
     """Single-token queries of `rows` rows over their visible positions; fp32 `[rows, heads, v_dim]`."""
     rows, num_heads, _ = q.shape
@@ -83,10 +86,10 @@ def _attend_chunk(
     owned = table_idx * page_size < lens[:, None]  # pages past a row's end may hold anything: read page 0
     pages = table.long().masked_fill_(~owned, 0).reshape(-1)
     # Pages as flat rows: index_select over a 2-D view copies each page in one piece (~4x faster than 4-D).
-    keys = k_cache.reshape(k_cache.shape[0], -1).index_select(0, pages)
-    values = v_cache.reshape(v_cache.shape[0], -1).index_select(0, pages)
-    keys = keys.view(rows, span, num_kv_heads, -1).float()
-    values = values.view(rows, span, num_kv_heads, -1).float()
+    keys = byte_view(k_cache).reshape(k_cache.shape[0], -1).index_select(0, pages).view(k_cache.dtype)
+    values = byte_view(v_cache).reshape(v_cache.shape[0], -1).index_select(0, pages).view(v_cache.dtype)
+    keys = dequantize_kv(keys.view(rows, span, num_kv_heads, -1), k_scale)
+    values = dequantize_kv(values.view(rows, span, num_kv_heads, -1), v_scale)
 
     queries = q.float()
     heads = [slice(h * group, (h + 1) * group) for h in range(num_kv_heads)]
@@ -118,12 +121,15 @@ def decode_attention_torch_batched(
     scale: float,
     sliding_window: int | None = None,
     num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per row (q `[rows, heads, head_dim]`) over its `seq_lens[row]` cached positions.
 
     Caches `[num_pages, page_size, kv_heads, head_dim]`, page_table `[rows, max_pages]`
     and seq_lens `[rows]` int32 or int64. Returns `[rows, heads, head_dim]` in q's
     dtype, equal to `decode_attention_reference` up to fp32 summation order.
+    fp8 caches: values times `k_scale` / `v_scale` of their head, as the reference.
     `num_splits` only steers GPU kernels and is ignored.
     """
     del num_splits
@@ -142,7 +148,9 @@ def decode_attention_torch_batched(
     per_page = page_size * num_kv_heads * max(k_cache.shape[-1], v_cache.shape[-1])
     chunk_rows = max(1, ELEMENT_BUDGET // (span_pages * per_page))
     if chunk_rows >= rows:  # the common case: the whole batch at once
-        return _attend_chunk(q, k_cache, v_cache, table, lens, start, first_page, span_pages, scale).to(q.dtype)
+        return _attend_chunk(
+            q, k_cache, v_cache, table, lens, start, first_page, span_pages, scale, k_scale, v_scale
+        ).to(q.dtype)
     out = torch.empty_like(q)
     for first in range(0, rows, chunk_rows):
         rows_here = slice(first, min(first + chunk_rows, rows))
@@ -160,5 +168,7 @@ def decode_attention_torch_batched(
             None if first_page is None else first_page[rows_here],
             pages_here,
             scale,
+            k_scale,
+            v_scale,
         )
     return out

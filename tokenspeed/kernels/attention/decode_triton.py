@@ -15,6 +15,13 @@ cached byte once:
 - both kernels launch with programmatic dependent launch on Hopper
   (`kernels/pdl.py`): at short contexts they are latency-bound, and the
   launch of each overlaps the kernel before it.
+
+FP8 KV cache (e4m3, per-head or per-tensor scales, `quant/fp8.kv_scale_layout`):
+tiles are widened to the query dtype in registers; a program serves one kv
+head, so its key scale is folded into the softmax scale and its value scale
+multiplies the output once, and the inner loop gains no multiply. A tile is
+then half the bytes, so fp8 caches take 128 positions a step (same bytes in
+flight as 64 bf16 positions).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from tokenspeed.kernels.attention.paged_tiles import (
     store_split_partial,
 )
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
+from tokenspeed.kernels.quant.fp8 import kv_scale_args
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2, sm_count_of
 
@@ -50,6 +58,8 @@ def _decode_split_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     scale_log2e,
     window,
     stride_qb,
@@ -75,6 +85,8 @@ def _decode_split_kernel(
     HAS_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
     USE_PDL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    SCALE_STRIDE: tl.constexpr,
 ):
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
         gdc_wait()
@@ -103,6 +115,8 @@ def _decode_split_kernel(
         other=0.0,
     )
 
+    if HAS_SCALE:  # fp8 keys: k = k_fp8 * k_scale, folded into the softmax scale
+        scale_log2e = scale_log2e * tl.load(k_scale_ptr + kv_head * SCALE_STRIDE)
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
@@ -114,10 +128,12 @@ def _decode_split_kernel(
         slot = pos % PAGE_SIZE
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = gather_kv_tile(k_cache_ptr, page, slot, kv_head, stride_kp, stride_ks, stride_kh, offs_d, kv_mask)
-        scores = dot(q, tl.trans(k), IEEE)
+        scores = dot(q, tl.trans(k.to(q.dtype)), IEEE)
         scores = tl.where(n_mask[None, :], scores * scale_log2e, float("-inf"))
         v = gather_kv_tile(v_cache_ptr, page, slot, kv_head, stride_vp, stride_vs, stride_vh, offs_d, kv_mask)
-        m_i, l_i, acc = online_softmax_step(scores, v, m_i, l_i, acc, IEEE)
+        m_i, l_i, acc = online_softmax_step(scores, v.to(q.dtype), m_i, l_i, acc, IEEE)
+    if HAS_SCALE:
+        acc = acc * tl.load(v_scale_ptr + kv_head * SCALE_STRIDE)
 
     if NUM_SPLITS == 1:
         result = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -157,6 +173,11 @@ def _decode_reduce_kernel(
     tl.store(dst, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
+def positions_per_step(block_d: int, cache_element_size: int) -> int:
+    """Cached positions per loop step: 64 (32 for head dims over 128), doubled for 1-byte fp8 caches."""
+    return (64 if block_d <= 128 else 32) * max(1, 2 // cache_element_size)
+
+
 def choose_num_splits(
     num_rows: int, num_kv_heads: int, max_seq_len: int, device: torch.device | str | None = None
 ) -> int:
@@ -190,12 +211,15 @@ def decode_attention_triton(
     scale: float,
     sliding_window: int | None = None,
     num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q `[rows, heads, head_dim]` over caches `[num_pages, page_size, kv_heads, head_dim]`.
 
     page_table `[rows, max_pages]` and seq_lens `[rows]` are int32 or int64
     device tensors. `num_splits` None picks one from the table width (the most
-    tokens a row can hold), which never reads the tensors' values.
+    tokens a row can hold), which never reads the tensors' values. Caches in
+    fp8 e4m3 take `k_scale` / `v_scale` (fp32 `[kv_heads]` or `[1]`; None: 1.0).
     """
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -209,6 +233,7 @@ def decode_attention_triton(
         return out
     if num_splits is None:
         num_splits = choose_num_splits(rows, num_kv_heads, page_table.shape[1] * page_size, q.device)
+    k_scale_arg, v_scale_arg, has_scale, scale_stride = kv_scale_args(k_scale, v_scale, k_cache, num_kv_heads)
     group = num_heads // num_kv_heads
     block_g = max(16, min(64, next_power_of_2(group)))
     g_blocks = -(-group // block_g)
@@ -228,6 +253,8 @@ def decode_attention_triton(
         out,
         part_out,
         part_lse,
+        k_scale_arg,
+        v_scale_arg,
         scale * LOG2E,
         sliding_window or 0,
         q.stride(0),
@@ -249,9 +276,11 @@ def decode_attention_triton(
         G_BLOCKS=g_blocks,
         BLOCK_G=block_g,
         BLOCK_D=block_d,
-        BLOCK_N=64 if block_d <= 128 else 32,
+        BLOCK_N=positions_per_step(block_d, k_cache.element_size()),
         HAS_WINDOW=sliding_window is not None,
         IEEE=q.dtype == torch.float32,
+        HAS_SCALE=has_scale,
+        SCALE_STRIDE=scale_stride,
         num_warps=4,
         num_stages=2,
         **pdl_launch_options(pdl),

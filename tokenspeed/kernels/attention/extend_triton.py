@@ -13,6 +13,10 @@ so the mask is only built on the diagonal (and everywhere with a sliding
 window). Grid axis 0 enumerates query tiles with the *last* ones first: they
 see the most keys, and starting them early balances the tail. Element offsets
 into the cache are 64-bit because a large pool overflows 32 bits.
+
+FP8 KV cache: as in `decode_triton`, tiles are widened to the query dtype in
+registers, the key scale of the program's kv head is folded into the softmax
+scale and its value scale multiplies the output once.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import triton
 import triton.language as tl
 
 from tokenspeed.kernels.attention.paged_tiles import dot, gather_kv_tile, online_softmax_step
+from tokenspeed.kernels.quant.fp8 import kv_scale_args
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -37,6 +42,8 @@ def _extend_kernel(
     seq_lens_ptr,
     page_table_ptr,
     out_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     scale_log2e,
     window,
     stride_qt,
@@ -59,6 +66,8 @@ def _extend_kernel(
     BLOCK_D: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     IEEE: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    SCALE_STRIDE: tl.constexpr,
 ):
     m_block = M_BLOCKS - 1 - tl.program_id(0)
     head = tl.program_id(1)
@@ -87,6 +96,8 @@ def _extend_kernel(
         if HAS_WINDOW:
             lo = tl.maximum(first_q - window + 1, 0)
         unmasked_end = first_q + 1  # keys before this are visible to every query of the tile
+        if HAS_SCALE:  # fp8 keys: k = k_fp8 * k_scale, folded into the softmax scale
+            scale_log2e = scale_log2e * tl.load(k_scale_ptr + kv_head * SCALE_STRIDE)
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -99,15 +110,17 @@ def _extend_kernel(
             slot = pos % PAGE_SIZE
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k = gather_kv_tile(k_cache_ptr, page, slot, kv_head, stride_kp, stride_ks, stride_kh, offs_d, kv_mask)
-            scores = dot(q, tl.trans(k), IEEE) * scale_log2e
+            scores = dot(q, tl.trans(k.to(q.dtype)), IEEE) * scale_log2e
             if HAS_WINDOW or block_start + BLOCK_N > unmasked_end:
                 visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
                 if HAS_WINDOW:
                     visible = visible & ((q_pos[:, None] - pos[None, :]) < window)
                 scores = tl.where(visible, scores, float("-inf"))
             v = gather_kv_tile(v_cache_ptr, page, slot, kv_head, stride_vp, stride_vs, stride_vh, offs_d, kv_mask)
-            m_i, l_i, acc = online_softmax_step(scores, v, m_i, l_i, acc, IEEE)
+            m_i, l_i, acc = online_softmax_step(scores, v.to(q.dtype), m_i, l_i, acc, IEEE)
 
+        if HAS_SCALE:
+            acc = acc * tl.load(v_scale_ptr + kv_head * SCALE_STRIDE)
         result = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         dst = out_ptr + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
         tl.store(dst, result.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
@@ -140,11 +153,14 @@ def extend_attention_triton(
     scale: float,
     sliding_window: int | None = None,
     max_query_len: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q `[tokens, heads, head_dim]`; query_start `[rows + 1]`, seq_lens `[rows]`, page_table `[rows, max_pages]`.
 
     `max_query_len` sizes the grid; pass it (the executor knows it) to avoid a
     device-to-host read of query_start. Returns `[tokens, heads, head_dim]`.
+    fp8 e4m3 caches take `k_scale` / `v_scale` (fp32 `[kv_heads]` or `[1]`; None: 1.0).
     """
     tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -158,6 +174,7 @@ def extend_attention_triton(
         return out
     if max_query_len is None:
         max_query_len = int((query_start[1:] - query_start[:-1]).max())
+    k_scale_arg, v_scale_arg, has_scale, scale_stride = kv_scale_args(k_scale, v_scale, k_cache, num_kv_heads)
     block_m, block_n, num_warps, num_stages = _tile_sizes(head_dim, q.dtype, max_query_len)
     m_blocks = -(-max_query_len // block_m)
     for_tensor(_extend_kernel, q)[(m_blocks, num_heads, rows)](
@@ -168,6 +185,8 @@ def extend_attention_triton(
         seq_lens,
         page_table,
         out,
+        k_scale_arg,
+        v_scale_arg,
         scale * LOG2E,
         sliding_window or 0,
         q.stride(0),
@@ -190,6 +209,8 @@ def extend_attention_triton(
         BLOCK_D=max(16, next_power_of_2(head_dim)),
         HAS_WINDOW=sliding_window is not None,
         IEEE=q.dtype == torch.float32,
+        HAS_SCALE=has_scale,
+        SCALE_STRIDE=scale_stride,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -13,6 +13,10 @@ Two registered modes share one row routine, so they agree to the last bit:
 (one per row; the fast kernels for it differ, hence its own mode).
 `paged_attention_reference` (store this step's K/V, then extend) is the
 whole-layer oracle of the tests; no layer selects it, so it is not registered.
+
+FP8 KV cache: every mode takes `k_scale` / `v_scale` (fp32 `[kv_heads]` or
+`[1]`, see `quant/fp8.kv_scale_layout`); cached fp8 values are read as
+value * scale of their head (None: 1.0). bf16/fp32 caches take no scales.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tokenspeed.kernels.kvstore.reference import write_kv_reference
+from tokenspeed.kernels.quant.fp8 import byte_view, dequantize_kv
 from tokenspeed.kernels.registry import Band, register_kernel
 
 if TYPE_CHECKING:
@@ -29,10 +34,17 @@ if TYPE_CHECKING:
 
 
 def write_kv_cache(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Scatter new K/V rows `[tokens, kv_heads, head_dim]` into the paged caches at flat slots."""
-    write_kv_reference(k, v, k_cache, v_cache, slot_mapping)
+    write_kv_reference(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
 
 
 def gather_row_kv(cache: torch.Tensor, page_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -40,7 +52,7 @@ def gather_row_kv(cache: torch.Tensor, page_table_row: torch.Tensor, seq_len: in
     page_size = cache.shape[1]
     positions = torch.arange(seq_len, device=cache.device)
     pages = page_table_row[positions // page_size].long()
-    return cache[pages, positions % page_size]
+    return byte_view(cache)[pages, positions % page_size].view(cache.dtype)
 
 
 def _attend_row(
@@ -51,6 +63,8 @@ def _attend_row(
     seq_len: int,
     scale: float,
     sliding_window: int | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
 ) -> torch.Tensor:
     """The last `q.shape[0]` positions of one row attend causally to its `seq_len` cached positions."""
     q_len, num_heads, head_dim = q.shape
@@ -60,8 +74,8 @@ def _attend_row(
     if seq_len == 0:  # a padding row (CUDA-graph batches): no keys, zero output
         return torch.zeros_like(q)
     group = num_heads // num_kv_heads
-    keys = gather_row_kv(k_cache, page_table_row, seq_len).float()  # [S, Hkv, D]
-    values = gather_row_kv(v_cache, page_table_row, seq_len).float()
+    keys = dequantize_kv(gather_row_kv(k_cache, page_table_row, seq_len), k_scale)  # fp32 [S, Hkv, D]
+    values = dequantize_kv(gather_row_kv(v_cache, page_table_row, seq_len), v_scale)
     # [Hkv, group, q_len, D] so each kv head serves its group of query heads.
     queries = q.float().view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     scores = torch.einsum("hgqd,shd->hgqs", queries, keys) * scale
@@ -88,6 +102,8 @@ def extend_attention_reference(
     scale: float,
     sliding_window: int | None = None,
     max_query_len: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each row's new tokens attend to its cached prefix plus, causally, to each other.
 
@@ -103,7 +119,7 @@ def extend_attention_reference(
         start, end = starts[row], starts[row + 1]
         if end > start:
             out[start:end] = _attend_row(
-                q[start:end], k_cache, v_cache, page_table[row], seq_len, scale, sliding_window
+                q[start:end], k_cache, v_cache, page_table[row], seq_len, scale, sliding_window, k_scale, v_scale
             )
     return out
 
@@ -119,6 +135,8 @@ def decode_attention_reference(
     scale: float,
     sliding_window: int | None = None,
     num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per row (q `[rows, heads, head_dim]`) over its `seq_lens[row]` cached positions.
 
@@ -129,7 +147,7 @@ def decode_attention_reference(
     out = torch.empty_like(q)
     for row, seq_len in enumerate(seq_lens.tolist()):
         out[row] = _attend_row(
-            q[row : row + 1], k_cache, v_cache, page_table[row], seq_len, scale, sliding_window
+            q[row : row + 1], k_cache, v_cache, page_table[row], seq_len, scale, sliding_window, k_scale, v_scale
         )[0]
     return out
 
@@ -144,6 +162,8 @@ def paged_attention_reference(
     *,
     scale: float,
     sliding_window: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Store this step's K/V, then attend causally over each row's whole history.
 
@@ -151,7 +171,7 @@ def paged_attention_reference(
     caches: `[num_pages, page_size, kv_heads, head_dim]`. Returns `[tokens, heads, head_dim]`
     in q's dtype. `heads` must be a multiple of `kv_heads` (GQA; MQA when kv_heads == 1).
     """
-    write_kv_cache(k, v, k_cache, v_cache, attn.slot_mapping)
+    write_kv_cache(k, v, k_cache, v_cache, attn.slot_mapping, k_scale=k_scale, v_scale=v_scale)
     return extend_attention_reference(
         q,
         k_cache,
@@ -161,4 +181,6 @@ def paged_attention_reference(
         attn.page_table,
         scale=scale,
         sliding_window=sliding_window,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )

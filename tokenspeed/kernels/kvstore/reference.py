@@ -3,20 +3,35 @@
 Slots below zero are skipped. The executor pads CUDA-graph batches to a fixed
 size and marks the padding tokens with slot -1, so the same captured graph can
 run any smaller batch without writing garbage into a live page.
+
+An fp8 (e4m3) cache stores the rows quantised with static scales, one per kv
+head (`[kv_heads]`) or one for all heads (`[1]`); None means 1.0. Why per
+head, and the rounding: `quant/fp8.py` (`kv_scale_layout`, `quantize_kv`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from tokenspeed.kernels.quant.fp8 import byte_view, kv_for_cache
 from tokenspeed.kernels.registry import Band, register_kernel
 
 
 @register_kernel("kvstore", "write", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"))
 def write_kv_reference(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """k, v `[tokens, kv_heads, head_dim]` -> caches `[num_pages, page_size, kv_heads, head_dim]` at flat slots."""
+    """k, v `[tokens, kv_heads, head_dim]` -> caches `[num_pages, page_size, kv_heads, head_dim]` at flat slots.
+
+    fp8 caches: k / k_scale and v / v_scale (fp32 `[kv_heads]` or `[1]`, None: 1.0), rounded to e4m3.
+    """
     slots = slot_mapping.to(torch.int64)
     keep = slots >= 0
     if not bool(keep.all()):
@@ -24,5 +39,5 @@ def write_kv_reference(
     page_size = k_cache.shape[1]
     pages, offsets = slots // page_size, slots % page_size
     # Indexing by (page, offset) rather than a flat view also serves non-contiguous caches.
-    k_cache[pages, offsets] = k.to(k_cache.dtype)
-    v_cache[pages, offsets] = v.to(v_cache.dtype)
+    byte_view(k_cache)[pages, offsets] = byte_view(kv_for_cache(k, k_cache.dtype, k_scale))
+    byte_view(v_cache)[pages, offsets] = byte_view(kv_for_cache(v, v_cache.dtype, v_scale))

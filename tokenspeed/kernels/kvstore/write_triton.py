@@ -5,6 +5,10 @@ page and in-page offset are computed from the flat slot so that any cache
 strides work, and the page index is widened to int64 because a large pool
 overflows 32-bit element offsets. Launched with programmatic dependent launch
 on Hopper (`kernels/pdl.py`), which hides most of this tiny kernel's launch.
+
+An fp8 cache (`FP8_CACHE`) gets each head's rows times the reciprocal of its
+scale (`HAS_SCALE`; one per head, or one for all: `SCALE_STRIDE` 1 or 0),
+rounded to e4m3 by `quant/fp8_cast.to_fp8`, bit for bit as the reference.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
+from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
+from tokenspeed.kernels.quant.fp8_cast import quantize_heads
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -36,12 +42,17 @@ def _write_kv_kernel(
     stride_vcp,
     stride_vcs,
     stride_vch,
+    k_scale_ptr,
+    v_scale_ptr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     USE_PDL: tl.constexpr,
+    FP8_CACHE: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    SCALE_STRIDE: tl.constexpr,
 ):
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
         gdc_wait()
@@ -72,6 +83,9 @@ def _write_kv_kernel(
         )
         k = tl.load(src_k, mask=mask)
         v = tl.load(src_v, mask=mask)
+        if FP8_CACHE:
+            k = quantize_heads(k, k_scale_ptr, offs_h, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE)
+            v = quantize_heads(v, v_scale_ptr, offs_h, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE)
         tl.store(dst_k, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
         tl.store(dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -80,10 +94,21 @@ def _write_kv_kernel(
     "kvstore", "write", name="triton", band=Band.PORTABLE, platforms=("cuda",), dtypes=FLOAT_DTYPES
 )
 def write_kv_triton(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """k, v `[tokens, kv_heads, head_dim]` (last axis contiguous) -> caches at `slot_mapping` (int32/int64)."""
+    """k, v `[tokens, kv_heads, head_dim]` (last axis contiguous) -> caches at `slot_mapping` (int32/int64).
+
+    fp8 caches: see `reference.write_kv_reference` for the scales.
+    """
     tokens, num_kv_heads, head_dim = k.shape
+    k_scale_arg, v_scale_arg, has_scale, scale_stride = kv_scale_args(k_scale, v_scale, k_cache, num_kv_heads)
     if tokens == 0:
         return
     if k.stride(-1) != 1:
@@ -108,10 +133,15 @@ def write_kv_triton(
         v_cache.stride(0),
         v_cache.stride(1),
         v_cache.stride(2),
+        k_scale_arg,
+        v_scale_arg,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         PAGE_SIZE=k_cache.shape[1],
         BLOCK_H=next_power_of_2(num_kv_heads),
         BLOCK_D=next_power_of_2(head_dim),
+        FP8_CACHE=k_cache.dtype == FP8_DTYPE,
+        HAS_SCALE=has_scale,
+        SCALE_STRIDE=scale_stride,
         **pdl_launch_options(pdl_enabled(k.device)),
     )

@@ -56,7 +56,9 @@ def block_m_of(num_heads: int, fold: int) -> int:
     return max(16, next_power_of_2(head_tiling(num_heads, fold)[0] * fold))
 
 
-def default_launch(block_m: int, dtype: torch.dtype, split_tokens: int | None = None) -> DecodeLaunch:
+def default_launch(
+    block_m: int, dtype: torch.dtype, split_tokens: int | None = None, *, fp8_cache: bool = False
+) -> DecodeLaunch:
     """Sizes that compile for sm_90 (see compile_check), picked by measurement on the H200.
 
     `split_tokens` bounds the cached positions one program walks (the
@@ -75,8 +77,17 @@ def default_launch(block_m: int, dtype: torch.dtype, split_tokens: int | None = 
     Other sizes (bf16): 32- and 64-row tiles take 64 positions, 8 warps (the
     512-wide fp32 accumulator needs two warpgroups) and three stages. fp32
     (exact tests) uses 16 positions per step to fit.
+    An fp8 cache is widened to bf16 in registers, which the bf16 path never
+    needs (its tiles go straight to shared memory), so it takes 8 warps and
+    32 positions a step (16 for 64-row tiles): 16-row tiles then compile
+    without spills, 32-row tiles with 20 B and 64-row tiles with ~170 B
+    (compile_check; the fp8 launches are not yet measured).
     """
     anchored = block_m <= 32 and (split_tokens is None or split_tokens >= _ANCHORED_MIN_SPLIT_TOKENS)
+    if fp8_cache and dtype != torch.float32:
+        if block_m <= 32:
+            return DecodeLaunch(block_n=32, num_warps=8, num_stages=2, anchored=anchored)
+        return DecodeLaunch(block_n=16, num_warps=8, num_stages=3)
     if dtype == torch.float32:
         return DecodeLaunch(block_n=16, num_warps=4 if block_m <= 16 else 8, num_stages=3, anchored=anchored)
     if block_m <= 16:

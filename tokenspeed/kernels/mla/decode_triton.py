@@ -22,7 +22,10 @@ load every cache byte once per step:
   rate at 16 heads x 64K); `DecodeLaunch.anchored` False is its off switch;
 - the grid depends only on (rows, q_len, heads, num_splits) and all per-row
   data is read on the device, so the launch is CUDA-graph capturable.
-  Rows of length 0 (batch padding) yield zeros.
+  Rows of length 0 (batch padding) yield zeros;
+- an fp8 e4m3 cache (half the bytes to stream) is widened to the query dtype
+  as its tiles load; its one scale is folded into the softmax scale and the
+  output, so the loop gains no multiply.
 
 Grid axis 0 is (query-token group, head block) so programs sharing a row's
 cache run side by side and meet in L2; axis 2 is the split.
@@ -46,6 +49,7 @@ from tokenspeed.kernels.mla.decode_plan import (
     head_tiling,
 )
 from tokenspeed.kernels.mla.tiles import attend_latent_range, load_query_tile, store_latent_output
+from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -61,6 +65,7 @@ def _mla_decode_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
+    kv_scale_ptr,
     scale_log2e,
     stride_qt,
     stride_qh,
@@ -86,6 +91,7 @@ def _mla_decode_kernel(
     ANCHORED: tl.constexpr,
     HEADROOM: tl.constexpr,
     IEEE: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
 ):
     head_block = tl.program_id(0) % HEAD_BLOCKS
     group = tl.program_id(0) // HEAD_BLOCKS  # FOLD consecutive query tokens of the row
@@ -108,6 +114,8 @@ def _mla_decode_kernel(
     q_lat, q_rope = load_query_tile(
         q_ptr, token, head, m_mask, stride_qt, stride_qh, KV_LORA, ROPE, BLOCK_L, BLOCK_R
     )
+    if HAS_SCALE:  # fp8 cache: latent = latent_fp8 * kv_scale, folded into the softmax scale
+        scale_log2e = scale_log2e * tl.load(kv_scale_ptr)
     m_i, l_i, acc = attend_latent_range(
         q_lat,
         q_rope,
@@ -130,6 +138,8 @@ def _mla_decode_kernel(
         ANCHORED,
         HEADROOM,
     )
+    if HAS_SCALE:  # and into the output (the value is the same latent)
+        acc = acc * tl.load(kv_scale_ptr)
     if not SPLIT:
         store_latent_output(out_ptr, token, head, m_mask, acc, l_i, stride_ot, stride_oh, KV_LORA, BLOCK_L)
     else:
@@ -183,6 +193,7 @@ def mla_decode_triton(
     num_splits: int | None = None,
     fold: int | None = None,
     launch: DecodeLaunch | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q `[rows * q_len, H, Dl+Dr]` over cache `[num_pages, page_size, 1, Dl+Dr]` -> `[rows * q_len, H, Dl]`.
 
@@ -190,6 +201,7 @@ def mla_decode_triton(
     tensors. `num_splits` None picks one from the table width (never reads
     tensor values); `fold` None picks `choose_fold(H, q_len)`, 1 disables folding;
     `launch` None takes `default_launch` for the table's longest context (the benchmark passes others to tune).
+    An fp8 e4m3 cache takes `kv_scale` (fp32 `[1]`; None: 1.0), see `reference`.
     """
     tokens, num_heads, width = q.shape
     rows = seq_lens.shape[0]
@@ -211,9 +223,11 @@ def mla_decode_triton(
         num_splits = choose_num_splits(
             rows, num_heads, q_len, page_table.shape[1] * page_size, fold=fold, device=q.device
         )
+    scale_arg, _, has_scale, _ = kv_scale_args(kv_scale, kv_scale, cache, 1)
     heads_per_block, head_blocks = head_tiling(num_heads, fold)
     block_m = block_m_of(num_heads, fold)
-    launch = launch or default_launch(block_m, q.dtype, page_table.shape[1] * page_size // num_splits)
+    split_tokens = page_table.shape[1] * page_size // num_splits
+    launch = launch or default_launch(block_m, q.dtype, split_tokens, fp8_cache=cache.dtype == FP8_DTYPE)
     block_l = max(16, next_power_of_2(kv_lora_rank))
     ieee = q.dtype == torch.float32
     if num_splits > 1:
@@ -232,6 +246,7 @@ def mla_decode_triton(
         out,
         part_out,
         part_lse,
+        scale_arg,
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -257,6 +272,7 @@ def mla_decode_triton(
         ANCHORED=launch.anchored,
         HEADROOM=anchor_headroom(q.dtype),
         IEEE=ieee,
+        HAS_SCALE=has_scale,
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )

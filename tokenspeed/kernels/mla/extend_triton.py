@@ -13,6 +13,7 @@ keys, and starting them early balances the tail.
 
 Correctness first: the causal mask is applied on every key block, and there is
 no split of long prefixes (prefill tiles are numerous enough to fill the GPU).
+fp8 caches: as in `decode_triton` (tiles widened on load, scale folded).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import triton
 import triton.language as tl
 
 from tokenspeed.kernels.mla.tiles import attend_latent_range, load_query_tile, store_latent_output
+from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -38,6 +40,7 @@ def _mla_extend_kernel(
     seq_lens_ptr,
     page_table_ptr,
     out_ptr,
+    kv_scale_ptr,
     scale_log2e,
     stride_qt,
     stride_qh,
@@ -58,6 +61,7 @@ def _mla_extend_kernel(
     BLOCK_L: tl.constexpr,
     BLOCK_R: tl.constexpr,
     IEEE: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
 ):
     token_block = TOKEN_BLOCKS - 1 - tl.program_id(0)
     head_block = tl.program_id(1)
@@ -76,6 +80,8 @@ def _mla_extend_kernel(
         q_lat, q_rope = load_query_tile(
             q_ptr, token, head, m_mask, stride_qt, stride_qh, KV_LORA, ROPE, BLOCK_L, BLOCK_R
         )
+        if HAS_SCALE:  # fp8 cache: latent = latent_fp8 * kv_scale, folded into the softmax scale
+            scale_log2e = scale_log2e * tl.load(kv_scale_ptr)
         m_i, l_i, acc = attend_latent_range(
             q_lat,
             q_rope,
@@ -96,6 +102,8 @@ def _mla_extend_kernel(
             BLOCK_R,
             IEEE,
         )
+        if HAS_SCALE:  # and into the output (the value is the same latent)
+            acc = acc * tl.load(kv_scale_ptr)
         store_latent_output(out_ptr, token, head, m_mask, acc, l_i, stride_ot, stride_oh, KV_LORA, BLOCK_L)
 
 
@@ -111,10 +119,12 @@ class ExtendTiles:
     num_stages: int
 
 
-def extend_tiles(num_heads: int, dtype: torch.dtype) -> ExtendTiles:
+def extend_tiles(num_heads: int, dtype: torch.dtype, *, fp8_cache: bool = False) -> ExtendTiles:
     """64-row tiles (two warpgroups of wgmma; see `decode_plan.default_launch`), heads first.
 
     fp32 (exact tests) uses 32-row tiles of 16 positions to keep the interpreter quick.
+    An fp8 cache takes 16 positions a step and 2 stages (its widened tile costs
+    registers; ~200 B still spill, see `decode_plan.default_launch`).
     """
     block_m = 32 if dtype == torch.float32 else 64
     heads_per_block = min(next_power_of_2(num_heads), block_m)
@@ -122,9 +132,9 @@ def extend_tiles(num_heads: int, dtype: torch.dtype) -> ExtendTiles:
         block_m=block_m,
         heads_per_block=heads_per_block,
         tokens=block_m // heads_per_block,
-        block_n=16 if dtype == torch.float32 else 32,
+        block_n=16 if dtype == torch.float32 or fp8_cache else 32,
         num_warps=8 if block_m > 32 else 4,
-        num_stages=3,  # prefetch page-table entries ahead of the cache tile (see decode_plan)
+        num_stages=2 if fp8_cache else 3,  # 3: prefetch page-table entries ahead of the cache tile (decode_plan)
     )
 
 
@@ -139,11 +149,13 @@ def mla_extend_triton(
     scale: float,
     kv_lora_rank: int,
     max_query_len: int | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q `[tokens, H, Dl+Dr]`; query_start `[rows + 1]`, seq_lens `[rows]`, page_table `[rows, max_pages]`.
 
     `max_query_len` sizes the grid; pass it (the executor knows it) to avoid a
     device-to-host read of query_start. Returns `[tokens, H, Dl]` in q's dtype.
+    An fp8 e4m3 cache takes `kv_scale` (fp32 `[1]`; None: 1.0), see `reference`.
     """
     tokens, num_heads, width = q.shape
     rope = width - kv_lora_rank
@@ -157,7 +169,8 @@ def mla_extend_triton(
         return out
     if max_query_len is None:
         max_query_len = int((query_start[1:] - query_start[:-1]).max())
-    tiles = extend_tiles(num_heads, q.dtype)
+    scale_arg, _, has_scale, _ = kv_scale_args(kv_scale, kv_scale, cache, 1)
+    tiles = extend_tiles(num_heads, q.dtype, fp8_cache=cache.dtype == FP8_DTYPE)
     token_blocks = max(1, -(-max_query_len // tiles.tokens))
     grid = (token_blocks, -(-num_heads // tiles.heads_per_block), rows)
     for_tensor(_mla_extend_kernel, q)[grid](
@@ -167,6 +180,7 @@ def mla_extend_triton(
         seq_lens,
         page_table,
         out,
+        scale_arg,
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -187,6 +201,7 @@ def mla_extend_triton(
         BLOCK_L=max(16, next_power_of_2(kv_lora_rank)),
         BLOCK_R=max(16, next_power_of_2(rope)),
         IEEE=q.dtype == torch.float32,
+        HAS_SCALE=has_scale,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

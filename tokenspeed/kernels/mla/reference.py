@@ -21,21 +21,29 @@ Signatures (the registered contract every faster kernel of the family keeps):
   of its `seq_lens[r]` cached ones.
 
 Score = (q_latent . c_kv + q_rope . k_pe) * scale; output = softmax . c_kv.
+
+FP8 latent cache (e4m3): every mode takes `kv_scale`, one static fp32 scale
+`[1]` for the cache (the latent cache has a single "kv head", so per head
+and per tensor coincide; see `quant/fp8.kv_scale_layout`). The write stores
+row / kv_scale rounded to e4m3, the reads use value * kv_scale (None: 1.0).
 """
 
 from __future__ import annotations
 
 import torch
 
+from tokenspeed.kernels.quant.fp8 import byte_view, dequantize_kv, kv_for_cache
 from tokenspeed.kernels.registry import Band, register_kernel
 
 
-def _gather_row(cache: torch.Tensor, page_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
+def _gather_row(
+    cache: torch.Tensor, page_table_row: torch.Tensor, seq_len: int, kv_scale: torch.Tensor | None
+) -> torch.Tensor:
     """Positions 0..seq_len-1 of one row through its page table: `[seq_len, Dl+Dr]` in fp32."""
     page_size = cache.shape[1]
     positions = torch.arange(seq_len, device=cache.device)
     pages = page_table_row[positions // page_size].long()
-    return cache[pages, positions % page_size, 0].float()
+    return dequantize_kv(byte_view(cache)[pages, positions % page_size, 0].view(cache.dtype), kv_scale)
 
 
 def _attend_row(
@@ -45,13 +53,14 @@ def _attend_row(
     seq_len: int,
     scale: float,
     kv_lora_rank: int,
+    kv_scale: torch.Tensor | None,
 ) -> torch.Tensor:
     """The `q.shape[0]` tokens at the last positions of a `seq_len` row, causally; `[n, H, Dl]` fp32."""
     n, heads, _ = q.shape
     out = torch.zeros(n, heads, kv_lora_rank, dtype=torch.float32, device=q.device)
     if seq_len <= 0 or n == 0:
         return out
-    keys = _gather_row(cache, page_table_row, seq_len)  # [S, Dl+Dr]
+    keys = _gather_row(cache, page_table_row, seq_len, kv_scale)  # [S, Dl+Dr]
     scores = torch.einsum("nhd,sd->nhs", q.float(), keys) * scale
     q_pos = torch.arange(seq_len - n, seq_len, device=q.device)[:, None, None]
     k_pos = torch.arange(seq_len, device=q.device)[None, None, :]
@@ -66,7 +75,11 @@ def _attend_row(
 
 @register_kernel("mla", "write", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"))
 def mla_write_reference(
-    latent_and_rope: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor
+    latent_and_rope: torch.Tensor,
+    cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    kv_scale: torch.Tensor | None = None,
 ) -> None:
     """Store rows `[T, Dl+Dr]` into `cache [pages, page_size, 1, Dl+Dr]` at flat slots; negative slots skipped.
 
@@ -85,9 +98,10 @@ def mla_write_reference(
     any_real = keep[first]
     index = torch.where(keep, torch.arange(tokens, device=slots.device), first)
     target = torch.where(keep, slots, torch.where(any_real, slots[first], 0))
-    values = latent_and_rope.to(cache.dtype)[index]
-    values = torch.where(any_real, values, cache[0, 0, 0].expand_as(values))
-    cache[target // page_size, target % page_size, 0] = values
+    cached = byte_view(cache)  # fp8 through its bytes: see quant/fp8.byte_view
+    values = byte_view(kv_for_cache(latent_and_rope, cache.dtype, kv_scale))[index]
+    values = torch.where(any_real, values, cached[0, 0, 0].expand_as(values))
+    cached[target // page_size, target % page_size, 0] = values
 
 
 @register_kernel("mla", "decode", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"))
@@ -101,6 +115,7 @@ def mla_decode_reference(
     scale: float,
     kv_lora_rank: int,
     num_splits: int | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`q_len` query tokens per row (q `[rows * q_len, H, Dl+Dr]`) over the paged latent cache.
 
@@ -110,7 +125,9 @@ def mla_decode_reference(
     out = torch.empty(*q.shape[:2], kv_lora_rank, dtype=q.dtype, device=q.device)
     for row, seq_len in enumerate(seq_lens.tolist()):
         tokens = slice(row * q_len, (row + 1) * q_len)
-        out[tokens] = _attend_row(q[tokens], cache, page_table[row], seq_len, scale, kv_lora_rank).to(q.dtype)
+        out[tokens] = _attend_row(
+            q[tokens], cache, page_table[row], seq_len, scale, kv_lora_rank, kv_scale
+        ).to(q.dtype)
     return out
 
 
@@ -125,6 +142,7 @@ def mla_extend_reference(
     scale: float,
     kv_lora_rank: int,
     max_query_len: int | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each row's new tokens attend to its cached prefix and, causally, to each other.
 
@@ -135,5 +153,7 @@ def mla_extend_reference(
     out = torch.zeros(*q.shape[:2], kv_lora_rank, dtype=q.dtype, device=q.device)
     for row, seq_len in enumerate(seq_lens.tolist()):
         tokens = slice(starts[row], starts[row + 1])
-        out[tokens] = _attend_row(q[tokens], cache, page_table[row], seq_len, scale, kv_lora_rank).to(q.dtype)
+        out[tokens] = _attend_row(
+            q[tokens], cache, page_table[row], seq_len, scale, kv_lora_rank, kv_scale
+        ).to(q.dtype)
     return out

@@ -9,6 +9,8 @@ is the latent part of the *same* loaded tile: each cache byte is loaded once
 and used for both the scores and the output. Causality is a per-query-row
 bound (`q_pos`), which covers decode, folded speculative tokens and prefill
 chunks alike. `@triton.jit` helpers are inlined, so sharing costs nothing.
+An fp8 cache's tiles are widened to the query dtype as they are loaded (the
+cache scale is the callers': folded into `scale_log2e` and the output).
 """
 
 from __future__ import annotations
@@ -131,10 +133,10 @@ def _latent_scores(
     rows = cache_ptr + page * stride_cp + (pos % PAGE_SIZE) * stride_cs
     latent = tl.load(
         rows[:, None] + offs_l[None, :], mask=n_mask[:, None] & (offs_l < KV_LORA)[None, :], other=0.0
-    )
+    ).to(q_lat.dtype)
     rope = tl.load(
         rows[:, None] + KV_LORA + offs_r[None, :], mask=n_mask[:, None] & (offs_r < ROPE)[None, :], other=0.0
-    )
+    ).to(q_rope.dtype)
     scores = dot(q_lat, tl.trans(latent), IEEE) + dot(q_rope, tl.trans(rope), IEEE)
     visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
     return tl.where(visible, scores * scale_log2e, float("-inf")), latent

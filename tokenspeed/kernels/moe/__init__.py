@@ -17,4 +17,8 @@ GEMM, eligible from `GROUPED_MM_MIN_TOKENS` tokens when the caller states
 crossover once and picks per batch. `align` / `align_triton` sort (token, k)
 pairs by expert for the fast kernels; `compile_configs` lists the Triton
 kernels for `tokenspeed.kernels.compile_check`.
+
+`moe.experts_fp8` is the same op with fp8 expert weights and block scales:
+`experts_fp8_reference` (REFERENCE: dequantises the experts used) and
+`experts_fp8_triton` (PERFORMANT: the Triton kernels with fp8 weights).
 """

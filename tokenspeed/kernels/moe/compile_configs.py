@@ -1,8 +1,9 @@
 """The MoE Triton kernels at their serving configurations, for `tokenspeed.kernels.compile_check`.
 
 Moonlight (hidden 2048, intermediate 1408, 64 experts, top-6) and
-Qwen3-30B-A3B (2048, 768, 128 experts, top-8) in bf16, at every tile
-configuration `experts_triton.tile_config` can choose and the alignment
+Qwen3-30B-A3B (2048, 768, 128 experts, top-8) in bf16 (Qwen3-30B-A3B
+also with FP8 experts, in the operand precision each tile size uses),
+at every tile configuration `experts_triton.tile_config` can choose and the alignment
 kernel at the batch sizes it serves, plus the router of each (and
 DeepSeek-V3's grouped one), so the sm_90 compile-and-spill check
 covers what the GPU will run.
@@ -23,7 +24,16 @@ ROUTERS = {
     "moonlight": (64, 6, True, 1, 1, True, 2.446),
     "deepseek_v3": (256, 8, True, 8, 4, True, 2.5),
 }
-_POINTERS = {"pair_ids_ptr": "i32", "block_expert_ptr": "i32", "weights_ptr": "fp32"}
+_POINTERS = {"pair_ids_ptr": "i32", "block_expert_ptr": "i32", "weights_ptr": "fp32"} | {
+    name: "fp32" for name in ("x_scale_ptr", "act_scale_ptr", "w_scale_ptr")
+}
+_BF16 = dict(W_FP8=False, A_FP8=False, SCALE_BN=1, SCALE_BK=1, GROUP_K=128)
+# FP8 experts (Qwen3-30B-A3B-FP8's 128 x 128 blocks): weights widened at decode, fp8 tensor cores above.
+_FP8_MODES = {
+    experts_triton.DECODE_TILES: dict(W_FP8=True, A_FP8=False, SCALE_BN=128, SCALE_BK=128, GROUP_K=128),
+    experts_triton.MEDIUM_TILES: dict(W_FP8=True, A_FP8=True, SCALE_BN=128, SCALE_BK=128, GROUP_K=128),
+    experts_triton.PREFILL_TILES: dict(W_FP8=True, A_FP8=True, SCALE_BN=128, SCALE_BK=128, GROUP_K=128),
+}
 
 
 def moe_compile_configs() -> Iterator[KernelConfig]:
@@ -53,20 +63,25 @@ def moe_compile_configs() -> Iterator[KernelConfig]:
                 num_warps=align_triton.NUM_WARPS,
             )
         for tiles in (experts_triton.DECODE_TILES, experts_triton.MEDIUM_TILES, experts_triton.PREFILL_TILES):
-            common = dict(BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, IEEE=False)
-            yield KernelConfig(
-                f"moe.experts gate_up {name} block_m={tiles.block_m}",
-                experts_triton._moe_gate_up_kernel,
-                dict(TOP_K=top_k, HIDDEN=hidden, INTER=inter, BLOCK_N=tiles.block_n_up) | common,
-                pointers=_POINTERS,
-                num_warps=tiles.num_warps,
-                num_stages=tiles.num_stages,
-            )
-            yield KernelConfig(
-                f"moe.experts down {name} block_m={tiles.block_m}",
-                experts_triton._moe_down_kernel,
-                dict(HIDDEN=hidden, INTER=inter, BLOCK_N=tiles.block_n_down) | common,
-                pointers=_POINTERS,
-                num_warps=tiles.num_warps,
-                num_stages=tiles.num_stages,
-            )
+            variants = {"": _BF16} | ({"fp8 ": _FP8_MODES[tiles]} if name == "qwen3_30b_a3b" else {})
+            for label, flags in variants.items():
+                common = dict(BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, IEEE=False)
+                common |= flags
+                weights = {"w_ptr": "fp8e4nv"} if flags["W_FP8"] else {}
+                inputs = {"x_ptr": "fp8e4nv", "act_ptr": "fp8e4nv"} if flags["A_FP8"] else {}
+                yield KernelConfig(
+                    f"moe.experts {label}gate_up {name} block_m={tiles.block_m}",
+                    experts_triton._moe_gate_up_kernel,
+                    dict(TOP_K=top_k, HIDDEN=hidden, INTER=inter, BLOCK_N=tiles.block_n_up) | common,
+                    pointers=_POINTERS | weights | {k: v for k, v in inputs.items() if k == "x_ptr"},
+                    num_warps=tiles.num_warps,
+                    num_stages=tiles.num_stages,
+                )
+                yield KernelConfig(
+                    f"moe.experts {label}down {name} block_m={tiles.block_m}",
+                    experts_triton._moe_down_kernel,
+                    dict(HIDDEN=hidden, INTER=inter, BLOCK_N=tiles.block_n_down) | common,
+                    pointers=_POINTERS | weights | {k: v for k, v in inputs.items() if k == "act_ptr"},
+                    num_warps=tiles.num_warps,
+                    num_stages=tiles.num_stages,
+                )

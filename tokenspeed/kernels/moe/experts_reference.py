@@ -25,6 +25,8 @@ and cannot be captured in a CUDA graph; it is the oracle, not a serving path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -53,6 +55,45 @@ def check_experts_args(
     return tokens, hidden_size, inter, experts
 
 
+def routed_experts_loop(
+    hidden: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    expert_weights: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    *,
+    requantize: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The expert loop of `fused_experts_reference`, with each expert's (w13, w2) fetched by `expert_weights(e)`.
+
+    Fetching per expert lets the FP8 reference dequantise only the experts a
+    batch uses; `requantize`, applied to each GEMM's input rows, lets it mimic
+    kernels that quantise their activations.
+    """
+    tokens, hidden_size = hidden.shape
+    top_k = topk_ids.shape[1]
+    out = torch.zeros(tokens, hidden_size, dtype=torch.float32, device=hidden.device)
+    flat_ids = topk_ids.reshape(-1).long()
+    order = torch.argsort(flat_ids, stable=True)  # pairs grouped by expert, ascending
+    pair_tokens = order // top_k
+    pair_weights = topk_weights.reshape(-1).float()[order]
+    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
+    same = requantize or (lambda rows: rows)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        w13, w2 = expert_weights(expert)
+        inter = w13.shape[0] // 2
+        rows = pair_tokens[start : start + count]
+        gate_up = F.linear(same(hidden.index_select(0, rows)), w13)
+        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        expert_out = F.linear(same(act), w2)
+        out.index_add_(0, rows, expert_out.float() * pair_weights[start : start + count, None])
+        start += count
+    return out.to(hidden.dtype)
+
+
 @register_kernel("moe", "experts", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"))
 def fused_experts_reference(
     hidden: torch.Tensor,
@@ -62,22 +103,5 @@ def fused_experts_reference(
     topk_ids: torch.Tensor,
 ) -> torch.Tensor:
     """sum_k topk_weights[:, k] * Expert_{topk_ids[:, k]}(hidden), in hidden's dtype."""
-    tokens, hidden_size, inter, experts = check_experts_args(hidden, w13, w2, topk_weights, topk_ids)
-    top_k = topk_ids.shape[1]
-    out = torch.zeros(tokens, hidden_size, dtype=torch.float32, device=hidden.device)
-    flat_ids = topk_ids.reshape(-1).long()
-    order = torch.argsort(flat_ids, stable=True)  # pairs grouped by expert, ascending
-    pair_tokens = order // top_k
-    pair_weights = topk_weights.reshape(-1).float()[order]
-    counts = torch.bincount(flat_ids, minlength=experts).tolist()
-    start = 0
-    for expert, count in enumerate(counts):
-        if count == 0:
-            continue
-        rows = pair_tokens[start : start + count]
-        gate_up = F.linear(hidden.index_select(0, rows), w13[expert])
-        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        expert_out = F.linear(act, w2[expert])
-        out.index_add_(0, rows, expert_out.float() * pair_weights[start : start + count, None])
-        start += count
-    return out.to(hidden.dtype)
+    experts = check_experts_args(hidden, w13, w2, topk_weights, topk_ids)[3]
+    return routed_experts_loop(hidden, topk_weights, topk_ids, experts, lambda e: (w13[e], w2[e]))

@@ -31,19 +31,30 @@ Tile sizes come from `tile_config`, keyed on the mean pairs per expert (what
 decides how full a BLOCK_M-row block is): decode-sized batches are weight-
 bandwidth bound and use 16-row blocks with long K steps and 4 pipeline
 stages; prefill uses 128-row blocks on 8 warps (Hopper wgmma tiles).
+
+FP8 experts (`W_FP8`, launched by `experts_fp8_triton`): weights fp8 with a
+scale per (row block, K block); each K tile's product is scaled in fp32
+before it is accumulated (`_fp8_step`), so BLOCK_K must divide the scale
+block. The activations are either widened against (bf16 x widened weight)
+or, with `A_FP8`, quantised per token and group of 128 (fp8 x fp8 tensor
+cores). With the flags off the kernels compile exactly as before.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
+from tokenspeed.kernels.attention.paged_tiles import dot
 from tokenspeed.kernels.moe.align import BlockAlignment, align_by_expert
 from tokenspeed.kernels.moe.align_triton import ALIGN_TRITON_MAX_PAIRS, align_by_expert_triton
 from tokenspeed.kernels.moe.experts_reference import check_experts_args
+from tokenspeed.kernels.quant.fp8 import GROUP_SIZE
+from tokenspeed.kernels.quant.quantize_triton import quantize_per_token_group_triton
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor
 
@@ -97,6 +108,22 @@ def _block_coordinates(num_m_blocks, N: tl.constexpr, BLOCK_N: tl.constexpr, GRO
 
 
 @triton.jit
+def _fp8_step(a, w, a_scales, w_scales, k0, row_ok, w_ok, SCALE_BK: tl.constexpr, GROUP_K: tl.constexpr,
+              A_FP8: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """One K tile of an fp8-weight GEMM as fp32 `[BLOCK_M, BLOCK_N]`, its scales applied.
+
+    `w` is fp8 with a scale per (row block, K block) at `w_scales + k0 // SCALE_BK`;
+    `a` is fp8 with a scale per (row, 128 group) (`A_FP8`: fp8 tensor cores), or
+    in the activation dtype, which the weight tile is widened to.
+    """
+    w_scale = tl.load(w_scales + k0 // SCALE_BK, mask=w_ok, other=0.0)
+    if A_FP8:
+        a_scale = tl.load(a_scales + k0 // GROUP_K, mask=row_ok, other=0.0)
+        return tl.dot(a, w) * (a_scale[:, None] * w_scale[None, :])
+    return dot(a, w.to(a.dtype), IEEE) * w_scale[None, :]
+
+
+@triton.jit
 def _moe_gate_up_kernel(
     x_ptr,
     w_ptr,
@@ -109,6 +136,11 @@ def _moe_gate_up_kernel(
     stride_we,
     stride_wn,
     stride_act,
+    x_scale_ptr,
+    w_scale_ptr,
+    stride_xs,
+    stride_wse,
+    stride_wsn,
     TOP_K: tl.constexpr,
     HIDDEN: tl.constexpr,
     INTER: tl.constexpr,
@@ -117,6 +149,11 @@ def _moe_gate_up_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     IEEE: tl.constexpr,
+    W_FP8: tl.constexpr,
+    A_FP8: tl.constexpr,
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
+    GROUP_K: tl.constexpr,
 ):
     pid_m, pid_n = _block_coordinates(num_m_blocks, INTER, BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -131,6 +168,9 @@ def _moe_gate_up_kernel(
     x_ptrs = x_ptr + token[:, None] * stride_x + offs_k[None, :]
     gate_ptrs = w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
     up_ptrs = gate_ptrs + INTER * stride_wn
+    x_scales = x_scale_ptr + token * stride_xs
+    gate_scales = w_scale_ptr + expert.to(tl.int64) * stride_wse + (offs_n // SCALE_BN) * stride_wsn
+    up_scales = w_scale_ptr + expert.to(tl.int64) * stride_wse + ((INTER + offs_n) // SCALE_BN) * stride_wsn
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, HIDDEN, BLOCK_K):
@@ -139,7 +179,10 @@ def _moe_gate_up_kernel(
         w_mask = k_ok[:, None] & n_ok[None, :]
         gate_w = tl.load(gate_ptrs, mask=w_mask, other=0.0)
         up_w = tl.load(up_ptrs, mask=w_mask, other=0.0)
-        if IEEE:
+        if W_FP8:
+            acc_gate += _fp8_step(a, gate_w, x_scales, gate_scales, k0, row_ok, n_ok, SCALE_BK, GROUP_K, A_FP8, IEEE)
+            acc_up += _fp8_step(a, up_w, x_scales, up_scales, k0, row_ok, n_ok, SCALE_BK, GROUP_K, A_FP8, IEEE)
+        elif IEEE:
             acc_gate = tl.dot(a, gate_w, acc_gate, input_precision="ieee")
             acc_up = tl.dot(a, up_w, acc_up, input_precision="ieee")
         else:
@@ -170,6 +213,11 @@ def _moe_down_kernel(
     stride_we,
     stride_wn,
     stride_out,
+    act_scale_ptr,
+    w_scale_ptr,
+    stride_as,
+    stride_wse,
+    stride_wsn,
     HIDDEN: tl.constexpr,
     INTER: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -177,6 +225,11 @@ def _moe_down_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     IEEE: tl.constexpr,
+    W_FP8: tl.constexpr,
+    A_FP8: tl.constexpr,
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
+    GROUP_K: tl.constexpr,
 ):
     pid_m, pid_n = _block_coordinates(num_m_blocks, HIDDEN, BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -190,12 +243,16 @@ def _moe_down_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = act_ptr + rows[:, None] * stride_act + offs_k[None, :]
     w_ptrs = w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
+    a_scales = act_scale_ptr + rows * stride_as
+    w_scales = w_scale_ptr + expert.to(tl.int64) * stride_wse + (offs_n // SCALE_BN) * stride_wsn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, INTER, BLOCK_K):
         k_ok = offs_k < INTER - k0
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        if IEEE:
+        if W_FP8:
+            acc += _fp8_step(a, w, a_scales, w_scales, k0, row_ok, n_ok, SCALE_BK, GROUP_K, A_FP8, IEEE)
+        elif IEEE:
             acc = tl.dot(a, w, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, w, acc)
@@ -207,6 +264,40 @@ def _moe_down_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
+@dataclass(frozen=True, slots=True)
+class Fp8ExpertWeights:
+    """Block scales of fp8 expert weights (`w13_scale [E, 2I/bn, H/bk]`, `w2_scale [E, H/bn, I/bk]`).
+
+    `quantize_activations`: fp8 x fp8 tensor cores on activations quantised
+    per token and group of 128, else activations stay in their dtype and
+    each weight tile is widened to it.
+    """
+
+    w13_scale: torch.Tensor
+    w2_scale: torch.Tensor
+    block_size: tuple[int, int]
+    quantize_activations: bool
+
+
+def _fp8_args(
+    activation: torch.Tensor, weight_scale: torch.Tensor, fp8: Fp8ExpertWeights | None
+) -> tuple[torch.Tensor, list[Any], dict[str, Any]]:
+    """(GEMM input, scale pointers and strides, fp8 constexprs) of one grouped GEMM."""
+    if fp8 is None:
+        return activation, [activation, activation, 0, 0, 0], _NO_FP8
+    a_scale = activation
+    if fp8.quantize_activations:
+        activation, a_scale = quantize_per_token_group_triton(activation)
+    scale = weight_scale.contiguous()
+    pointers = [a_scale, scale, a_scale.stride(0), scale.stride(0), scale.stride(1)]
+    bn, bk = fp8.block_size
+    flags = dict(W_FP8=True, A_FP8=fp8.quantize_activations, SCALE_BN=bn, SCALE_BK=max(bk, GROUP_SIZE))
+    return activation, pointers, flags | dict(GROUP_K=GROUP_SIZE)
+
+
+_NO_FP8: dict[str, Any] = dict(W_FP8=False, A_FP8=False, SCALE_BN=1, SCALE_BK=1, GROUP_K=GROUP_SIZE)
+
+
 def launch_grouped_experts(
     hidden: torch.Tensor,
     w13: torch.Tensor,
@@ -215,6 +306,7 @@ def launch_grouped_experts(
     alignment: BlockAlignment,
     top_k: int,
     tiles: TileConfig,
+    fp8: Fp8ExpertWeights | None = None,
 ) -> torch.Tensor:
     """The two grouped GEMMs over an existing alignment; returns the weighted pair rows [T*k, H]."""
     tokens, hidden_size = hidden.shape
@@ -228,19 +320,28 @@ def launch_grouped_experts(
     ieee = hidden.dtype == torch.float32
     common = dict(BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, IEEE=ieee)
     launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    x, scales, flags = _fp8_args(hidden, fp8.w13_scale if fp8 else w13, fp8)
     grid_up = (blocks * triton.cdiv(inter, tiles.block_n_up),)
     for_tensor(_moe_gate_up_kernel, hidden)[grid_up](
-        hidden, w13, act, alignment.pair_ids, alignment.block_expert, num_pairs, blocks,
-        hidden.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        TOP_K=top_k, HIDDEN=hidden_size, INTER=inter, BLOCK_N=tiles.block_n_up, **common, **launch,
+        x, w13, act, alignment.pair_ids, alignment.block_expert, num_pairs, blocks,
+        x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), *scales,
+        TOP_K=top_k, HIDDEN=hidden_size, INTER=inter, BLOCK_N=tiles.block_n_up, **common, **flags, **launch,
     )  # fmt: skip
+    a, scales, flags = _fp8_args(act, fp8.w2_scale if fp8 else w2, fp8)
     grid_down = (blocks * triton.cdiv(hidden_size, tiles.block_n_down),)
     for_tensor(_moe_down_kernel, hidden)[grid_down](
-        act, w2, pair_out, alignment.pair_ids, alignment.block_expert, topk_weights.reshape(-1), num_pairs,
-        blocks, act.stride(0), w2.stride(0), w2.stride(1), pair_out.stride(0),
-        HIDDEN=hidden_size, INTER=inter, BLOCK_N=tiles.block_n_down, **common, **launch,
+        a, w2, pair_out, alignment.pair_ids, alignment.block_expert, topk_weights.reshape(-1), num_pairs,
+        blocks, a.stride(0), w2.stride(0), w2.stride(1), pair_out.stride(0), *scales,
+        HIDDEN=hidden_size, INTER=inter, BLOCK_N=tiles.block_n_down, **common, **flags, **launch,
     )  # fmt: skip
     return pair_out
+
+
+def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> BlockAlignment:
+    """`align_by_expert`, in one launch (`align_triton`) for decode-sized batches."""
+    if topk_ids.numel() <= ALIGN_TRITON_MAX_PAIRS:
+        return align_by_expert_triton(topk_ids, num_experts, block_m)
+    return align_by_expert(topk_ids, num_experts, block_m)
 
 
 @register_kernel(
@@ -260,10 +361,7 @@ def fused_experts_triton(
     top_k = topk_ids.shape[1]
     hidden, w13, w2 = hidden.contiguous(), w13.contiguous(), w2.contiguous()
     tiles = tiles or tile_config(tokens, top_k, experts)
-    if tokens * top_k <= ALIGN_TRITON_MAX_PAIRS:
-        alignment = align_by_expert_triton(topk_ids, experts, tiles.block_m)
-    else:
-        alignment = align_by_expert(topk_ids, experts, tiles.block_m)
+    alignment = align_pairs(topk_ids, experts, tiles.block_m)
     weights = topk_weights.to(torch.float32).contiguous()
     pair_out = launch_grouped_experts(hidden, w13, w2, weights, alignment, top_k, tiles)
     return pair_out.view(tokens, top_k, hidden_size).sum(dim=1)

@@ -1,0 +1,431 @@
+"""FP8 kernels on one GPU, against ceilings measured in the same run.
+
+    python benchmarks/fp8_kernels.py --out benchmarks/results/h200/fp8/fp8_kernels.json [--sweep]
+    python benchmarks/fp8_kernels.py --smoke --out /tmp/fp8_kernels_smoke.json   # CPU: interpreter, tiny shapes
+
+Ceilings (`ceilings`): copy bandwidth (a 2 GiB device-to-device copy, bytes
+read + written over the median time), the bf16 matmul rate and the fp8
+`torch._scaled_mm` rate (8192^3, per-tensor scales), both on random data.
+
+Every kernel is timed as a CUDA-graph replay (`moe_kernels.graph_ms`: median
+of `triton.testing.do_bench`, which flushes L2 between replays), the way the
+engine runs them; a capture failure falls back to eager timing and is logged.
+
+Metrics (JSON `metrics`, also printed as a markdown table):
+- `gemm[shape][M]`: Llama-3.1-8B's projections (qkv 6144x4096, o 4096x4096,
+  gate_up 28672x4096, down 4096x14336; 128 x 128 weight blocks) at M = 16,
+  256, 4096 tokens, in TFLOP/s: `triton` (activation quantisation + GEMM,
+  what a layer pays), `triton_gemm_only` (activations already quantised, as
+  `_scaled_mm` gets them), `triton_gemv` (M <= 16), the kernel the per-batch
+  dispatch selects (`selected`), `scaled_mm_rowwise` (per-row / per-column
+  scales), `scaled_mm_tensorwise`, each also with fast accumulation (`_fast`),
+  and `bf16` (cuBLAS); `selected_vs_scaled_mm_rowwise` is the ratio;
+- `gemv[shape][M]` at M = 1, 4, 16: time of the FP8 GEMV against its byte
+  roofline (fp8 weight + scale + activation + output bytes / copy bandwidth;
+  `roofline_fraction` = roofline time / time) and the bf16 cuBLAS GEMV beside it;
+- `decode_attention`: the paged decode kernel over 32 rows x 32K tokens of
+  Llama-3.1-8B attention (32 / 8 heads x 128, pages of 16), fp8 cache with
+  per-head scales vs bf16 cache: time and bandwidth fraction (cache bytes /
+  time / copy bandwidth; target >= 0.75 for fp8);
+- `moe[T]`: Qwen3-30B-A3B experts (hidden 2048, intermediate 768, 128
+  experts, top-8, 128 x 128 blocks) at T = 1, 64, 1024 tokens, uniformly
+  random routing: fp8 and bf16 Triton kernels, time, fp8 operand precision
+  (`w8a16` decode tiles / `w8a8`), weight bytes of the experts hit / time
+  and its fraction of the copy bandwidth;
+- with `--sweep`: `gemm_tile_sweep` and `gemv_config_sweep`, the same
+  measurements for other tile and launch shapes (to retune `choose_tiles` /
+  `choose_config`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from gpu_suite import log  # benchmarks/ is on sys.path when run as a script
+
+GEMM_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+SMOKE_GEMM_SHAPES = {"qkv": (96, 128), "down": (64, 384)}
+ATTENTION = dict(batch=32, context=32768, heads=32, kv_heads=8, dim=128, page=16)
+SMOKE_ATTENTION = dict(batch=2, context=64, heads=4, kv_heads=2, dim=32, page=16)
+MOE = dict(hidden=2048, inter=768, experts=128, top_k=8)
+SMOKE_MOE = dict(hidden=256, inter=128, experts=8, top_k=2)
+BLOCK = (128, 128)
+
+
+class Timer:
+    """Median µs of a callable: CUDA-graph replays on the GPU, wall clock under the CPU interpreter."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    def us(self, fn: Callable[[], Any]) -> float:
+        if self.device == "cpu":  # --smoke: the numbers only show the script runs
+            fn()
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e6
+        from moe_kernels import graph_ms  # benchmarks/ is on sys.path when run as a script
+
+        return graph_ms(fn) * 1e3
+
+
+def ceilings(timer: Timer, smoke: bool) -> dict[str, float | None]:
+    dev = timer.device
+    n = 1 << (20 if smoke else 30)
+    a = torch.randn(n, dtype=torch.bfloat16, device=dev)
+    b = torch.empty_like(a)
+    copy_gb_s = 2 * a.numel() * 2 / timer.us(lambda: b.copy_(a)) / 1e3
+    m = 256 if smoke else 8192
+    x = torch.randn(m, m, device=dev).to(torch.bfloat16)
+    y = torch.randn(m, m, device=dev).to(torch.bfloat16)
+    bf16 = 2 * m**3 / timer.us(lambda: x @ y) / 1e6
+    fp8 = None
+    if dev == "cuda":
+        x8, y8 = x.to(torch.float8_e4m3fn), y.to(torch.float8_e4m3fn).t().contiguous().t()
+        one = torch.ones((), device=dev)
+        mm = lambda: torch._scaled_mm(x8, y8, one, one, out_dtype=torch.bfloat16)  # noqa: E731
+        fp8 = round(2 * m**3 / timer.us(mm) / 1e6, 1)
+    return {
+        "copy_bandwidth_gb_s": round(copy_gb_s, 1),
+        "bf16_matmul_tflops": round(bf16, 1),
+        "fp8_scaled_mm_tflops": fp8,
+    }
+
+
+def _tflops(m: int, n: int, k: int, us: float) -> float:
+    return round(2 * m * n * k / us / 1e6, 2)
+
+
+def bench_gemm(
+    timer: Timer, shapes: dict[str, tuple[int, int]], tokens: tuple[int, ...], sweep: bool
+) -> dict[str, Any]:
+    from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
+    from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch
+    from tokenspeed.kernels.gemm.fp8_gemm_triton import fp8_gemm_prequantized, fp8_gemm_triton
+    from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton
+    from tokenspeed.kernels.quant.fp8 import quantize_weight_block
+    from tokenspeed.kernels.quant.quantize_triton import quantize_per_token_group_triton
+
+    dev, dtype = timer.device, torch.bfloat16 if timer.device == "cuda" else torch.float32
+    dispatch = select_fp8_gemm_by_batch(platform="cuda", dtype=torch.bfloat16)
+    results: dict[str, Any] = {}
+    sweeps: dict[str, Any] = {}
+    for name, (n, k) in shapes.items():
+        gen = torch.Generator(device=dev).manual_seed(n + k)
+        w = torch.randn(n, k, generator=gen, device=dev) * k**-0.5
+        w8, w_scale = quantize_weight_block(w, BLOCK)
+        w_bf16 = w.to(dtype)
+        for m in tokens:
+            x = torch.randn(m, k, generator=gen, device=dev).to(dtype)
+            a8, a_scale = quantize_per_token_group_triton(x)
+            out = torch.empty(m, n, dtype=dtype, device=dev)
+            row: dict[str, Any] = {}
+            row["triton"] = _tflops(m, n, k, timer.us(partial(fp8_gemm_triton, x, w8, w_scale)))
+            prequantized = partial(fp8_gemm_prequantized, a8, a_scale, w8, w_scale, out, block_size=BLOCK)
+            row["triton_gemm_only"] = _tflops(m, n, k, timer.us(prequantized))
+            if m <= FP8_GEMV_MAX_TOKENS:
+                row["triton_gemv"] = _tflops(m, n, k, timer.us(partial(fp8_gemv_triton, x, w8, w_scale)))
+            row["selected"] = dispatch.kernel_for(m).name
+            row["selected_tflops"] = row["triton_gemv" if row["selected"] == "triton_gemv" else "triton"]
+            row["bf16"] = _tflops(m, n, k, timer.us(partial(torch.matmul, x, w_bf16.t())))
+            if dev == "cuda":
+                row |= scaled_mm_rates(timer, x, w8, m, n, k)
+                row["selected_vs_scaled_mm_rowwise"] = round(
+                    row["selected_tflops"] / row["scaled_mm_rowwise"], 3
+                )
+            results.setdefault(name, {})[str(m)] = row
+            log(f"gemm {name} M={m}: {row}")
+            if sweep:
+                rates = {}
+                for tiles in GEMM_SWEEP:
+                    label = f"{tiles.block_m}x{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages}"
+                    rates[label] = _tflops(m, n, k, timer.us(partial(prequantized, tiles=tiles)))
+                sweeps.setdefault(name, {})[str(m)] = rates
+    return {"gemm": results} | ({"gemm_tile_sweep": sweeps} if sweep else {})
+
+
+def scaled_mm_rates(
+    timer: Timer, x: torch.Tensor, w8: torch.Tensor, m: int, n: int, k: int
+) -> dict[str, float]:
+    """`torch._scaled_mm` on the same operands, with its own scales: per row/column and per tensor."""
+    x8 = x.to(torch.float8_e4m3fn)
+    b = w8.t()  # [K, N] column-major, as _scaled_mm wants its second operand
+    rows, cols = torch.rand(m, 1, device=x.device) + 0.5, torch.rand(1, n, device=x.device) + 0.5
+    one = torch.ones((), device=x.device)
+    rates = {}
+    for label, (sa, sb) in {"rowwise": (rows, cols), "tensorwise": (one, one)}.items():
+        for fast in (False, True):
+            mm = lambda sa=sa, sb=sb, fast=fast: torch._scaled_mm(  # noqa: E731
+                x8, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast
+            )
+            key = f"scaled_mm_{label}" + ("_fast" if fast else "")
+            try:  # a torch build may refuse a variant: record why rather than lose the run
+                rates[key] = _tflops(m, n, k, timer.us(mm))
+            except RuntimeError as exc:
+                rates[key] = f"unavailable: {str(exc).splitlines()[0][:200]}"
+    return rates
+
+
+def bench_gemv(
+    timer: Timer, shapes: dict[str, tuple[int, int]], tokens: tuple[int, ...], copy_gb_s: float, sweep: bool
+) -> dict[str, Any]:
+    from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton
+    from tokenspeed.kernels.quant.fp8 import quantize_weight_block
+
+    dev, dtype = timer.device, torch.bfloat16 if timer.device == "cuda" else torch.float32
+    results: dict[str, Any] = {}
+    sweeps: dict[str, Any] = {}
+    for name, (n, k) in shapes.items():
+        gen = torch.Generator(device=dev).manual_seed(n * 3 + k)
+        w = torch.randn(n, k, generator=gen, device=dev) * k**-0.5
+        w8, w_scale = quantize_weight_block(w, BLOCK)
+        w_bf16 = w.to(dtype)
+        for m in tokens:
+            x = torch.randn(m, k, generator=gen, device=dev).to(dtype)
+            us = timer.us(partial(fp8_gemv_triton, x, w8, w_scale))
+            moved = w8.numel() + w_scale.numel() * 4 + (m * k + m * n) * x.element_size()
+            roofline_us = moved / copy_gb_s / 1e3
+            bf16_us = timer.us(partial(torch.matmul, x, w_bf16.t()))
+            row = {
+                "us": round(us, 2),
+                "roofline_us": round(roofline_us, 2),
+                "roofline_fraction": round(roofline_us / us, 3),
+                "bf16_cublas_us": round(bf16_us, 2),
+                "speedup_vs_bf16": round(bf16_us / us, 2),
+            }
+            results.setdefault(name, {})[str(m)] = row
+            log(f"gemv {name} M={m}: {row}")
+            if sweep:
+                rates = {}
+                for cfg in GEMV_SWEEP[m == 1]:
+                    label = f"m{cfg.block_m} n{cfg.block_n} g{cfg.groups} w{cfg.num_warps} s{cfg.stages}"
+                    run = partial(fp8_gemv_triton, x, w8, w_scale, config=cfg)
+                    rates[label] = round(roofline_us / timer.us(run), 3)
+                sweeps.setdefault(name, {})[str(m)] = rates
+    return {"gemv": results} | ({"gemv_config_sweep": sweeps} if sweep else {})
+
+
+def bench_decode_attention(timer: Timer, shape: dict[str, int], copy_gb_s: float) -> dict[str, Any]:
+    from tokenspeed.kernels.quant.fp8 import FP8_DTYPE
+    from tokenspeed.kernels.registry import select_kernel
+
+    dev = timer.device
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    # The kernel the GPU gets (--smoke runs it under the interpreter).
+    spec = select_kernel(
+        "attention", "decode", platform="cuda", dtype=dtype, traits={"head_dim": shape["dim"]}
+    )
+    batch, context, page = shape["batch"], shape["context"], shape["page"]
+    kv_heads, dim = shape["kv_heads"], shape["dim"]
+    pages_per_row = context // page
+    num_pages = batch * pages_per_row
+    gen = torch.Generator(device=dev).manual_seed(0)
+    k_cache = torch.randn(num_pages, page, kv_heads, dim, generator=gen, device=dev).to(dtype)
+    v_cache = torch.randn(num_pages, page, kv_heads, dim, generator=gen, device=dev).to(dtype)
+    table = torch.randperm(num_pages, generator=gen, device=dev).view(batch, pages_per_row).to(torch.int32)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
+    q = torch.randn(batch, shape["heads"], dim, generator=gen, device=dev).to(dtype)
+    scale = dim**-0.5
+    k_scale = torch.full((kv_heads,), 1.0 / 64, device=dev)
+    v_scale = torch.full((kv_heads,), 1.0 / 64, device=dev)
+    k8 = (k_cache.float() * 64).to(FP8_DTYPE)
+    v8 = (v_cache.float() * 64).to(FP8_DTYPE)
+    bf16_us = timer.us(lambda: spec.impl(q, k_cache, v_cache, table, seq_lens, scale=scale))
+    fp8_us = timer.us(
+        lambda: spec.impl(q, k8, v8, table, seq_lens, scale=scale, k_scale=k_scale, v_scale=v_scale)
+    )
+    elements = 2 * batch * context * kv_heads * dim
+    result = {
+        "kernel": spec.name,
+        **shape,
+        "bf16_ms": round(bf16_us / 1e3, 4),
+        "bf16_bw_fraction": round(elements * k_cache.element_size() / bf16_us / 1e3 / copy_gb_s, 3),
+        "fp8_ms": round(fp8_us / 1e3, 4),
+        "fp8_bw_fraction": round(elements / fp8_us / 1e3 / copy_gb_s, 3),
+        "fp8_speedup": round(bf16_us / fp8_us, 2),
+    }
+    log(f"decode attention: {result}")
+    return {"decode_attention": result}
+
+
+def bench_moe(
+    timer: Timer, shape: dict[str, int], tokens: tuple[int, ...], copy_gb_s: float
+) -> dict[str, Any]:
+    from tokenspeed.kernels.moe.experts_fp8_triton import fused_experts_fp8_triton
+    from tokenspeed.kernels.moe.experts_triton import DECODE_TILES, fused_experts_triton, tile_config
+    from tokenspeed.kernels.quant.fp8 import dequantize_weight, quantize_weight_block
+
+    dev = timer.device
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    hidden, inter, experts, top_k = shape["hidden"], shape["inter"], shape["experts"], shape["top_k"]
+    gen = torch.Generator(device=dev).manual_seed(1)
+    w13, s13 = quantize_weight_block(
+        torch.randn(experts, 2 * inter, hidden, generator=gen, device=dev) * hidden**-0.5, BLOCK
+    )
+    w2, s2 = quantize_weight_block(
+        torch.randn(experts, hidden, inter, generator=gen, device=dev) * inter**-0.5, BLOCK
+    )
+    w13_bf16, w2_bf16 = dequantize_weight(w13, s13, BLOCK, dtype), dequantize_weight(w2, s2, BLOCK, dtype)
+    results: dict[str, Any] = {}
+    for t in tokens:
+        x = torch.randn(t, hidden, generator=gen, device=dev).to(dtype)
+        ids = torch.rand(t, experts, generator=gen, device=dev).topk(top_k, dim=-1).indices.to(torch.int32)
+        weights = torch.randn(t, top_k, generator=gen, device=dev).softmax(dim=-1)
+        fp8 = partial(fused_experts_fp8_triton, x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
+        fp8_us = timer.us(fp8)
+        bf16_us = timer.us(partial(fused_experts_triton, x, w13_bf16, w2_bf16, weights, ids))
+        hit = int(ids.unique().numel())
+        weight_bytes = hit * (3 * inter * hidden + (s13[0].numel() + s2[0].numel()) * 4)
+        row = {
+            "fp8_us": round(fp8_us, 2),
+            "bf16_us": round(bf16_us, 2),
+            "fp8_speedup": round(bf16_us / fp8_us, 2),
+            "operands": "w8a16" if tile_config(t, top_k, experts) == DECODE_TILES else "w8a8",
+            "experts_hit": hit,
+            "fp8_weight_gb_s": round(weight_bytes / fp8_us / 1e3, 1),
+            "fp8_weight_bw_fraction": round(weight_bytes / fp8_us / 1e3 / copy_gb_s, 3),
+            "fp8_tflops": _tflops(t * top_k, 3 * inter, hidden, fp8_us),
+        }
+        results[str(t)] = row
+        log(f"moe T={t}: {row}")
+    return {"moe": {"shape": shape, "by_tokens": results}}
+
+
+def markdown(metrics: dict[str, Any]) -> str:
+    c = metrics["ceilings"]
+    lines = [f"ceilings: copy {c['copy_bandwidth_gb_s']} GB/s, bf16 {c['bf16_matmul_tflops']} TFLOP/s, "
+             f"fp8 scaled_mm {c['fp8_scaled_mm_tflops']} TFLOP/s", "",
+             "| gemm | M | selected | selected TFLOP/s | triton | gemm only | gemv | scaled_mm rowwise | tensorwise | bf16 |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name, by_m in metrics["gemm"].items():
+        for m, r in by_m.items():
+            cells = [name, m, r["selected"], r["selected_tflops"], r["triton"], r["triton_gemm_only"]]
+            cells += [
+                r.get("triton_gemv", "-"),
+                r.get("scaled_mm_rowwise", "-"),
+                r.get("scaled_mm_tensorwise", "-"),
+            ]
+            lines.append("| " + " | ".join(str(x) for x in cells + [r["bf16"]]) + " |")
+    lines += [
+        "",
+        "| gemv | M | us | roofline us | fraction | bf16 cuBLAS us | speedup |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, by_m in metrics["gemv"].items():
+        for m, r in by_m.items():
+            cells = [
+                name,
+                m,
+                r["us"],
+                r["roofline_us"],
+                r["roofline_fraction"],
+                r["bf16_cublas_us"],
+                r["speedup_vs_bf16"],
+            ]
+            lines.append("| " + " | ".join(str(x) for x in cells) + " |")
+    a = metrics["decode_attention"]
+    lines += ["", f"decode attention ({a['kernel']}, {a['batch']} x {a['context']}): fp8 {a['fp8_ms']} ms "
+              f"(bw fraction {a['fp8_bw_fraction']}), bf16 {a['bf16_ms']} ms ({a['bf16_bw_fraction']}), "
+              f"speedup {a['fp8_speedup']}", "",
+              "| moe T | operands | fp8 us | bf16 us | speedup | weight GB/s | bw fraction | TFLOP/s |",
+              "|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for t, r in metrics["moe"]["by_tokens"].items():
+        cells = [t, r["operands"], r["fp8_us"], r["bf16_us"], r["fp8_speedup"], r["fp8_weight_gb_s"]]
+        lines.append(
+            "| " + " | ".join(str(x) for x in cells + [r["fp8_weight_bw_fraction"], r["fp8_tflops"]]) + " |"
+        )
+    return "\n".join(lines)
+
+
+def _sweep_configs() -> None:
+    """Fill GEMM_SWEEP / GEMV_SWEEP (the kernel modules import triton, so only after the mode is set)."""
+    from tokenspeed.kernels.gemm.fp8_gemm_triton import Fp8GemmTiles
+    from tokenspeed.kernels.gemm.fp8_gemv_triton import Fp8GemvConfig
+
+    GEMM_SWEEP.extend(
+        Fp8GemmTiles(*t)
+        for t in (
+            (64, 128, 4, 4),
+            (64, 256, 8, 3),
+            (128, 128, 8, 3),
+            (128, 128, 8, 4),
+            (128, 256, 8, 3),
+            (64, 64, 4, 4),
+        )
+    )
+    GEMV_SWEEP[True] = [
+        Fp8GemvConfig(1, *c)
+        for c in ((4, 32, 8, 1), (2, 32, 4, 1), (8, 16, 8, 1), (4, 8, 4, 3), (4, 16, 4, 2), (8, 8, 4, 3))
+    ]
+    GEMV_SWEEP[False] = [
+        Fp8GemvConfig(16, *c)
+        for c in ((32, 4, 4, 3), (16, 4, 4, 4), (32, 2, 4, 4), (64, 2, 8, 3), (16, 8, 4, 3), (32, 8, 8, 2))
+    ]
+
+
+GEMM_SWEEP: list[Any] = []
+GEMV_SWEEP: dict[bool, list[Any]] = {}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/fp8/fp8_kernels.json"))
+    parser.add_argument(
+        "--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes (tests the script)"
+    )
+    parser.add_argument(
+        "--sweep", action="store_true", help="also time other GEMM tiles and GEMV launch shapes"
+    )
+    args = parser.parse_args()
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+    elif not torch.cuda.is_available():
+        parser.error("needs a CUDA device (or --smoke)")
+    import tokenspeed.kernels.triton_launch  # noqa: F401  (patches the interpreter when it is on)
+
+    timer = Timer("cpu" if args.smoke else "cuda")
+    _sweep_configs()
+    command = " ".join(["python", "benchmarks/fp8_kernels.py", *sys.argv[1:]])
+    device = torch.cuda.get_device_name() if timer.device == "cuda" else "cpu (Triton interpreter, smoke)"
+    metrics: dict[str, Any] = {"ceilings": ceilings(timer, args.smoke)}
+    log(f"ceilings: {metrics['ceilings']}")
+    copy = metrics["ceilings"]["copy_bandwidth_gb_s"]
+    shapes = SMOKE_GEMM_SHAPES if args.smoke else GEMM_SHAPES
+    sections: list[Callable[[], dict[str, Any]]] = [
+        partial(bench_gemm, timer, shapes, (2, 20) if args.smoke else (16, 256, 4096), args.sweep),
+        partial(bench_gemv, timer, shapes, (1, 4, 16), copy, args.sweep),
+        partial(bench_decode_attention, timer, SMOKE_ATTENTION if args.smoke else ATTENTION, copy),
+        partial(
+            bench_moe, timer, SMOKE_MOE if args.smoke else MOE, (1, 8) if args.smoke else (1, 64, 1024), copy
+        ),
+    ]
+    for section in sections:  # the file is rewritten after each, so a timeout keeps what finished
+        metrics |= section()
+        date = save(args.out, command, device, metrics)
+    table = markdown(metrics)
+    args.out.with_suffix(".md").write_text(f"`{command}` on {device}, {date}\n\n{table}\n")
+    print(table)
+    return 0
+
+
+def save(path: Path, command: str, device: str, metrics: dict[str, Any]) -> str:
+    """Write the result file `{"command", "device", "date", "metrics"}`; returns the date."""
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"command": command, "device": device, "date": date, "metrics": metrics}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return date
+
+
+if __name__ == "__main__":
+    sys.exit(main())

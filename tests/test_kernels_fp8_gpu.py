@@ -1,0 +1,160 @@
+"""FP8 quantisation, `gemm.fp8` and `moe.experts_fp8` on a CUDA GPU at serving shapes (`pytest -m gpu`).
+
+Shapes: Llama-3.1-8B's projections (qkv 6144x4096, o 4096x4096, gate_up
+28672x4096, down 4096x14336) with 128 x 128 weight blocks and per-channel
+scales, at 1, 4, 16, 17, 256 and 4096 tokens, through the per-batch dispatch
+and each kernel directly; Qwen3-30B-A3B's experts (hidden 2048,
+intermediate 768, 128 experts, top-8) at 1, 64 and 1024 tokens.
+
+Tolerances, and why:
+- quantisation is bit-exact against the torch reference (fp8 codes and
+  scales), on the GPU as under the interpreter (`quant/fp8_cast.py`);
+- the kernels are compared with the fp32 reference on the same fp8 weights,
+  with the activation quantisation they do emulated
+  (`quantize_activations=True` for the tensor-core GEMM, the w8a8 MoE), so
+  what remains is fp32 summation order and the final rounding to bf16
+  (2^-9 relative): relative Frobenius error < 8e-3, as the bf16 GEMV's tests;
+  the w8a8 MoE rounds its intermediate to bf16 before quantising it, which
+  moves a few values by one e4m3 step: < 1.5e-2.
+Capture and replay in a CUDA graph is checked for the GEMV and the GEMM (how decode and prefill run them).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+pytest.importorskip("triton")
+
+from tests.paged_kernels import capture_cuda_graph  # noqa: E402
+from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch  # noqa: E402
+from tokenspeed.kernels.gemm.fp8_gemm_triton import fp8_gemm_triton  # noqa: E402
+from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton  # noqa: E402
+from tokenspeed.kernels.gemm.fp8_reference import fp8_gemm_reference  # noqa: E402
+from tokenspeed.kernels.moe.experts_fp8_reference import fused_experts_fp8_reference  # noqa: E402
+from tokenspeed.kernels.moe.experts_fp8_triton import fused_experts_fp8_triton  # noqa: E402
+from tokenspeed.kernels.moe.experts_triton import DECODE_TILES, tile_config  # noqa: E402
+from tokenspeed.kernels.quant.fp8 import (  # noqa: E402
+    PER_CHANNEL_BLOCK,
+    WEIGHT_BLOCK,
+    quantize_per_token_group,
+    quantize_weight_block,
+)
+from tokenspeed.kernels.quant.quantize_triton import quantize_per_token_group_triton  # noqa: E402
+
+BF16 = torch.bfloat16
+LLAMA = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+GEMM_TOL = 8e-3
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert torch.isfinite(got).all()
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def _weight(n: int, k: int, block_size: tuple[int, int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return quantize_weight_block(torch.randn(n, k, device="cuda", generator=gen) * k**-0.5, block_size)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"), [((4096, 4096), BF16), ((7, 4160), torch.float16), ((3, 300), torch.float32)]
+)
+def test_per_token_group_quantisation_is_bit_exact(shape: tuple[int, int], dtype: torch.dtype) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(shape[1])
+    x = (
+        torch.randn(shape, device="cuda", generator=gen) * torch.logspace(-3, 3, shape[1], device="cuda")
+    ).to(dtype)
+    x[0, :128] = 0
+    q, scales = quantize_per_token_group_triton(x)
+    want_q, want_scales = quantize_per_token_group(x)
+    assert torch.equal(scales, want_scales)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+
+
+@pytest.mark.parametrize("m", [1, 4, 16, 17, 256, 4096])
+@pytest.mark.parametrize(("n", "k"), LLAMA)
+def test_dispatch_at_llama_shapes(m: int, n: int, k: int) -> None:
+    w8, scale = _weight(n, k, WEIGHT_BLOCK, seed=n + k)
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(m)).to(BF16)
+    dispatch = select_fp8_gemm_by_batch(platform="cuda", dtype=BF16)
+    kernel = dispatch.kernel_for(m)
+    want = fp8_gemm_reference(x.float(), w8, scale, quantize_activations=kernel.name == "triton")
+    got = dispatch(x, w8, scale)
+    assert got.dtype == BF16 and got.shape == (m, n)
+    assert _rel_err(got, want) < GEMM_TOL, kernel.name
+
+
+@pytest.mark.parametrize("m", [1, 4, 16])
+@pytest.mark.parametrize("block_size", [WEIGHT_BLOCK, PER_CHANNEL_BLOCK], ids=["block", "per-channel"])
+def test_gemv_and_gemm_at_decode_sizes(m: int, block_size: tuple[int, int]) -> None:
+    """Both kernels at the sizes either may serve, with a bias and fp32 output (the LM head's)."""
+    n, k = 6144, 4096
+    w8, scale = _weight(n, k, block_size, seed=m)
+    gen = torch.Generator(device="cuda").manual_seed(m + 1)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(BF16)
+    bias = torch.randn(n, device="cuda", generator=gen).to(BF16)
+    kwargs = dict(block_size=block_size, bias=bias)
+    weight_only = fp8_gemm_reference(x.float(), w8, scale, block_size=block_size, bias=bias.float())
+    assert _rel_err(fp8_gemv_triton(x, w8, scale, **kwargs), weight_only) < GEMM_TOL
+    logits = fp8_gemv_triton(x, w8, scale, out_dtype=torch.float32, **kwargs)
+    assert logits.dtype == torch.float32 and _rel_err(logits, weight_only) < GEMM_TOL
+    emulated = fp8_gemm_reference(
+        x.float(), w8, scale, block_size=block_size, bias=bias.float(), quantize_activations=True
+    )
+    assert _rel_err(fp8_gemm_triton(x, w8, scale, **kwargs), emulated) < GEMM_TOL
+
+
+@pytest.mark.parametrize(
+    ("kernel", "m"), [(fp8_gemv_triton, 1), (fp8_gemm_triton, 512)], ids=["gemv", "gemm"]
+)
+def test_fp8_linear_replays_in_a_cuda_graph(kernel, m: int) -> None:  # noqa: ANN001
+    n, k = 4096, 4096
+    w8, scale = _weight(n, k, WEIGHT_BLOCK, seed=3)
+    x = torch.zeros(m, k, device="cuda", dtype=BF16)
+    graph, out = capture_cuda_graph(lambda: kernel(x, w8, scale))
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    for _ in range(3):
+        x.copy_(torch.randn(m, k, device="cuda", generator=gen))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = fp8_gemm_reference(x.float(), w8, scale, quantize_activations=kernel is fp8_gemm_triton)
+        assert _rel_err(out, want) < GEMM_TOL
+
+
+QWEN3_MOE = dict(hidden=2048, inter=768, experts=128, top_k=8)
+
+
+@pytest.mark.parametrize("tokens", [1, 64, 1024])
+def test_fp8_experts_at_qwen3_30b_a3b_shape(tokens: int) -> None:
+    hidden, inter, experts, top_k = QWEN3_MOE.values()
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    w13, s13 = quantize_weight_block(
+        torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * hidden**-0.5, WEIGHT_BLOCK
+    )
+    w2, s2 = quantize_weight_block(
+        torch.randn(experts, hidden, inter, device="cuda", generator=gen) * inter**-0.5, WEIGHT_BLOCK
+    )
+    x = torch.randn(tokens, hidden, device="cuda", generator=gen).to(BF16)
+    ids = (
+        torch.rand(tokens, experts, device="cuda", generator=gen).topk(top_k, dim=-1).indices.to(torch.int32)
+    )
+    weights = torch.randn(tokens, top_k, device="cuda", generator=gen).softmax(-1)
+    quantised = tile_config(tokens, top_k, experts) != DECODE_TILES
+    want = fused_experts_fp8_reference(
+        x.float(), w13, w2, weights, ids, w13_scale=s13, w2_scale=s2, quantize_activations=quantised
+    )
+    got = fused_experts_fp8_triton(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
+    assert got.dtype == BF16 and got.shape == x.shape
+    assert _rel_err(got, want) < (1.5e-2 if quantised else GEMM_TOL)
+    graph, out = capture_cuda_graph(
+        lambda: fused_experts_fp8_triton(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
+    )
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, got)

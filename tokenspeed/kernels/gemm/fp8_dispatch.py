@@ -1,0 +1,63 @@
+"""Per-batch choice between the FP8 GEMV (few tokens) and the FP8 tensor-core GEMM (`gemm.fp8`).
+
+A layer selects its kernels once, at construction, but which FP8 kernel is
+fastest depends on the step's token count. `select_fp8_gemm_by_batch`
+therefore resolves `gemm.fp8` for both sides of `FP8_GEMV_MAX_TOKENS` (so
+overrides such as `--kernel gemm.fp8=reference`, dtypes and availability are
+honoured exactly as by `select_kernel`), and the returned callable picks by
+the input's token count, a host-side int: no sync, and a CUDA graph captured
+at one batch size always replays the same kernel. On the CPU both sides are
+the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
+from tokenspeed.kernels.quant.fp8 import WEIGHT_BLOCK, BlockSize
+from tokenspeed.kernels.registry import KernelSpec, select_kernel
+
+MAX_TOKENS = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8GemmByBatch:
+    """`gemm.fp8` with the kernel chosen by token count; same signature as the kernels."""
+
+    small: KernelSpec  # up to `max_small_tokens` tokens
+    large: KernelSpec
+    max_small_tokens: int
+
+    def kernel_for(self, num_tokens: int) -> KernelSpec:
+        return self.small if num_tokens <= self.max_small_tokens else self.large
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        *,
+        block_size: BlockSize = WEIGHT_BLOCK,
+        bias: torch.Tensor | None = None,
+        out_dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        kernel = self.kernel_for(x.numel() // max(x.shape[-1], 1))
+        return kernel(x, weight, weight_scale, block_size=block_size, bias=bias, out_dtype=out_dtype)
+
+
+def select_fp8_gemm_by_batch(*, platform: str, dtype: torch.dtype) -> Fp8GemmByBatch:
+    """Resolve `gemm.fp8` up to and above the GEMV's range; raises KernelSelectionError like `select_kernel`."""
+    small = select_kernel(
+        "gemm", "fp8", platform=platform, dtype=dtype, workload={"num_tokens": (1, FP8_GEMV_MAX_TOKENS)}
+    )
+    large = select_kernel(
+        "gemm",
+        "fp8",
+        platform=platform,
+        dtype=dtype,
+        workload={"num_tokens": (FP8_GEMV_MAX_TOKENS + 1, MAX_TOKENS)},
+    )
+    return Fp8GemmByBatch(small=small, large=large, max_small_tokens=FP8_GEMV_MAX_TOKENS)

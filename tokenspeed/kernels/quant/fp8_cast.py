@@ -1,0 +1,49 @@
+"""The e4m3 cast of every Triton kernel that writes fp8: saturate, round to nearest even, cast.
+
+Why not `x.to(tl.float8e4nv)` alone: on the GPU that cast is
+`cvt.rn.satfinite`, exactly the rounding of `fp8.cast_to_fp8`, but Triton's
+interpreter (the CPU tests) truncates instead and carries no saturation, so
+an interpreted kernel would disagree with the reference in the last bit. So
+the value is first rounded onto the e4m3 grid in fp32, which makes the cast
+exact on both: normal values keep 3 mantissa bits (add half an ulp, plus
+one when the kept lsb is odd, then clear the dropped bits); values below
+2^-6 sit on the subnormal grid of 2^-9, rounded by adding and subtracting
+1.5 * 2^14 (whose fp32 ulp is 2^-9), then given x's sign bit (so -0.0001
+becomes -0, as torch rounds it; Triton's negation, 0 - x, would lose it). About ten integer and float operations
+an element, in kernels that are bound by memory.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FP8_MAX = tl.constexpr(448.0)
+_MIN_NORMAL = tl.constexpr(0.015625)  # 2^-6
+_SUBNORMAL_ROUNDER = tl.constexpr(24576.0)  # 1.5 * 2^14: fp32 ulp 2^-9, the e4m3 subnormal step
+
+
+@triton.jit
+def to_fp8(x):
+    """fp32 `x` -> `tl.float8e4nv` (e4m3fn), saturating at +-448, ties to even."""
+    x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
+    bits = x.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
+    magnitude = tl.abs(x)
+    tiny = (magnitude + _SUBNORMAL_ROUNDER) - _SUBNORMAL_ROUNDER
+    tiny = (tiny.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(
+        tl.float32, bitcast=True
+    )  # x's sign, -0 too
+    return tl.where(magnitude >= _MIN_NORMAL, normal, tiny).to(tl.float8e4nv)
+
+
+@triton.jit
+def quantize_heads(
+    x, scale_ptr, offs_h, NUM_HEADS: tl.constexpr, HAS_SCALE: tl.constexpr, SCALE_STRIDE: tl.constexpr
+):
+    """Rows `[BLOCK_H, D]` of heads `offs_h` -> e4m3, each times the reciprocal of its head's scale (if any)."""
+    x = x.to(tl.float32)
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + offs_h * SCALE_STRIDE, mask=offs_h < NUM_HEADS, other=1.0)
+        x = x * tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)[:, None]
+    return to_fp8(x)
