@@ -61,6 +61,7 @@ _BUILTIN_MODULES = (
     "tokenspeed.kernels.moe.routing_reference",
     "tokenspeed.kernels.moe.experts_reference",
     "tokenspeed.kernels.moe.experts_grouped_mm",
+    "tokenspeed.kernels.comm.reference",
 )
 # Triton (PORTABLE) kernels: skipped, with a debug note, where triton is not installed.
 _TRITON_MODULES = (
@@ -77,6 +78,7 @@ _TRITON_MODULES = (
     "tokenspeed.kernels.mla.decode_triton",
     "tokenspeed.kernels.mla.extend_triton",
     "tokenspeed.kernels.gemm.gemv_triton",
+    "tokenspeed.kernels.comm.fused_allreduce_rmsnorm_triton",
 )
 
 
