@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from importlib import resources
+from pathlib import Path
 
 from tokenspeed.errors import ModelNotFound
 from tokenspeed.models.config import ModelConfig
@@ -49,14 +50,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def load_model_config(model: str) -> ModelConfig:
     """The config of a preset, of the embedded model, or of a folder (no weights are touched)."""
-    from tokenspeed.engine.model_files import is_preset
     from tokenspeed.models.presets import load_preset, preset_name
 
     if model == "embedded":
         text = resources.files("tokenspeed.models.embedded").joinpath("config.json").read_text()
         return ModelConfig.from_dict(json.loads(text))
-    if is_preset(model):
-        return load_preset(preset_name(model) or model)
+    preset = preset_name(model)
+    if preset is not None and not Path(model).expanduser().exists():  # a folder of that name wins, as in the engine
+        return load_preset(preset)
     try:
         return ModelConfig.from_pretrained(model)
     except FileNotFoundError:

@@ -125,7 +125,10 @@ class _Compiler:
         """The placement's own group when it spans exactly `axes`, else the group that does."""
         if self.topo.axes_of(placement.group) == axes:
             return placement.group
-        by_axes: dict[tuple[str, ...], ParallelGroup] = {("tp",): ParallelGroup.ATTN_TP, ("dp",): ParallelGroup.ATTN_DP}
+        by_axes: dict[tuple[str, ...], ParallelGroup] = {
+            ("tp",): ParallelGroup.ATTN_TP,
+            ("dp",): ParallelGroup.ATTN_DP,
+        }
         return by_axes.get(axes, ParallelGroup.DENSE_TP)
 
     def size_of(self, axes: tuple[str, ...]) -> int:

@@ -34,8 +34,6 @@ from tokenspeed.placement.placements import ParallelGroup
 if TYPE_CHECKING:
     from tokenspeed.models.config import ModelConfig
 
-_EXPERT_COLUMN_NAMES = ("gate_proj", "up_proj", "w1", "w3")
-_EXPERT_ROW_NAMES = ("down_proj", "w2")
 
 
 class WeightKind(Enum):
@@ -87,6 +85,14 @@ class TensorSlice:
 
 
 WHOLE = TensorSlice()
+_EXPERT_PROJECTIONS = {  # Qwen3-MoE / DeepSeek names, then Mixtral's
+    "gate_proj": WeightKind.EXPERT_COLUMN,
+    "up_proj": WeightKind.EXPERT_COLUMN,
+    "down_proj": WeightKind.EXPERT_ROW,
+    "w1": WeightKind.EXPERT_COLUMN,
+    "w3": WeightKind.EXPERT_COLUMN,
+    "w2": WeightKind.EXPERT_ROW,
+}
 
 
 class WeightShardingError(ParallelConfigError):
@@ -117,10 +123,9 @@ def _rule(name: str, config: ModelConfig, topology: Topology) -> ShardRule:
     if "experts" in parts:
         at = parts.index("experts")
         if len(parts) == at + 4 and parts[at + 1].isdigit() and config.moe is not None:
-            expert, projection = int(parts[at + 1]), parts[at + 2]
-            kind = {**dict.fromkeys(_EXPERT_COLUMN_NAMES, WeightKind.EXPERT_COLUMN),
-                    **dict.fromkeys(_EXPERT_ROW_NAMES, WeightKind.EXPERT_ROW)}.get(projection)
+            kind = _EXPERT_PROJECTIONS.get(parts[at + 2])
             if kind is not None:
+                expert = int(parts[at + 1])
                 return ShardRule(kind, ParallelGroup.MOE_TP_EP, expert=expert, num_experts=config.moe.num_experts)
         raise WeightShardingError(
             f"no sharding rule for {name!r}: experts are read as per-expert tensors "
