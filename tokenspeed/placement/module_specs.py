@@ -51,36 +51,25 @@ class ModuleSpec:
     output: Layout | None  # None: the layout of its input
     absorbs_reduction: bool = False  # a pending all-reduce fuses into it (all-reduce + residual add + RMSNorm)
     all_to_all: bool = False  # dispatches tokens to their experts' ranks and combines them back (EP)
-    weights_group: ParallelGroup | None = None  # the group its weights are split over; None: replicated
 
 
 def module_specs(topology: Topology) -> dict[ModuleKind, ModuleSpec]:
     """The spec of every module kind under `topology` (see the module docstring's table)."""
     tokens: Layout = (Shard(0, ParallelGroup.ATTN_DP),) if topology.dp_attention else REPLICATED
     attention_output = tokens + (Partial(ParallelGroup.ATTN_TP),)
-    if topology.dp_attention:
-        embedding = ModuleSpec(ModuleKind.EMBEDDING, tokens, tokens)
-    else:
-        embedding = ModuleSpec(
-            ModuleKind.EMBEDDING, tokens, (Partial(ParallelGroup.DENSE_TP),), weights_group=ParallelGroup.DENSE_TP
-        )
+    # under DP attention each rank embeds its own tokens with a whole table; else the vocab is split
+    embedding_output = tokens if topology.dp_attention else (Partial(ParallelGroup.DENSE_TP),)
     if topology.moe_all_to_all:
-        moe = ModuleSpec(ModuleKind.MOE, tokens, tokens, all_to_all=True, weights_group=ParallelGroup.MOE_TP_EP)
+        moe = ModuleSpec(ModuleKind.MOE, tokens, tokens, all_to_all=True)
     else:
-        moe = ModuleSpec(
-            ModuleKind.MOE, REPLICATED, (Partial(ParallelGroup.MOE_TP_EP),), weights_group=ParallelGroup.MOE_TP_EP
-        )
+        moe = ModuleSpec(ModuleKind.MOE, REPLICATED, (Partial(ParallelGroup.MOE_TP_EP),))
     specs = [
-        embedding,
+        ModuleSpec(ModuleKind.EMBEDDING, tokens, embedding_output),
         ModuleSpec(ModuleKind.NORM, None, None, absorbs_reduction=True),
-        ModuleSpec(ModuleKind.ATTENTION, tokens, attention_output, weights_group=ParallelGroup.ATTN_TP),
-        ModuleSpec(ModuleKind.MLA_ATTENTION, tokens, attention_output, weights_group=ParallelGroup.ATTN_TP),
-        ModuleSpec(
-            ModuleKind.DENSE_MLP, REPLICATED, (Partial(ParallelGroup.DENSE_TP),), weights_group=ParallelGroup.DENSE_TP
-        ),
+        ModuleSpec(ModuleKind.ATTENTION, tokens, attention_output),
+        ModuleSpec(ModuleKind.MLA_ATTENTION, tokens, attention_output),
+        ModuleSpec(ModuleKind.DENSE_MLP, REPLICATED, (Partial(ParallelGroup.DENSE_TP),)),
         moe,
-        ModuleSpec(
-            ModuleKind.LM_HEAD, REPLICATED, (Shard(-1, ParallelGroup.DENSE_TP),), weights_group=ParallelGroup.DENSE_TP
-        ),
+        ModuleSpec(ModuleKind.LM_HEAD, REPLICATED, (Shard(-1, ParallelGroup.DENSE_TP),)),
     ]
     return {spec.kind: spec for spec in specs}

@@ -66,11 +66,6 @@ class GroupHandle:
     def size(self) -> int:
         return len(self.ranks)
 
-    @classmethod
-    def single(cls, kind: ParallelGroup) -> GroupHandle:
-        """A group of one rank: every collective over it is a no-op."""
-        return cls(kind, (0,), 0)
-
 
 @dataclass(frozen=True, slots=True)
 class ParallelGroups:

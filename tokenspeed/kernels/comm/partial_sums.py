@@ -29,10 +29,6 @@ class PartialSums:
     peers: tuple[torch.Tensor, ...] = ()  # every rank's addend in rank order (peer_buffers transport)
 
     @property
-    def transport(self) -> str:
-        return "peer_buffers" if self.peers else "process_group"
-
-    @property
     def world_size(self) -> int:
         if self.peers:
             return len(self.peers)
