@@ -1,4 +1,4 @@
-"""`tokenspeed`: serve | generate | chat | bench | kernels | env.
+"""`tokenspeed`: serve | generate | chat | bench | kernels | placement | env.
 
 Every subcommand that builds an engine takes the same engine flags
 (`engine_args.py`); with no `--model` it uses the embedded tiny model.
@@ -197,6 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--trait", action="append", help="key=value, e.g. head_dim=128 (repeatable)")
     kernels.add_argument("--workload", action="append", help="key=n or key=lo-hi, e.g. num_tokens=1-8")
     kernels.set_defaults(handler=_kernels)
+
+    from tokenspeed.placement import command as placement_command
+
+    placement_command.add_parser(sub)
 
     env = sub.add_parser("env", help="versions and devices")
     env.set_defaults(handler=_env)

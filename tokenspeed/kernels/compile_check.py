@@ -137,6 +137,9 @@ def serving_configs() -> Iterator[KernelConfig]:
     from tokenspeed.kernels.mla.compile_configs import mla_compile_configs
 
     yield from mla_compile_configs()
+    from tokenspeed.kernels.comm.compile_configs import comm_compile_configs
+
+    yield from comm_compile_configs()
     for draw in (True, False):
         yield KernelConfig(
             f"sampling.sample draw={draw}",

@@ -64,6 +64,7 @@ _BUILTIN_MODULES = (
     "tokenspeed.kernels.moe.experts_reference",
     "tokenspeed.kernels.moe.experts_grouped_mm",
     "tokenspeed.kernels.moe.experts_fp8_reference",
+    "tokenspeed.kernels.comm.reference",
 )
 # Triton (PORTABLE) kernels: skipped, with a debug note, where triton is not installed.
 _TRITON_MODULES = (
@@ -84,6 +85,7 @@ _TRITON_MODULES = (
     "tokenspeed.kernels.gemm.fp8_gemm_triton",
     "tokenspeed.kernels.gemm.fp8_gemv_triton",
     "tokenspeed.kernels.quant.quantize_triton",
+    "tokenspeed.kernels.comm.fused_allreduce_rmsnorm_triton",
 )
 
 

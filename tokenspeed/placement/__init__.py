@@ -1,0 +1,24 @@
+"""Placement: how a model written for one device runs on N, decided by a compiler, not by hand.
+
+- `placements.py`: `Replicate`, `Shard(dim)`, `Partial` over the parallel groups
+  `ATTN_TP`, `ATTN_DP`, `DENSE_TP`, `MOE_TP_EP`;
+- `parallel_config.py`: `ParallelConfig` (vLLM/SGLang option names, validation
+  against the model and the machine) and the `Topology` it implies;
+- `module_specs.py`, `model_graph.py`, `compiler.py`: each module kind's
+  placement contract, the modules a model runs, and the compiler that inserts
+  every collective (fusing all-reduce + residual add + RMSNorm into
+  `comm.fused_allreduce_rmsnorm`); `plan_text.py` prints the plan;
+- `weight_sharding.py`, `weight_inventory.py`, `sharded_reader.py`,
+  `footprint.py`: which slice of each checkpoint tensor a rank holds, read
+  without materialising the rest, and the bytes per rank;
+- `process_groups.py`, `collectives.py`: torch.distributed groups (gloo on the
+  CPU, NCCL on CUDA) and collectives that are no-ops at world size 1;
+- `command.py`: `tokenspeed placement MODEL --tp N [--ep M] [--dp-attention]`.
+
+The parallel layers that call these collectives are in `layers/parallel_linear.py`
+and `layers/parallel_embedding.py`. Not here yet (the integration task): the
+model families built from those layers under a compiled plan, and the
+multi-rank executor that runs them (one worker process per rank).
+
+Import the concrete modules directly: this package stays import-light.
+"""

@@ -1,0 +1,73 @@
+"""Read one rank's slices of a safetensors checkpoint, never a whole sharded tensor.
+
+Each tensor's rule (`weight_sharding.rule_for`) gives the rank's slice;
+`safe_open(...).get_slice(name)[...]` then reads only those bytes from the
+memory-mapped file, so a rank's host memory and I/O are its share of the
+model, not the model: 1/N of every split tensor plus the replicated ones, and
+no byte of another EP rank's experts. `ReadStats` counts what was read, for
+logs and for the test that holds each rank to its share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors import safe_open
+
+from tokenspeed.models.loader import find_weight_files
+from tokenspeed.placement.parallel_config import Topology
+from tokenspeed.placement.weight_sharding import TensorSlice, rule_for, slice_for_rank
+
+if TYPE_CHECKING:
+    from tokenspeed.models.config import ModelConfig
+
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers old checkpoints saved; the loader skips them too
+
+
+@dataclass(slots=True)
+class ReadStats:
+    sharded_bytes: int = 0  # read from tensors split over ranks
+    replicated_bytes: int = 0  # read from tensors every rank holds whole
+    tensors_read: int = 0
+    tensors_skipped: int = 0  # held by other ranks only (experts of other EP ranks)
+
+    @property
+    def bytes_read(self) -> int:
+        return self.sharded_bytes + self.replicated_bytes
+
+
+class ShardedCheckpointReader:
+    """The tensors of `folder` as rank `rank` of `topology` holds them: (name, slice tensor, slice)."""
+
+    def __init__(self, folder: str | Path, config: ModelConfig, topology: Topology, rank: int) -> None:
+        self.files = find_weight_files(Path(folder))
+        self.config = config
+        self.topology = topology
+        self.rank = rank
+        self.stats = ReadStats()
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor, TensorSlice]]:
+        for path in self.files:
+            with safe_open(str(path), framework="pt") as f:
+                for name in list(f.keys()):  # a safe_open handle is not iterable
+                    if name.endswith(_IGNORED_SUFFIXES):
+                        continue
+                    rule = rule_for(name, self.config, self.topology)
+                    lazy = f.get_slice(name)
+                    shape = tuple(lazy.get_shape())
+                    part = slice_for_rank(name, rule, shape, self.topology, self.rank)
+                    if part is None:
+                        self.stats.tensors_skipped += 1
+                        continue
+                    tensor = lazy[part.index(len(shape))]
+                    nbytes = tensor.numel() * tensor.element_size()
+                    if rule.sharded:
+                        self.stats.sharded_bytes += nbytes
+                    else:
+                        self.stats.replicated_bytes += nbytes
+                    self.stats.tensors_read += 1
+                    yield name, tensor, part
