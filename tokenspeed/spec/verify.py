@@ -173,31 +173,34 @@ def rejection_sample(
     deterministic drafter, a point mass on each draft). Keys: (seeds [rows], sample_indices [rows] + i).
     """
     rows, width = draft_token_ids.shape
+    vocab = target_probs.shape[-1]
     device = target_probs.device
-    positions = torch.arange(width, device=device)
     drafts = draft_token_ids.to(torch.int64)
-    p = target_probs[:, :width].to(torch.float64)
-    p_draft = p.gather(2, drafts[..., None]).squeeze(-1)
+    p_draft = target_probs[:, :width].gather(2, drafts[..., None]).squeeze(-1).to(torch.float64)
     if draft_probs is None:
         q_draft = torch.ones_like(p_draft)
-        residual = p.scatter(2, drafts[..., None], 0.0)
     else:
-        q = draft_probs.to(torch.float64)
-        q_draft = q.gather(2, drafts[..., None]).squeeze(-1)
-        residual = (p - q).clamp_min(0.0)
+        q_draft = draft_probs.gather(2, drafts[..., None]).squeeze(-1).to(torch.float64)
     indices = sample_indices[:, None].to(torch.int64) + torch.arange(width + 1, device=device)
     uniform = keyed_uniform(seeds, indices[:, :width], ACCEPT_STREAM)
-    accept = (uniform * q_draft < p_draft) & (positions < num_draft_tokens[:, None])  # u < p/q
-    accepted = torch.cumprod(accept.to(torch.int64), dim=1).sum(dim=1)
-    # Position j's fallback: the residual where a draft was rejected, the target itself for the bonus.
-    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p)  # p == q: never rejected
-    full = torch.cat([residual, target_probs[:, width:].to(torch.float64)], dim=1)
-    bonus = (torch.arange(width + 1, device=device) >= num_draft_tokens[:, None])[..., None]
-    fallback = torch.where(bonus, target_probs.to(torch.float64), full)
-    drawn = keyed_categorical(fallback, seeds, indices, RESIDUAL_STREAM)
-    padded = torch.cat([drafts, torch.full((rows, 1), -1, dtype=torch.int64, device=device)], dim=1)
-    spot = torch.arange(width + 1, device=device)[None, :]
-    tokens = torch.where(spot < accepted[:, None], padded, torch.where(spot == accepted[:, None], drawn, -1))
+    accept = (uniform * q_draft < p_draft) & (torch.arange(width, device=device) < num_draft_tokens[:, None])
+    accepted = torch.cumprod(accept.to(torch.int64), dim=1).sum(dim=1)  # u < p/q, drafts in order
+    # One draw per row, at the first position not accepted: from norm(max(0, p - q)) where a draft was
+    # rejected, from p for the bonus token after the last draft. Only that position's vocabulary is read.
+    spot = accepted[:, None]
+    at_spot = spot[..., None].expand(rows, 1, vocab)
+    p_spot = target_probs.gather(1, at_spot).to(torch.float64)
+    padded = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], dim=1)
+    if draft_probs is None:
+        residual = p_spot.scatter(2, padded.gather(1, spot)[..., None], 0.0)
+    else:
+        q_padded = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)
+        residual = (p_spot - q_padded.gather(1, at_spot).to(torch.float64)).clamp_min(0.0)
+    rejected = (accepted < num_draft_tokens)[:, None, None] & (residual.sum(dim=-1, keepdim=True) > 0)
+    weights = torch.where(rejected, residual, p_spot)  # p == q leaves no residual, but then nothing is rejected
+    drawn = keyed_categorical(weights, seeds, indices.gather(1, spot), RESIDUAL_STREAM)
+    column = torch.arange(width + 1, device=device)[None, :]
+    tokens = torch.where(column < spot, padded, torch.where(column == spot, drawn, -1))
     return Verified(tokens, accepted + 1)
 
 
