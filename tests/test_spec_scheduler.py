@@ -327,3 +327,13 @@ def test_real_drafters_keep_the_non_speculative_tokens(make_drafter: Callable[[S
     assert run(s, ex, prompts, params) == run(plain, plain_ex, prompts, params)
     stats = s.speculation_stats
     assert stats is not None and stats.num_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("on_device", [True, False])
+def test_the_blind_executor_verifies_too(on_device: bool) -> None:
+    """`check_history=False` (the scheduler-overhead benchmark) answers verify rows with 1..k+1 tokens."""
+    s, _ = make(None if on_device else OracleDrafter(SimulatedExecutor(64, 4, VOCAB)), k=3, on_device=on_device)
+    blind = SimulatedExecutor(64, 4, VOCAB, check_history=False)
+    outputs = run(s, blind, PROMPTS, SamplingParams(temperature=0.0, max_tokens=20))
+    stats = s.speculation_stats
+    assert stats is not None and stats.num_drafts > 0 and all(len(o) == 20 for o in outputs.values())

@@ -27,9 +27,12 @@ recomputed from its last `max_depth` tokens (O(depth)) when that generation
 has grown since; so a step costs O(new tokens + depth + k), never O(context).
 
 Costs measured on CPython 3.11 (Python source, the embedded BPE): about
-2.5 us and 150 bytes per indexed token. A request whose prompt no retained
-index covers indexes its whole prompt at its first proposal (~0.25 s per
-100K tokens, once).
+2.5 us and 150 bytes per indexed token, and ~20 us per proposal once the
+prompt is indexed (8 tokens, 4 new tokens indexed). A request whose prompt no
+retained index covers indexes its whole prompt at its first proposal
+(~0.25 s per 100K tokens, once). Proposals run in `next_plan`, on the
+critical path of a step: at large batch sizes their sum matters (see
+`disable_by_batch_size`).
 """
 
 from __future__ import annotations

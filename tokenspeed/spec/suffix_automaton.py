@@ -208,26 +208,37 @@ class SuffixAutomaton:
         the product of their frequencies (the path's estimated acceptance) stays >= min_token_prob.
         The score is the sum of those products: the expected tokens accepted from the path.
         """
-        link, length = self._link, self._len
+        link, length, tok, to, count = self._link, self._len, self._tok, self._to, self._count
         state, matched = match.state, match.length
-        while state != ROOT and not self.followers(state):
+        while state != ROOT and not self._has_follower(state):
             state = link[state]
             matched = length[state]
         limit = min(max_tokens, int(matched * max_spec_factor))
         tokens: list[int] = []
         prob, score = 1.0, 0.0
         while len(tokens) < limit:
-            followers = self.followers(state)
-            if not followers:
-                break
-            total = sum(count for _, count in followers)
-            token, count = min(followers, key=_most_frequent)
-            prob *= count / total
-            if prob < min_token_prob:
+            first = tok[state]
+            if first >= 0:  # one follower (85% of states): probability 1, no scoring
+                token, state = first, to[state]
+            elif first == _MANY:
+                token, best, total = -1, 0, 0
+                for candidate, target in self._more[state].items():
+                    if candidate < 0:
+                        continue
+                    seen = count[target]
+                    total += seen
+                    if seen > best or (seen == best and candidate < token):
+                        token, best = candidate, seen
+                if token < 0:
+                    break
+                prob *= best / total
+                if prob < min_token_prob:
+                    break
+                state = self._more[state][token]
+            else:  # no transition, or only a document separator
                 break
             tokens.append(token)
             score += prob
-            state = self.step(state, token)
             matched += 1
             if matched > self.max_depth:
                 matched = self.max_depth
@@ -235,10 +246,11 @@ class SuffixAutomaton:
                     state = link[state]
         return tokens, score
 
-
-def _most_frequent(follower: tuple[int, int]) -> tuple[int, int]:
-    token, count = follower
-    return -count, token
+    def _has_follower(self, state: int) -> bool:
+        first = self._tok[state]
+        if first == _MANY:
+            return any(token >= 0 for token in self._more[state])
+        return first >= 0
 
 
 @dataclass(slots=True)
