@@ -28,7 +28,7 @@ lint: setup
 	$(VENV)/bin/ruff check tokenspeed tests $(wildcard benchmarks scripts)
 
 typecheck: setup
-	$(VENV)/bin/mypy --strict --follow-imports=silent tokenspeed/scheduler tokenspeed/kvcache
+	$(VENV)/bin/mypy --strict --follow-imports=silent tokenspeed/scheduler tokenspeed/kvcache tokenspeed/spec tokenspeed/placement
 
 unit: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -m "not gpu" $(PYTEST_ARGS)

@@ -21,12 +21,12 @@ LAYERS = (
     "scheduler",  # request FSM, plans, sampling parameters, admission (no torch)
     "batch",  # ForwardBatch, AttentionMetadata, HostBatch, PagedKVStorage: records of one step
     "kernels",  # registry and kernels
-    "placement",  # (reserved) parallel placement of modules
+    "placement",  # parallel layouts, the placement compiler, process groups and collectives
     "layers",  # nn.Modules, attention backends, MLA/MoE/rope configs
     "models",  # HF config -> model, weight loading, presets
     "config",  # EngineConfig
     "executor",  # Executor, runner, sampler, CUDA graphs, page tables
-    "spec",  # (reserved) speculative decoding
+    "spec",  # speculative decoding: drafters, verification
     "engine",  # EngineCore, LLM, AsyncEngine, IPC, detokenizer
     "tokenspeed",  # the package facade (`from tokenspeed import LLM, SamplingParams`)
     "engine_args",  # command-line engine options

@@ -140,6 +140,7 @@ def reference_outputs(config: SchedulerConfig, specs: list[Spec]) -> Reference:
     """Each stream's tokens with no memory pressure (same seeds: same submission order)."""
     roomy = copy.copy(config)
     roomy.num_pages = 64
+    roomy.speculation = None  # plain decoding: a speculative search must stream exactly its tokens
     world = new_world(roomy)
     tokens = Reference()
     tokens.reasons = {}

@@ -25,6 +25,7 @@ from tokenspeed.kernels.comm.reference import fused_allreduce_rmsnorm_reference
 from tokenspeed.layers.parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from tokenspeed.layers.parallel_linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from tokenspeed.models.config import ModelConfig
+from tokenspeed.models.parallel.sharded_reader import ShardedCheckpointReader
 from tokenspeed.placement.collectives import (
     all_gather,
     all_reduce,
@@ -35,7 +36,6 @@ from tokenspeed.placement.collectives import (
 from tokenspeed.placement.parallel_config import ParallelConfig, Topology
 from tokenspeed.placement.placements import ParallelGroup
 from tokenspeed.placement.process_groups import ParallelGroups, create_parallel_groups
-from tokenspeed.placement.sharded_reader import ShardedCheckpointReader
 
 ATTN_TP, ATTN_DP, DENSE_TP = ParallelGroup.ATTN_TP, ParallelGroup.ATTN_DP, ParallelGroup.DENSE_TP
 

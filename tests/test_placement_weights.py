@@ -18,14 +18,14 @@ from safetensors import safe_open
 
 from tests.checkpoints import make_checkpoint, make_deepseek_checkpoint
 from tokenspeed.models.config import ModelConfig
+from tokenspeed.models.parallel import sharded_reader
+from tokenspeed.models.parallel.footprint import kv_bytes_per_token, weights_per_rank
+from tokenspeed.models.parallel.sharded_reader import ShardedCheckpointReader
+from tokenspeed.models.parallel.weight_inventory import checkpoint_tensors
+from tokenspeed.models.parallel.weight_sharding import WeightKind, WeightShardingError, rule_for
 from tokenspeed.models.presets import load_preset
-from tokenspeed.placement import sharded_reader
-from tokenspeed.placement.footprint import kv_bytes_per_token, weights_per_rank
 from tokenspeed.placement.parallel_config import ParallelConfig, Topology
 from tokenspeed.placement.placements import ParallelGroup
-from tokenspeed.placement.sharded_reader import ShardedCheckpointReader
-from tokenspeed.placement.weight_inventory import checkpoint_tensors
-from tokenspeed.placement.weight_sharding import WeightKind, WeightShardingError, rule_for
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_rules_per_weight_kind():
     for name, (kind, group) in expect.items():
         rule = rule_for(name, llama, topology)
         assert (rule.kind, rule.group) == (kind, group), name
-    from tokenspeed.placement.weight_sharding import slice_for_rank
+    from tokenspeed.models.parallel.weight_sharding import slice_for_rank
 
     k_rule = rule_for("model.layers.0.self_attn.k_proj.weight", llama, topology)
     heads = [slice_for_rank("k", k_rule, (1024, 4096), topology, r).start // 128 for r in range(16)]

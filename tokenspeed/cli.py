@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--workload", action="append", help="key=n or key=lo-hi, e.g. num_tokens=1-8")
     kernels.set_defaults(handler=_kernels)
 
-    from tokenspeed.placement import command as placement_command
+    from tokenspeed.models.parallel import report as placement_command
 
     placement_command.add_parser(sub)
 

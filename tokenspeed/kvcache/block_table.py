@@ -93,6 +93,19 @@ class BlockTable:
         self._consume("move")
         return moved
 
+    def truncate(self, num_pages: int) -> None:
+        """Drop the references to the pages past the first `num_pages` (last first).
+
+        Speculative decoding frees the pages that held only rejected draft positions this way.
+        A published page is never dropped: its tokens are computed, so it cannot hold a rejection.
+        """
+        self.ensure_live()
+        if num_pages < len(self._hashes):
+            raise AssertionError(f"truncating to {num_pages} pages would drop published page {len(self._hashes) - 1}")
+        dropped, self._pages = self._pages[num_pages:], self._pages[:num_pages]
+        for page in reversed(dropped):
+            self._pool.decref(page)
+
     def release(self) -> None:
         """Drop every reference, last page first (the LRU then evicts leaves before roots)."""
         self.ensure_live()

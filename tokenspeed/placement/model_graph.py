@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from tokenspeed.placement.module_specs import ModuleKind
 
 if TYPE_CHECKING:
-    from tokenspeed.models.config import ModelConfig
+    from tokenspeed.placement.model_shape import ModelShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ class ModelGraph:
     modules: tuple[ModuleRef, ...]
 
 
-def describe_model(config: ModelConfig) -> ModelGraph:
+def describe_model(config: ModelShape) -> ModelGraph:
     attention = ModuleKind.ATTENTION if config.mla is None else ModuleKind.MLA_ATTENTION
     modules = [ModuleRef("model.embed_tokens", ModuleKind.EMBEDDING)]
     for i in range(config.num_layers):

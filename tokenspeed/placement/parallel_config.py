@@ -33,7 +33,7 @@ from tokenspeed.errors import TokenSpeedError
 from tokenspeed.placement.placements import ParallelGroup
 
 if TYPE_CHECKING:
-    from tokenspeed.models.config import ModelConfig
+    from tokenspeed.placement.model_shape import ModelShape
 
 ALL2ALL_BACKENDS = ("allgather_reducescatter", "alltoall")
 MESH_AXES = ("dp", "tp")
@@ -181,7 +181,7 @@ class ParallelConfig:
             moe_all_to_all=self.all2all_backend == "alltoall",
         )
 
-    def validate_for_model(self, config: ModelConfig) -> Topology:
+    def validate_for_model(self, config: ModelShape) -> Topology:
         """The topology, after checking every split it implies divides the model; raises naming each problem."""
         topo = self.topology()
         problems = model_problems(config, topo)
@@ -214,7 +214,7 @@ def _divides(what: str, count: int, by: int, group: str) -> str | None:
     return None if count % by == 0 else f"{group}={by} does not divide the {count} {what}"
 
 
-def model_problems(config: ModelConfig, topo: Topology) -> list[str]:
+def model_problems(config: ModelShape, topo: Topology) -> list[str]:
     """Every reason `config` cannot be split as `topo` says ([] when it can)."""
     checks: list[str | None] = [_divides("attention heads", config.num_heads, topo.attn_tp, "ATTN_TP")]
     if config.mla is None:

@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from tokenspeed.placement.compiler import CompiledPlan, OpKind, PlanOp
-from tokenspeed.placement.footprint import RankWeights
 from tokenspeed.placement.placements import format_layout
 
 T = TypeVar("T")
@@ -27,7 +26,7 @@ def _op_line(op: PlanOp) -> str:
     return f"  {kind:<30} {module:<34} {group:<14} {sent:>18}  -> {format_layout(op.layout)}".rstrip()
 
 
-def _runs(items: Sequence[T], key: Callable[[T], object]) -> list[tuple[int, int]]:
+def runs(items: Sequence[T], key: Callable[[T], object]) -> list[tuple[int, int]]:
     """[first, last] index pairs of consecutive items with equal keys."""
     runs: list[tuple[int, int]] = []
     for i, item in enumerate(items):
@@ -38,7 +37,7 @@ def _runs(items: Sequence[T], key: Callable[[T], object]) -> list[tuple[int, int
     return runs
 
 
-def _span(word: str, first: int, last: int) -> str:
+def span(word: str, first: int, last: int) -> str:
     return f"{word} {first}" if first == last else f"{word}s {first}-{last}"
 
 
@@ -51,8 +50,8 @@ def format_plan(plan: CompiledPlan) -> str:
     first_layer = next((i for i, op in enumerate(plan.ops) if op.module.layer is not None), len(plan.ops))
     lines += ["", "embedding:"] + [_op_line(op) for op in plan.ops[:first_layer] if op.module.layer is None]
     layers = [[_op_line(op) for op in plan.layer_ops(i)] for i in range(graph.num_layers)]
-    for first, last in _runs(layers, lambda text: text):
-        lines += ["", _span("layer", first, last) + ":"] + layers[first]
+    for first, last in runs(layers, lambda text: text):
+        lines += ["", span("layer", first, last) + ":"] + layers[first]
     lines += ["", "final:"] + [_op_line(op) for op in plan.ops[first_layer:] if op.module.layer is None]
     in_layers = sum(op.bytes_per_token for op in plan.ops if op.module.layer is not None)
     collectives = len(plan.collectives())
@@ -64,18 +63,5 @@ def format_plan(plan: CompiledPlan) -> str:
     return "\n".join(lines)
 
 
-def _gib(n: int) -> str:
+def gib(n: int) -> str:
     return f"{n:,} B ({n / 2**30:.2f} GiB)"
-
-
-def format_footprint(weights: Sequence[RankWeights], kv_bytes_per_token: int, dp_attention: bool) -> str:
-    lines = ["weights per rank:"]
-    for first, last in _runs(weights, lambda w: (w.sharded_bytes, w.replicated_bytes)):
-        w = weights[first]
-        lines.append(
-            f"  {_span('rank', first, last)}: {_gib(w.total_bytes)}: sharded {w.sharded_bytes:,} B, "
-            f"replicated {w.replicated_bytes:,} B"
-        )
-    holds = "its own requests' tokens (DP attention)" if dp_attention else "every token of the step"
-    lines.append(f"kv cache per rank: {kv_bytes_per_token:,} B per token it holds; each rank holds {holds}")
-    return "\n".join(lines)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenspeed.scheduler.admission import AdmissionLimits
+from tokenspeed.scheduler.speculation import DraftPolicy
 
 
 @dataclass(slots=True)
@@ -22,6 +23,7 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     seed: int = 0  # draws the sampling seed of requests that do not give one
     vocab_size: int | None = None  # token ids are range-checked on submit when known
+    speculation: DraftPolicy | None = None  # speculative decoding (`spec.config.SpeculativeConfig`), off if None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "page_size", "num_pages"):

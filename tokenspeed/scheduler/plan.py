@@ -17,6 +17,21 @@ before its rows, and plans in the order they were made.
 Within a step, the K/V of every row is stored before any row attends, so a
 row may read pages an earlier row of the same plan writes (prefix-cache hits
 on pages published when that earlier row was scheduled).
+
+Speculative decoding: a decode row may carry k draft tokens. Its K/V is
+written for its input token and the k drafts, at positions p .. p+k, and its
+pages cover all of them; the executor verifies the drafts (`spec/verify.py`)
+and returns the emitted tokens: the accepted drafts, then the model's own
+token at the first rejected position (or the bonus token after the last
+draft), 1 .. k+1 in all. Host drafts (n-gram, suffix) come in
+`draft_token_ids`; a row with `num_draft_tokens > 0` and no `draft_token_ids`
+asks the executor's own drafter (EAGLE, MTP, a draft model) for k drafts.
+After the scheduler applies the result it frees the pages that held only
+rejected positions: the next row of that request then has a `first_new_page`
+below the number of pages the executor holds, and the executor cuts the
+table there before adding `new_page_ids` (the K/V of rejected positions in a
+kept page is stale and is rewritten before anything reads it: rows attend
+only to positions below their own, and those are all accepted).
 """
 
 from __future__ import annotations
@@ -38,9 +53,15 @@ class ScheduledRow:
     A prefill chunk has many input tokens; a decode row has one. The row's K/V
     for `input_token_ids` are written at positions `start_position ...` into the
     request's pages, which cover every position up to `end_position`: the
-    executor's table for the request, with `new_page_ids` written from index
-    `first_new_page` on. `first_new_page == 0` starts a fresh table (first
-    admission, or re-admission after preemption).
+    executor's table for the request, cut to `first_new_page` pages (shorter
+    than the executor's only after rejected drafts were rolled back) and then
+    extended by `new_page_ids`. `first_new_page == 0` starts a fresh table
+    (first admission, or re-admission after preemption).
+
+    A verify row (`num_draft_tokens = k > 0`, decode rows only) also writes
+    K/V at positions `end_position .. end_position + k - 1` for its drafts
+    and samples at each of its k+1 positions, keyed by `sample_index + i`
+    (see the module docstring).
     """
 
     request_id: str
@@ -64,6 +85,9 @@ class ScheduledRow:
     # so a plan's size does not grow with the context when it crosses a process boundary.
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] | None = None
+    # Drafts to verify after the input token: k of them, or none when the executor drafts them.
+    num_draft_tokens: int = 0
+    draft_token_ids: list[int] = field(default_factory=list)  # host drafts (n-gram, suffix), else empty
 
     @property
     def num_pages(self) -> int:
@@ -72,11 +96,27 @@ class ScheduledRow:
 
     @property
     def num_samples(self) -> int:
+        """Samples the row asks for: one, or up to k+1 for a verify row (`max_samples`)."""
         return 1 if self.sample else 0
 
     @property
+    def max_samples(self) -> int:
+        return self.num_samples + self.num_draft_tokens
+
+    @property
     def end_position(self) -> int:
+        """End of the input tokens (drafts are not inputs: they are computed only if accepted)."""
         return self.start_position + len(self.input_token_ids)
+
+    @property
+    def kv_end_position(self) -> int:
+        """End of the positions whose K/V the row writes: its inputs and its drafts."""
+        return self.end_position + self.num_draft_tokens
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """Tokens the row adds to the step's forward pass (inputs and drafts)."""
+        return len(self.input_token_ids) + self.num_draft_tokens
 
 
 @dataclass(slots=True)
@@ -88,7 +128,13 @@ class ExecutionPlan:
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(r.input_token_ids) for r in self.rows)
+        return sum(r.num_scheduled_tokens for r in self.rows)
+
+    @property
+    def has_drafts(self) -> bool:
+        """Rows to verify: their results (how many tokens were accepted) must be advanced, never
+        placeholders (`scheduler/provisional.py`)."""
+        return any(r.num_draft_tokens for r in self.rows)
 
     def is_empty(self) -> bool:
         return not self.rows
@@ -107,7 +153,8 @@ class TokenLogprob:
 @dataclass(slots=True)
 class RowOutput:
     request_id: str
-    sampled_token_ids: list[int] = field(default_factory=list)  # one when row.sample
+    # One when row.sample; for a verify row 1 .. k+1: the accepted drafts, then the model's token.
+    sampled_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # one per sampled token, when requested
     prompt_logprobs: list[TokenLogprob] | None = None  # positions prompt_logprobs_start.. in this chunk
 

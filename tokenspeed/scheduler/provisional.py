@@ -29,6 +29,19 @@ Why this is exact (identical tokens to the synchronous loop):
 
 Rows that return logprobs or prompt logprobs cannot be advanced provisionally
 (their payload is the result itself); the engine runs such steps synchronously.
+
+Speculative decoding follows the simplest correct rule: verify rows are never
+advanced provisionally either (how many tokens a row emits, and so its
+positions, pages and the next row's input, is only known from the result),
+so a plan with drafts (`ExecutionPlan.has_drafts`) runs synchronously: the
+engine resolves the step in flight, runs the plan and `advance`s it with its
+result. A host drafter needs the real last token, so the scheduler gives no
+host drafts to a row whose last token is still a placeholder; with a host
+drafter the engine must therefore resolve the step in flight before planning
+(else, once a step is overlapped, every later plan is built on placeholders
+and nothing is drafted again). A device drafter reads the placeholder's
+token on the device like the decode input, so its rows may follow an
+overlapped step.
 """
 
 from __future__ import annotations
@@ -67,6 +80,10 @@ def placeholder_result(plan: ExecutionPlan) -> ExecutionResult:
         if row.prompt_logprobs_start is not None or (row.sample and row.sampling.logprobs is not None):
             raise ValueError(
                 f"row {row.request_id!r} returns logprobs: advance it with its result, not provisionally"
+            )
+        if row.num_draft_tokens:
+            raise ValueError(
+                f"row {row.request_id!r} verifies drafts: advance it with its result, not provisionally"
             )
     return ExecutionResult(
         step_id=plan.step_id,

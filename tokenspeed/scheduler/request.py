@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 from tokenspeed.kvcache import BlockTable
 from tokenspeed.scheduler.fsm import (
@@ -27,6 +27,9 @@ from tokenspeed.scheduler.fsm import (
     transition,
 )
 from tokenspeed.scheduler.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from tokenspeed.scheduler.speculation import DraftState
 
 
 class TokenView(Sequence[int]):
@@ -79,6 +82,7 @@ class Request:
     num_cached_tokens: int = -1  # prefix-cache hit at the first admission; -1 until then
     prompt_logprobs_next: int = 0  # first prompt position whose logprob was not returned yet
     num_pages_sent: int = 0  # leading pages of the table the executor holds (plans are incremental)
+    draft_state: DraftState | None = None  # recent draft acceptance (speculative decoding), once it drafted
     state: State = field(default_factory=Waiting)
 
     # ---- tokens -------------------------------------------------------------------

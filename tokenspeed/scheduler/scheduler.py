@@ -4,9 +4,11 @@ One step (`next_plan`) is built in a fixed order that protects latency first:
 
 1. running Decoding streams, oldest first, one token each (the per-user
    tokens/s floor never waits behind a long prompt);
-2. running Prefilling requests, oldest first, chunk = what the token budget
+2. with speculative decoding, drafts for those decode rows, oldest first,
+   from what the budget has left (`speculation.py`);
+3. running Prefilling requests, oldest first, chunk = what the token budget
    has left (chunked prefill);
-3. Waiting requests, FIFO by original arrival (so a preempted request goes
+4. Waiting requests, FIFO by original arrival (so a preempted request goes
    back to the front), while requests < max_num_seqs and budget remains;
    each first reuses cached full pages of its prefix.
 
@@ -24,10 +26,12 @@ always makes progress, so every request finishes. Admission never preempts,
 and nothing is admitted in a step that preempted (it would thrash).
 
 `advance` applies the executor's samples, checks stop conditions, publishes
-newly full pages and frees finished requests' pages at once. With overlap, `advance_provisional` + `resolve` split it in
-two around the device's work (see `provisional.py`). Admission/preemption
-mechanics live here; per-row bookkeeping of `advance` lives in `stepping.py`
-to keep each file to one concern.
+newly full pages and frees finished requests' pages at once; for verify rows
+it also rolls back the pages of rejected drafts. With overlap,
+`advance_provisional` + `resolve` split it in two around the device's work
+(see `provisional.py`). Admission/preemption mechanics live here; per-row
+bookkeeping of `advance` lives in `stepping.py`, drafting in
+`speculation.py`, to keep each file to one concern.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from __future__ import annotations
 import bisect
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tokenspeed.errors import InvalidRequest
 from tokenspeed.kvcache import BlockTable, KVCache
@@ -45,8 +50,12 @@ from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID, ExecutionPlan, Execu
 from tokenspeed.scheduler.provisional import UnresolvedStep, placeholder_result, resolve_step, unresolved_step
 from tokenspeed.scheduler.request import Request
 from tokenspeed.scheduler.sampling_params import SamplingParams
+from tokenspeed.scheduler.speculation import RowDrafts, Speculation, SpeculationStats
 from tokenspeed.scheduler.stepping import advance_row, publish
 from tokenspeed.scheduler.updates import RequestUpdate
+
+if TYPE_CHECKING:
+    from tokenspeed.scheduler.drafter import Drafter
 
 _SEED_RANGE = 2**63
 
@@ -61,11 +70,14 @@ class _Step:
     scheduled: set[int] = field(default_factory=set)  # id() of requests with a row
     preempted: bool = False
 
+    def reserve(self, request: Request, num_tokens: int) -> None:
+        """`request` runs this step with `num_tokens` tokens (its row is added later)."""
+        self.scheduled.add(id(request))
+        self.budget -= num_tokens
+
     def add(self, request: Request, row: ScheduledRow) -> None:
         self.rows.append(row)
         self.requests.append(request)
-        self.scheduled.add(id(request))
-        self.budget -= len(row.input_token_ids)
 
 
 @dataclass(slots=True)
@@ -75,8 +87,12 @@ class _Inflight:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, drafter: Drafter | None = None) -> None:
+        """`drafter`: the host drafter of `config.speculation` (n-gram, suffix); None otherwise."""
         self.config = config
+        if config.speculation is None and drafter is not None:
+            raise ValueError("a drafter was given but speculative decoding is off (config.speculation is None)")
+        self.speculation = None if config.speculation is None else Speculation(config.speculation, drafter)
         self.kv = KVCache(config.num_pages, config.page_size, config.enable_prefix_caching)
         self.num_preemptions = 0
         self._rng = random.Random(config.seed)
@@ -117,6 +133,10 @@ class Scheduler:
 
     def waiting(self) -> list[Request]:
         return list(self._waiting)
+
+    @property
+    def speculation_stats(self) -> SpeculationStats | None:
+        return None if self.speculation is None else self.speculation.stats
 
     # ---- requests in and out --------------------------------------------------------
 
@@ -173,6 +193,8 @@ class Scheduler:
             self._waiting.remove(request)
         self._release(request.apply(Finish(reason, stop_reason)))
         del self._streams[request.request_id]
+        if self.speculation is not None:
+            self.speculation.release(request)
 
     # ---- building a step ----------------------------------------------------------------
 
@@ -183,16 +205,25 @@ class Scheduler:
             )
         self._step_id += 1
         step = _Step(budget=self.config.max_num_batched_tokens)
+        decoders: list[Request] = []
         for request in [r for r in self._running if isinstance(r.state, Decoding)]:
             if step.budget == 0:
                 break
-            if request.is_running:  # not preempted earlier in this step
-                self._schedule_running(request, 1, step)
+            if request.is_running and self._reserve(request, 1, step):  # not preempted earlier in this step
+                decoders.append(request)
+        drafts: dict[int, RowDrafts] = {}
+        if self.speculation is not None and decoders:
+            drafts, used = self.speculation.plan_drafts(decoders, step.budget, self.kv)
+            step.budget -= used
+        for request in decoders:
+            step.add(request, self._make_row(request, 1, drafts.get(id(request))))
         for request in [r for r in self._running if isinstance(r.state, Prefilling)]:
             if step.budget == 0:
                 break
             if request.is_running:
-                self._schedule_running(request, min(request.num_uncomputed_tokens, step.budget), step)
+                chunk = min(request.num_uncomputed_tokens, step.budget)
+                if self._reserve(request, chunk, step):
+                    step.add(request, self._make_row(request, chunk))
         if not step.preempted:
             self._admit(step)
         plan = ExecutionPlan(step_id=self._step_id, rows=step.rows)
@@ -201,7 +232,9 @@ class Scheduler:
             self._inflight = _Inflight(plan.step_id, step.requests)
         return plan
 
-    def _schedule_running(self, request: Request, chunk: int, step: _Step) -> None:
+    def _reserve(self, request: Request, chunk: int, step: _Step) -> bool:
+        """Pages for `request`'s next `chunk` tokens, preempting the newest unscheduled requests if
+        needed; False if `request` itself was preempted."""
         end = request.num_computed_tokens + chunk
         grow = self.kv.pages_for(end) - len(request.table)
         if grow > 0:  # most decode steps need no page
@@ -210,9 +243,10 @@ class Scheduler:
                 self._preempt(victim)
                 step.preempted = True
                 if victim is request:
-                    return
+                    return False
             self.kv.allocate(request.table, grow)
-        step.add(request, self._make_row(request, chunk))
+        step.reserve(request, chunk)
+        return True
 
     def _admit(self, step: _Step) -> None:
         cfg = self.config
@@ -238,10 +272,12 @@ class Scheduler:
                 request.num_cached_tokens = computed
             self._release(request.apply(Admit(table)))
             bisect.insort(self._running, request, key=_arrival)
+            step.reserve(request, chunk)
             step.add(request, self._make_row(request, chunk))
 
-    def _make_row(self, request: Request, chunk: int) -> ScheduledRow:
-        """The row computing the next `chunk` tokens; indexes the pages it fills (module docstring)."""
+    def _make_row(self, request: Request, chunk: int, drafts: RowDrafts | None = None) -> ScheduledRow:
+        """The row computing the next `chunk` tokens (and verifying `drafts`); indexes the pages it fills
+        (module docstring: drafts are not indexed, they are not computed until accepted)."""
         start = request.num_computed_tokens
         end = start + chunk
         sample = end == request.num_tokens
@@ -274,6 +310,8 @@ class Scheduler:
             seed=request.seed,
             sample_index=len(request.output_token_ids),
             prompt_logprobs_start=logprobs_start,
+            num_draft_tokens=0 if drafts is None else drafts.num_draft_tokens,
+            draft_token_ids=[] if drafts is None else drafts.draft_token_ids,
         )
         if logprobs_start is not None or (sample and request.sampling.needs_penalties):
             row.prompt_token_ids, row.output_token_ids = request.prompt_token_ids, request.output_token_ids
@@ -346,6 +384,8 @@ class Scheduler:
             if not request.is_running:
                 continue  # aborted or finished after the plan was built
             update = advance_row(request, row, output, self.kv)
+            if row.num_draft_tokens and self.speculation is not None:
+                self.speculation.record(request, row.num_draft_tokens, len(output.sampled_token_ids))
             if update is None:
                 continue
             if update.finished:
@@ -369,6 +409,11 @@ class Scheduler:
             else:
                 assert request.num_uncomputed_tokens >= 1, f"{request.request_id} prefills with nothing left"
             assert len(state.table) >= self.kv.pages_for(request.num_computed_tokens), "computed KV has no page"
+            if self._inflight is None:  # between steps a request holds the pages of its computed tokens only
+                assert len(state.table) == self.kv.pages_for(request.num_computed_tokens), (
+                    f"{request.request_id} holds {len(state.table)} pages for {request.num_computed_tokens} "
+                    "computed tokens (pages of rejected drafts not rolled back?)"
+                )
         for request in self._running + self._waiting:
             outputs = request.output_token_ids
             holes = [i for i, t in enumerate(outputs) if t == PLACEHOLDER_TOKEN_ID]

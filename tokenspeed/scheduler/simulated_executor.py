@@ -31,6 +31,19 @@ as the scheduler holds it, never a copy the plan could get wrong. A row of a
 request that is no longer live (aborted after the plan was made) still stores
 its inputs (a later row of the step may read those pages) but is not checked.
 
+Speculative decoding: a verify row's drafts (the row's host drafts, or for
+`num_draft_tokens` without them, drafts of this executor's own "device
+drafter": the model's token, made wrong at about one position in three) are
+written into the KV at their positions and verified exactly as a real
+verifier does: the model's token at each position given the history and the
+drafts before it (keyed by `sample_index + i`), accepting drafts while they
+equal it, then emitting the model's token. Because the hash "model" is a
+function of the history and the key, the emitted tokens are the very tokens
+of the non-speculative run. After a verify row the executor expects the
+request's next row to cut its table to the pages of the accepted positions
+(and raises if pages that held only rejected drafts were kept or if more were
+cut), so rollback is checked like every other table update.
+
 Pure Python, no torch: usable by the scheduler unit tests, the model checker
 and any engine test that wants a device-free executor; it has the engine
 core's executor interface (`limits`, `launch`, `collect`: see
@@ -61,7 +74,8 @@ TokenHistory = Callable[[str], tuple[Sequence[int], Sequence[int]] | None]
 
 
 class SimulatedExecutor:
-    __slots__ = ("num_pages", "page_size", "vocab_size", "history", "_slots", "_tables", "num_steps", "num_tokens")
+    __slots__ = ("num_pages", "page_size", "vocab_size", "history", "_slots", "_tables", "_rolled_back",
+                 "num_steps", "num_tokens")
 
     def __init__(
         self, num_pages: int, page_size: int, vocab_size: int = 32, *, history: TokenHistory | None = None
@@ -69,11 +83,20 @@ class SimulatedExecutor:
         self.num_pages = num_pages
         self.page_size = page_size
         self.vocab_size = vocab_size
-        self.history = history
-        self._slots: list[list[int | None]] = [[None] * page_size for _ in range(num_pages if history else 0)]
+        self.history: TokenHistory | None = None
+        self._slots: list[list[int | None]] = []
+        if history is not None:
+            self.check_against(history)
         self._tables: dict[str, list[int]] = {}  # request id -> its pages, kept across steps
+        self._rolled_back: dict[str, int] = {}  # request id -> pages its accepted positions fill after a verify
         self.num_steps = 0
         self.num_tokens = 0
+
+    def check_against(self, history: TokenHistory) -> None:
+        """Keep simulated KV and check every row against `history` from now on (a scheduler built after
+        this executor hands its `token_history` here)."""
+        self.history = history
+        self._slots = [[None] * self.page_size for _ in range(self.num_pages)]
 
     # ---- the engine core's executor interface (`executor/interface.py`) -------------------
 
@@ -105,6 +128,7 @@ class SimulatedExecutor:
         for request_id in plan.released_request_ids:
             if self._tables.pop(request_id, None) is None:
                 raise AssertionError(f"{request_id}: released a page table the executor does not hold")
+            self._rolled_back.pop(request_id, None)
         outputs = []
         for row in plan.rows:
             pages = self._update_table(row)
@@ -115,7 +139,8 @@ class SimulatedExecutor:
                 continue
             history = self.history(row.request_id)
             if history is None:  # no longer live: its K/V is still written (a later row may read it)
-                self._write(row, pages, [sampled.get(row.request_id, t) if t == PLACEHOLDER_TOKEN_ID else t for t in row.input_token_ids])
+                self._write(pages, row.start_position,
+                            [sampled.get(row.request_id, t) if t == PLACEHOLDER_TOKEN_ID else t for t in row.input_token_ids])
                 outputs.append(self._run_blind(row))
                 continue
             outputs.append(self._run_row(row, pages, sampled, history))
@@ -126,6 +151,14 @@ class SimulatedExecutor:
     def _update_table(self, row: ScheduledRow) -> list[int]:
         """The row's page table after its update (fresh when `first_new_page == 0`)."""
         table = self._tables.get(row.request_id)
+        kept = self._rolled_back.pop(row.request_id, None)
+        if table is not None and kept is not None and kept < len(table):
+            if row.first_new_page != kept:
+                raise AssertionError(
+                    f"{row.request_id}: after its verify row {kept} pages hold accepted positions, but the next "
+                    f"row keeps {row.first_new_page} of {len(table)} (rejected drafts not rolled back exactly)"
+                )
+            del table[kept:]
         if row.first_new_page == 0:
             if table is not None:
                 raise AssertionError(f"{row.request_id}: a fresh page table, but the old one was never released")
@@ -134,8 +167,8 @@ class SimulatedExecutor:
             held = None if table is None else len(table)
             raise AssertionError(f"{row.request_id}: adds pages at {row.first_new_page}, the executor holds {held}")
         table.extend(row.new_page_ids)
-        if len(table) * self.page_size < row.end_position:
-            raise AssertionError(f"{row.request_id}: {len(table)} pages cannot hold {row.end_position} positions")
+        if len(table) * self.page_size < row.kv_end_position:
+            raise AssertionError(f"{row.request_id}: {len(table)} pages cannot hold {row.kv_end_position} positions")
         return table
 
     def _run_blind(self, row: ScheduledRow) -> RowOutput:
@@ -143,7 +176,10 @@ class SimulatedExecutor:
         output = RowOutput(request_id=row.request_id)
         if row.sample:
             key = (row.end_position * 1_000_003 + row.seed) & ((1 << 63) - 1)
-            output.sampled_token_ids.append(key % self.vocab_size)
+            accepted = key % (row.num_draft_tokens + 1)
+            drafts = row.draft_token_ids or [(key >> 8) % self.vocab_size] * row.num_draft_tokens
+            output.sampled_token_ids = [*drafts[:accepted], key % self.vocab_size]
+            self._note_verify(row, output)
         return output
 
     def _run_row(
@@ -170,18 +206,28 @@ class SimulatedExecutor:
             raise AssertionError(f"{row.request_id}: a row without input tokens has no logits to sample")
         if context[start:end] != inputs:
             raise AssertionError(f"{row.request_id}: input tokens are not the history at {start}..{end}")
-        self._write(row, pages, inputs)
-        seen = [self._slots[pages[p // size]][p % size] for p in range(end)]
-        if seen != context[:end]:
-            bad = next(p for p in range(end) if seen[p] != context[p])
+        if row.num_draft_tokens and (not row.sample or end != len(context)):
+            raise AssertionError(f"{row.request_id}: drafts on a row that does not decode the last token")
+        drafts = row.draft_token_ids or self._device_drafts(context[:end], row)
+        if len(drafts) != row.num_draft_tokens:
+            raise AssertionError(f"{row.request_id}: {len(drafts)} drafts, num_draft_tokens {row.num_draft_tokens}")
+        written = context[:end] + drafts
+        self._write(pages, start, written[start:])
+        seen = [self._slots[pages[p // size]][p % size] for p in range(len(written))]
+        if seen != written:
+            bad = next(p for p in range(len(written)) if seen[p] != written[p])
             raise AssertionError(
                 f"{row.request_id}: KV at position {bad} (page {pages[bad // size]}) holds "
-                f"{seen[bad]}, expected token {context[bad]}"
+                f"{seen[bad]}, expected token {written[bad]}"
             )
-        digest = blake2b(array("q", context[:end]).tobytes(), digest_size=8).digest()
         output = RowOutput(request_id=row.request_id)
         if row.sample:
-            output.sampled_token_ids.append(self._sample(digest, row))
+            for i in range(len(drafts) + 1):  # verify: accept drafts while they are the model's token
+                token = self._row_token(written[: end + i], row, row.sample_index + i)
+                output.sampled_token_ids.append(token)
+                if i == len(drafts) or drafts[i] != token:
+                    break
+            self._note_verify(row, output)
             if row.sampling.logprobs is not None:
                 output.logprobs = [_fake_logprob(t) for t in output.sampled_token_ids]
         if row.prompt_logprobs_start is not None:
@@ -191,18 +237,39 @@ class SimulatedExecutor:
             output.prompt_logprobs = [_fake_logprob(prompt[p + 1]) for p in range(row.prompt_logprobs_start, last)]
         return output
 
-    def _write(self, row: ScheduledRow, pages: list[int], tokens: Sequence[int]) -> None:
-        """Store `tokens` (the row's resolved inputs) at the row's positions, as a device stores K/V."""
+    def _write(self, pages: list[int], start: int, tokens: Sequence[int]) -> None:
+        """Store `tokens` at positions `start...`, as a device stores K/V."""
         size = self.page_size
-        for position, token in zip(range(row.start_position, row.end_position), tokens, strict=True):
+        for position, token in enumerate(tokens, start):
             self._slots[pages[position // size]][position % size] = token
 
-    def _sample(self, context_digest: bytes, row: ScheduledRow) -> int:
-        key = blake2b(context_digest, digest_size=8)
-        if not row.sampling.greedy:
-            key.update(row.seed.to_bytes(16, "little", signed=True))
-            key.update(row.sample_index.to_bytes(8, "little"))
+    def model_token(self, context: list[int], *, greedy: bool, seed: int = 0, sample_index: int = 0) -> int:
+        """The hash "model": the token it samples after `context` (keyed by seed and index unless greedy)."""
+        key = blake2b(blake2b(array("q", context).tobytes(), digest_size=8).digest(), digest_size=8)
+        if not greedy:
+            key.update(seed.to_bytes(16, "little", signed=True))
+            key.update(sample_index.to_bytes(8, "little"))
         return int.from_bytes(key.digest(), "little") % self.vocab_size
+
+    def _row_token(self, context: list[int], row: ScheduledRow, sample_index: int) -> int:
+        return self.model_token(context, greedy=row.sampling.greedy, seed=row.seed, sample_index=sample_index)
+
+    def _device_drafts(self, context: list[int], row: ScheduledRow) -> list[int]:
+        """The drafts a device drafter proposes when the row asks for them: the model's token, but one
+        position in three (by a hash of the history) one off, so rows are partially accepted."""
+        drafts: list[int] = []
+        for i in range(row.num_draft_tokens):
+            token = self._row_token([*context, *drafts], row, row.sample_index + i)
+            if blake2b(array("q", [*context, *drafts, 7]).tobytes(), digest_size=1).digest()[0] % 3 == 0:
+                token = (token + 1) % self.vocab_size
+            drafts.append(token)
+        return drafts
+
+    def _note_verify(self, row: ScheduledRow, output: RowOutput) -> None:
+        """After a verify row, the request's next row must keep exactly the pages of accepted positions."""
+        if row.num_draft_tokens:
+            computed = row.end_position + len(output.sampled_token_ids) - 1
+            self._rolled_back[row.request_id] = -(-computed // self.page_size)
 
 
 def _fake_logprob(token: int) -> TokenLogprob:

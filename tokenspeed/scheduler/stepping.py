@@ -8,6 +8,15 @@ their pages at once). No allocation happens here, so advancing cannot fail.
 Stop rule (vLLM-compatible): a sampled token in `sampling.stop_ids()` ends the
 stream once `min_tokens` are out (`"stop"`, `stop_reason` = the token);
 otherwise reaching the effective max output ends it (`"length"`).
+
+A verify row (speculative decoding) emits 1 .. k+1 tokens: they are appended
+one by one under the same rule, and the first that ends the stream drops the
+rest. The tokens computed are then the row's input and the drafts accepted
+before the last appended token (the last one is uncomputed, as after any
+decode), and the pages past them, which held only rejected drafts, are freed
+(`BlockTable.truncate`); the executor learns it from the request's next row
+(`num_pages_sent` falls back). Pages are only indexed up to computed tokens,
+so no page holding a rejected draft is ever published.
 """
 
 from __future__ import annotations
@@ -58,42 +67,73 @@ def advance_row(request: Request, row: ScheduledRow, output: RowOutput, kv: KVCa
             f"row of {request.request_id} starts at {row.start_position}, "
             f"but {request.num_computed_tokens} tokens are computed"
         )
-    if len(output.sampled_token_ids) != row.num_samples:
-        raise ValueError(
-            f"row {row.request_id!r} asked for {row.num_samples} samples, got {len(output.sampled_token_ids)}"
-        )
-    request.num_computed_tokens = row.end_position
+    _check_samples(row, output)
     prompt_logprobs = None
     if row.prompt_logprobs_start is not None:
         request.prompt_logprobs_next = min(row.end_position, request.num_prompt_tokens - 1)
         prompt_logprobs = output.prompt_logprobs
-    if row.end_position // kv.page_size > row.start_position // kv.page_size:  # the row filled a page
-        publish(request, kv)
     if not row.sample:
+        _computed(request, row.end_position, row, kv)
         request.apply(ChunkDone())
-        return _update(request, None, None, prompt_logprobs) if prompt_logprobs else None
+        return _update(request, [], None, prompt_logprobs) if prompt_logprobs else None
 
     if isinstance(request.state, Prefilling):
         request.apply(PrefillDone())
-    (token,) = output.sampled_token_ids
-    request.output_token_ids.append(token)
-    update = _update(request, token, output.logprobs, prompt_logprobs)
-    stop = stop_check(request, token)
+    emitted: list[int] = []
+    stop = None
+    for token in output.sampled_token_ids:
+        request.output_token_ids.append(token)
+        emitted.append(token)
+        stop = stop_check(request, token)
+        if stop is not None:
+            break
+    # The input and the accepted drafts before the last emitted token are computed.
+    _computed(request, row.end_position + len(emitted) - 1, row, kv)
+    logprobs = None if output.logprobs is None else output.logprobs[: len(emitted)]
+    update = _update(request, emitted, logprobs, prompt_logprobs)
     if stop is not None:
         update.finished = True
         update.finish_reason, update.stop_reason = stop
     return update
 
 
+def _check_samples(row: ScheduledRow, output: RowOutput) -> None:
+    sampled = output.sampled_token_ids
+    if not row.num_draft_tokens:
+        if len(sampled) != row.num_samples:
+            raise ValueError(f"row {row.request_id!r} asked for {row.num_samples} samples, got {len(sampled)}")
+        return
+    if not 1 <= len(sampled) <= row.max_samples:
+        raise ValueError(
+            f"verify row {row.request_id!r} drafted {row.num_draft_tokens} tokens: it emits 1 to "
+            f"{row.max_samples}, got {len(sampled)}"
+        )
+    if row.draft_token_ids and sampled[:-1] != row.draft_token_ids[: len(sampled) - 1]:
+        raise ValueError(f"verify row {row.request_id!r} emitted {sampled}, which does not start with "
+                         f"its accepted drafts {row.draft_token_ids}")
+
+
+def _computed(request: Request, computed: int, row: ScheduledRow, kv: KVCache) -> None:
+    """Record `computed` tokens as computed: roll back pages beyond them, index newly full pages."""
+    request.num_computed_tokens = computed
+    if row.num_draft_tokens:
+        keep = kv.pages_for(computed)
+        if keep < len(request.table):
+            request.table.truncate(keep)
+            request.num_pages_sent = min(request.num_pages_sent, keep)
+    if computed // kv.page_size > row.start_position // kv.page_size:  # the row filled a page
+        publish(request, kv)
+
+
 def _update(
     request: Request,
-    token: int | None,
+    tokens: list[int],
     logprobs: list[TokenLogprob] | None,
     prompt_logprobs: list[TokenLogprob] | None,
 ) -> RequestUpdate:
     return RequestUpdate(
         request_id=request.request_id,
-        new_token_ids=[] if token is None else [token],
+        new_token_ids=tokens,
         new_logprobs=logprobs,
         new_prompt_logprobs=prompt_logprobs,
         num_prompt_tokens=request.num_prompt_tokens,

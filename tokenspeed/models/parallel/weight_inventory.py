@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from tokenspeed.layers.moe_config import MoEConfig
     from tokenspeed.models.config import ModelConfig
-    from tokenspeed.models.moe_config import MoEConfig
 
 
 @dataclass(frozen=True, slots=True)

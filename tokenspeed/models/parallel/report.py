@@ -14,11 +14,11 @@ from pathlib import Path
 
 from tokenspeed.errors import ModelNotFound
 from tokenspeed.models.config import ModelConfig
+from tokenspeed.models.parallel.footprint import format_footprint, kv_bytes_per_token, weights_per_rank
 from tokenspeed.placement.compiler import compile_plan
-from tokenspeed.placement.footprint import kv_bytes_per_token, weights_per_rank
 from tokenspeed.placement.model_graph import describe_model
 from tokenspeed.placement.parallel_config import ALL2ALL_BACKENDS, ParallelConfig
-from tokenspeed.placement.plan_text import format_footprint, format_plan
+from tokenspeed.placement.plan_text import format_plan
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

@@ -19,8 +19,8 @@ import torch
 from safetensors import safe_open
 
 from tokenspeed.models.loader import find_weight_files
+from tokenspeed.models.parallel.weight_sharding import TensorSlice, rule_for, slice_for_rank
 from tokenspeed.placement.parallel_config import Topology
-from tokenspeed.placement.weight_sharding import TensorSlice, rule_for, slice_for_rank
 
 if TYPE_CHECKING:
     from tokenspeed.models.config import ModelConfig

@@ -10,12 +10,14 @@ each rank holds only its own requests' tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tokenspeed.models.parallel.weight_inventory import checkpoint_tensors
+from tokenspeed.models.parallel.weight_sharding import rule_for, slice_for_rank
 from tokenspeed.placement.parallel_config import Topology
-from tokenspeed.placement.weight_inventory import checkpoint_tensors
-from tokenspeed.placement.weight_sharding import rule_for, slice_for_rank
+from tokenspeed.placement.plan_text import gib, runs, span
 
 if TYPE_CHECKING:
     from tokenspeed.models.config import ModelConfig
@@ -58,3 +60,16 @@ def kv_bytes_per_token(config: ModelConfig, topology: Topology, dtype_bytes: int
         kv_heads = max(1, config.num_kv_heads // topology.attn_tp)
         per_layer = 2 * kv_heads * config.head_dim
     return per_layer * config.num_layers * dtype_bytes
+
+
+def format_footprint(weights: Sequence[RankWeights], kv_bytes_per_token: int, dp_attention: bool) -> str:
+    lines = ["weights per rank:"]
+    for first, last in runs(weights, lambda w: (w.sharded_bytes, w.replicated_bytes)):
+        w = weights[first]
+        lines.append(
+            f"  {span('rank', first, last)}: {gib(w.total_bytes)}: sharded {w.sharded_bytes:,} B, "
+            f"replicated {w.replicated_bytes:,} B"
+        )
+    holds = "its own requests' tokens (DP attention)" if dp_attention else "every token of the step"
+    lines.append(f"kv cache per rank: {kv_bytes_per_token:,} B per token it holds; each rank holds {holds}")
+    return "\n".join(lines)
