@@ -39,7 +39,7 @@ from types import FrameType
 from tokenspeed.api.args import ListenOptions
 from tokenspeed.api.settings import ServerSettings
 from tokenspeed.config import EngineConfig, resolve_device
-from tokenspeed.gateway.processes import Child, cpu_slices, free_port, replica_child, stop_all
+from tokenspeed.gateway.processes import Child, cpu_slices, free_port, replica_child, replica_gpus, stop_all
 from tokenspeed.gateway.smg_router import API_KEY_ENV, REASONING_PARSERS, TOOL_CALL_PARSERS
 
 logger = logging.getLogger("tokenspeed.gateway")
@@ -155,14 +155,21 @@ def run_gateway(
     from tokenspeed.engine.model_files import resolve_model_folder
 
     tokenizer_folder = resolve_model_folder(config.tokenizer or config.model)
-    gpu = resolve_device(config.device).type == "cuda"
-    slices = None if gpu else cpu_slices(sorted(os.sched_getaffinity(0)), replicas)
+    gpus: list[str] | None = None
+    if resolve_device(config.device).type == "cuda":
+        try:
+            gpus = replica_gpus(replicas)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    slices = None if gpus is not None else cpu_slices(sorted(os.sched_getaffinity(0)), replicas)
     ports = [free_port() for _ in range(replicas)]
     children = [
         replica_child(
             i, config, port=ports[i], served_model_name=settings.model_name,
             max_waiting_requests=listen.max_waiting_requests,
-            cores=None if slices is None else slices[i], gpu=gpu, log_level=log_level,
+            cores=None if slices is None else slices[i], gpu=None if gpus is None else gpus[i],
+            log_level=log_level,
         )
         for i in range(replicas)
     ]  # fmt: skip

@@ -117,7 +117,7 @@ def replica_child(
     served_model_name: str,
     max_waiting_requests: int | None,
     cores: list[int] | None,
-    gpu: bool,
+    gpu: str | None,
     log_level: str,
 ) -> Child:
     if cores is not None and config.cpu_threads is None:
@@ -134,5 +134,19 @@ def replica_child(
     ]  # fmt: skip
     if max_waiting_requests is not None:
         command += ["--max-waiting-requests", str(max_waiting_requests)]
-    env = {"CUDA_VISIBLE_DEVICES": str(index)} if gpu else {}
-    return Child(f"replica {index}", command, env=env, cores=None if gpu else cores)
+    env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
+    return Child(f"replica {index}", command, env=env, cores=None if gpu is not None else cores)
+
+
+def replica_gpus(replicas: int) -> list[str]:
+    """The device each replica sees (`CUDA_VISIBLE_DEVICES` entries); ValueError if there are too few."""
+    import torch
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = [d.strip() for d in visible.split(",") if d.strip()] if visible else [
+        str(i) for i in range(torch.cuda.device_count())
+    ]
+    if len(devices) < replicas:
+        raise ValueError(f"--data-parallel-size {replicas} needs {replicas} GPUs (one per replica); "
+                         f"{len(devices)} visible")
+    return devices[:replicas]
