@@ -104,9 +104,12 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--model", default=None, help="model or preset (default: the embedded model)")
     args = parser.parse_args()
     args.output_dir.mkdir(parents=True, exist_ok=True)
     serve_args = ["--max-model-len", str(args.max_model_len), "--disable-access-log"]
+    if args.model is not None:
+        serve_args += ["--model", args.model]
     for label in args.configs.split(","):
         proc, url = _start(label, CONFIGS[label], serve_args, args.output_dir / f"server-{label}.log")
         try:
