@@ -11,6 +11,7 @@ from tokenspeed.config import EngineConfig
 from tokenspeed.engine import ipc
 from tokenspeed.engine.stream import EngineStats
 from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest, TokenSpeedError
+from tokenspeed.kvcache.events import PagesRemoved, PagesStored
 from tokenspeed.scheduler.plan import TokenLogprob
 from tokenspeed.scheduler.sampling_params import SamplingParams
 from tokenspeed.scheduler.updates import RequestUpdate
@@ -49,6 +50,9 @@ MESSAGES: list[ipc.Message] = [
     ipc.StartupFailed("ContextTooLong", "too long", "Traceback ..."),
     ipc.Outputs([UPDATE, RequestUpdate("r")], EngineStats(1, 2, 100, 50, 40, 10, 300, 20, 16), 5),
     ipc.Outputs([], EngineStats(), 0),
+    ipc.Outputs([], EngineStats(), 1, [PagesStored(None, [b"h" * 16], list(range(16))),
+                                       PagesStored(b"p" * 16, [b"a" * 16, b"b" * 16], [7] * 32),
+                                       PagesRemoved([b"h" * 16, b"a" * 16])]),
     ipc.RequestFailed("req-2", "InvalidRequest", "bad"),
     ipc.EngineFailed("RuntimeError", "boom", "Traceback ..."),
 ]

@@ -88,10 +88,21 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from tokenspeed.api.args import serve_config
     from tokenspeed.api.server import run_server
 
     _random_weights_notice(args)
-    return run_server(args, args.serve_parser)
+    if args.grpc_port is None and args.gateway is None:
+        return run_server(args, args.serve_parser)
+    config, settings, listen = serve_config(args, args.serve_parser)
+    if args.grpc_port is not None:  # one headless replica
+        from tokenspeed.grpc.server import GrpcOptions, run_grpc_server
+
+        options = GrpcOptions(listen.host, args.grpc_port, settings.model_name, listen.max_waiting_requests)
+        return run_grpc_server(config, options)
+    from tokenspeed.gateway.launcher import run_gateway
+
+    return run_gateway(config, settings, listen, replicas=args.data_parallel_size, log_level=args.log_level)
 
 
 def _env(args: argparse.Namespace) -> int:

@@ -57,6 +57,9 @@ class EngineConfig:
     # torch intra-op threads on the CPU (None: torch's default in-process; the server's engine
     # process takes all cores but one, leaving that one to the API process: see default_cpu_threads).
     cpu_threads: int | None = None
+    # Forward the prefix cache's stored/evicted page records to the front end (a cache-aware
+    # router subscribes to them through the gRPC service: tokenspeed/grpc/kv_events.py).
+    enable_kv_cache_events: bool = False
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -61,6 +61,16 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--uvicorn-log-level", default="info", choices=_LOG_LEVELS,
                         help="uvicorn's log level (default: %(default)s)")
     server.add_argument("--disable-access-log", action="store_true", help="do not log every HTTP request")
+    scale = parser.add_argument_group("replicas and gateway")
+    scale.add_argument("--grpc-port", type=int, default=None, metavar="PORT",
+                       help="run headless: serve the TokenSpeedScheduler gRPC service on --host:PORT instead of "
+                            "HTTP, for an smg gateway (default: HTTP)")
+    scale.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                       help="engine replicas, each its own process (its own GPU; on the CPU its own share of "
+                            "the cores); N > 1 needs --gateway (default: %(default)s)")
+    scale.add_argument("--gateway", default=None, choices=["smg"],
+                       help="front the replicas with this gateway on --host/--port: smg routes by prefix "
+                            "cache over gRPC (default: our HTTP server, one replica)")
     chat = parser.add_argument_group("chat templating and output parsing")
     chat.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                       help="Jinja chat template (a file, or the template text) replacing the tokenizer's")
@@ -97,6 +107,14 @@ def serve_config(
         fail("--metrics-require-auth needs an API key (--api-key or $TOKENSPEED_API_KEY)")
     if not 0 <= args.port <= 65535:
         fail(f"--port {args.port} is not a port number")
+    if args.grpc_port is not None and not 0 <= args.grpc_port <= 65535:
+        fail(f"--grpc-port {args.grpc_port} is not a port number")
+    if args.data_parallel_size < 1:
+        fail("--data-parallel-size must be at least 1")
+    if args.data_parallel_size > 1 and args.gateway is None:
+        fail("--data-parallel-size > 1 needs a gateway in front: add --gateway smg")
+    if args.gateway is not None and args.grpc_port is not None:
+        fail("--grpc-port runs one headless replica; --gateway starts its own replicas: give one of them")
     from tokenspeed.api.templating import load_chat_template
 
     settings = ServerSettings(

@@ -89,3 +89,17 @@ async def server_info(http: httpx.AsyncClient) -> dict[str, Any]:
     except (httpx.HTTPError, ValueError):
         pass
     return info
+
+
+async def replica_cache_hit_rates(http: httpx.AsyncClient) -> dict[str, float] | None:
+    """Each replica's prefix-cache hit rate (cached / prompt tokens since it started), where a gateway
+    reports it (smg's `/get_loads`, fed by each replica's `GetLoads`); None elsewhere."""
+    try:
+        response = await http.get("/get_loads")
+        if response.status_code != 200:
+            return None
+        loads = response.json().get("loads", [])
+        return {str(load["worker"]): float(load["cache_hit_rate"]) for load in loads}
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+

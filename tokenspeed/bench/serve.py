@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from tokenspeed.bench.agentic import agentic_plan
-from tokenspeed.bench.calibrate import calibrate, server_info
+from tokenspeed.bench.calibrate import calibrate, replica_cache_hit_rates, server_info
 from tokenspeed.bench.client import RequestOptions, RequestRecord, stream_request
 from tokenspeed.bench.conversation import TextRatios, system_text
 from tokenspeed.bench.fixed import SWE_SMITH_FIRST_TURN, SWE_SMITH_TURN_TOKENS, random_plan, swe_smith_plan
@@ -153,7 +153,11 @@ async def sweep(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[Po
                 # Turns a session skipped (cut or failed) never arrive: complete the bar.
                 progress.update(task, completed=total)
                 metrics = summarize(run.records, concurrency, len(sessions), run.duration_s, args.gpus)
-                rows.append({**metadata, **metrics.flat(), "sessions_cut": run.sessions_cut})
+                row = {**metadata, **metrics.flat(), "sessions_cut": run.sessions_cut}
+                rates = await replica_cache_hit_rates(http)
+                if rates is not None:  # behind a gateway: does each session stay where its prefix is?
+                    row["replica_cache_hit_rate"] = rates
+                rows.append(row)
                 runs.append(run)
     return rows, runs
 

@@ -38,6 +38,7 @@ from tokenspeed.engine.model_files import is_preset, resolve_model_folder
 from tokenspeed.engine.output_processor import OutputProcessor
 from tokenspeed.engine.stream import EngineStats, RequestDelta, merge_deltas
 from tokenspeed.errors import EngineDead, EngineOverloaded, InvalidRequest
+from tokenspeed.kvcache.events import KVEvent
 from tokenspeed.models import ModelConfig
 from tokenspeed.scheduler.admission import AdmissionLimits, check_admission
 from tokenspeed.scheduler.sampling_params import SamplingParams
@@ -72,6 +73,8 @@ class AsyncEngine:
         self.config = config
         self.max_waiting_requests = max_waiting_requests
         self.on_dead: Callable[[], None] | None = None
+        # Prefix-cache page records of each step (config.enable_kv_cache_events), for a router.
+        self.on_kv_events: Callable[[list[KVEvent]], None] | None = None
         # Known after start():
         self.tokenizer: Any = None
         self.model_folder = Path()
@@ -167,6 +170,13 @@ class AsyncEngine:
         """The engine-core process id (for operators and tests)."""
         return None if self._client is None else self._client.pid
 
+    @property
+    def limits(self) -> AdmissionLimits:
+        """The engine's sizes (context, pages, batch), known once started."""
+        if self._limits is None:
+            raise EngineDead("The engine is not started.")
+        return self._limits
+
     def stats(self) -> EngineStats:
         """The latest stats the core sent (it sends them after every step and every handled message)."""
         return dataclasses.replace(self._stats)
@@ -187,6 +197,11 @@ class AsyncEngine:
         self._check_load()
         params = dataclasses.replace(params, eos_token_ids=self.eos_token_ids)
         return self._stream(request_id, prompt, params)
+
+    def is_running(self, request_id: str) -> bool:
+        """True while a request with this id streams (submitted, not finished or aborted)."""
+        slot = self._slots.get(request_id)
+        return slot is not None and not slot.finished and self._dead is None
 
     async def abort(self, request_id: str) -> None:
         """End a request now: its stream yields a last delta with finish_reason "abort"."""
@@ -319,6 +334,8 @@ class AsyncEngine:
         if isinstance(message, ipc.Outputs):
             self._stats = message.stats
             self._num_taken = message.num_added
+            if message.kv_events and self.on_kv_events is not None:
+                self.on_kv_events(message.kv_events)
             for delta in self._processor.process_deltas(message.updates):
                 slot = self._slots.get(delta.request_id)
                 if slot is not None:

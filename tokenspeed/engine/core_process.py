@@ -78,7 +78,8 @@ class CoreLoop:
                 updates = self.core.step()
                 self._count(updates)
             if stepped or changed:
-                self._send(ipc.Outputs(updates, self.stats(), self.num_added))
+                kv_events = self.core.scheduler.kv.events.drain()
+                self._send(ipc.Outputs(updates, self.stats(), self.num_added, kv_events))
 
     def _drain(self) -> tuple[bool, bool]:
         """Handle every queued message; (anything handled, shutdown asked)."""
@@ -210,6 +211,7 @@ def _serve(args: argparse.Namespace, inbox: zmq.Socket[bytes], outbox: zmq.Socke
         num_kv_pages=stats.total,
     )
     outbox.send(ipc.encode(ready))
+    core.scheduler.kv.events.enabled = config.enable_kv_cache_events
     loop = CoreLoop(core, inbox, outbox, args.parent_pid)
     outbox.send(ipc.encode(ipc.Outputs([], loop.stats(), 0)))
     try:

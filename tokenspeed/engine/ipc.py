@@ -23,6 +23,7 @@ import msgpack
 
 from tokenspeed import errors
 from tokenspeed.engine.stream import EngineStats
+from tokenspeed.kvcache.events import KVEvent, PagesRemoved, PagesStored
 from tokenspeed.scheduler.plan import TokenLogprob
 from tokenspeed.scheduler.sampling_params import SamplingParams
 from tokenspeed.scheduler.updates import RequestUpdate
@@ -85,12 +86,15 @@ class Outputs:
     """One step's updates (maybe none) and the stats after it.
 
     `num_added` counts the `AddRequest`s the core has taken so far, so the front
-    end knows which of its submissions the stats already reflect.
+    end knows which of its submissions the stats already reflect. `kv_events`
+    are the prefix-cache page records of the step (only when the config asks
+    for them: `enable_kv_cache_events`), for a cache-aware router.
     """
 
     updates: list[RequestUpdate]
     stats: EngineStats
     num_added: int
+    kv_events: list[KVEvent] = dataclasses.field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -157,6 +161,7 @@ def encode(message: Message) -> bytes:
             "updates": [update_to_wire(u) for u in message.updates],
             "stats": dataclasses.asdict(message.stats),
             "num_added": message.num_added,
+            "kv_events": [kv_event_to_wire(e) for e in message.kv_events],
         }
     else:
         body = {f.name: getattr(message, f.name) for f in dataclasses.fields(message)}
@@ -179,13 +184,14 @@ def decode(frame: bytes) -> Message:
                 [update_from_wire(u) for u in body["updates"]],
                 EngineStats(**body["stats"]),
                 body["num_added"],
+                [kv_event_from_wire(e) for e in body.get("kv_events", ())],
             )
         cls = _FLAT.get(tag)
         if cls is None:
             raise WireFormatError(f"unknown message tag {tag!r}")
         message: Message = cls(**body)
         return message
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, IndexError) as exc:
         raise WireFormatError(f"malformed {tag!r} message: {exc}") from exc
 
 
@@ -235,6 +241,20 @@ def update_from_wire(wire: dict[str, Any]) -> RequestUpdate:
     values["new_logprobs"] = _logprobs_from_wire(values["new_logprobs"])
     values["new_prompt_logprobs"] = _logprobs_from_wire(values["new_prompt_logprobs"])
     return RequestUpdate(**values)
+
+
+def kv_event_to_wire(event: KVEvent) -> list[Any]:
+    if isinstance(event, PagesStored):
+        return ["stored", event.parent_hash, event.page_hashes, event.token_ids]
+    return ["removed", event.page_hashes]
+
+
+def kv_event_from_wire(wire: list[Any]) -> KVEvent:
+    if wire[0] == "stored":
+        return PagesStored(wire[1], list(wire[2]), list(wire[3]))
+    if wire[0] == "removed":
+        return PagesRemoved(list(wire[1]))
+    raise WireFormatError(f"unknown KV event {wire[0]!r}")
 
 
 # ---- engine config (a command-line argument of the core process) --------------------------

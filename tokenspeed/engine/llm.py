@@ -96,6 +96,7 @@ class LLM:
     @classmethod
     def from_config(cls, config: EngineConfig, show_progress: bool = True) -> LLM:
         fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        fields.pop("enable_kv_cache_events")  # page events are for a router; offline has none
         return cls(**fields, show_progress=show_progress)
 
     def get_tokenizer(self) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from tokenspeed.kvcache.block_table import BlockTable
 from tokenspeed.kvcache.errors import KVCacheError, OutOfPages, PageRefError, StaleBlockTable
+from tokenspeed.kvcache.events import KVEvent, KVEventLog, PagesRemoved, PagesStored
 from tokenspeed.kvcache.kv_cache import KVCache, KVCacheStats
 from tokenspeed.kvcache.page_pool import PagePool
 from tokenspeed.kvcache.prefix_index import PrefixIndex, chain_hash
@@ -17,8 +18,12 @@ __all__ = [
     "KVCache",
     "KVCacheError",
     "KVCacheStats",
+    "KVEvent",
+    "KVEventLog",
     "OutOfPages",
     "PagePool",
+    "PagesRemoved",
+    "PagesStored",
     "PageRefError",
     "PrefixIndex",
     "StaleBlockTable",

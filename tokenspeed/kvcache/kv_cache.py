@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tokenspeed.kvcache.block_table import BlockTable
+from tokenspeed.kvcache.events import KVEventLog
 from tokenspeed.kvcache.page_pool import PagePool
 from tokenspeed.kvcache.prefix_index import PrefixIndex, chain_hash
 
@@ -44,6 +45,11 @@ class KVCache:
     @property
     def page_size(self) -> int:
         return self.pool.page_size
+
+    @property
+    def events(self) -> KVEventLog:
+        """Stored/removed page records for a cache-aware router (`kvcache/events.py`); off until enabled."""
+        return self.index.events
 
     def pages_for(self, num_tokens: int) -> int:
         """Pages needed to hold positions 0 .. num_tokens-1."""
@@ -97,11 +103,21 @@ class KVCache:
         full = min(num_computed_tokens // size, len(table), len(token_ids) // size)
         start = table.num_published
         parent = table.last_hash
+        log = self.index.events
+        run: list[bytes] = []  # consecutive newly indexed pages, for the event log
+        run_parent, run_start = parent, start
         for i in range(start, full):
             page_hash = chain_hash(parent, token_ids[i * size : (i + 1) * size])
-            self.index.insert(page_hash, table.page_at(i))
+            if self.index.insert(page_hash, table.page_at(i)):
+                run.append(page_hash)
+            else:  # another page holds this hash: the run ends before it
+                if log.enabled:
+                    log.stored(run_parent, run, token_ids[run_start * size : i * size])
+                run, run_parent, run_start = [], page_hash, i + 1
             table._record_hash(page_hash)
             parent = page_hash
+        if log.enabled:
+            log.stored(run_parent, run, token_ids[run_start * size : full * size])
         return max(0, full - start)
 
     def stats(self) -> KVCacheStats:

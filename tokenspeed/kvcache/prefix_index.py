@@ -21,6 +21,7 @@ from array import array
 from collections.abc import Sequence
 from hashlib import blake2b
 
+from tokenspeed.kvcache.events import KVEventLog
 from tokenspeed.kvcache.page_pool import PagePool
 
 _ROOT = b"\x00"
@@ -40,10 +41,11 @@ def chain_hash(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
 
 
 class PrefixIndex:
-    __slots__ = ("_pool", "_page_of", "_hash_of")
+    __slots__ = ("_pool", "_page_of", "_hash_of", "events")
 
     def __init__(self, pool: PagePool) -> None:
         self._pool = pool
+        self.events = KVEventLog()  # stored/removed records for a cache-aware router (off by default)
         self._page_of: dict[bytes, int] = {}
         self._hash_of: dict[int, bytes] = {}
         pool.set_evict_hook(self._forget)
@@ -54,11 +56,12 @@ class PrefixIndex:
     def lookup(self, page_hash: bytes) -> int | None:
         return self._page_of.get(page_hash)
 
-    def insert(self, page_hash: bytes, page: int) -> bool:
-        """Map `page_hash` to `page`; False (and no change) if another page already has it."""
+    def insert(self, page_hash: bytes, page: int) -> bool | None:
+        """Map `page_hash` to `page`: True if newly mapped, None if it already was, False (and no
+        change) if another page already has it."""
         existing = self._page_of.get(page_hash)
         if existing is not None:
-            return existing == page
+            return None if existing == page else False
         if page in self._hash_of:
             # A page's tokens are fixed once it is full, so it has one hash for life.
             raise AssertionError(f"page {page} is already indexed under another hash")
@@ -70,6 +73,7 @@ class PrefixIndex:
     def _forget(self, page: int) -> None:
         page_hash = self._hash_of.pop(page)
         del self._page_of[page_hash]
+        self.events.removed(page_hash)
 
     def check_invariants(self) -> None:
         assert len(self._page_of) == len(self._hash_of), "prefix index maps are out of sync"

@@ -1,0 +1,1 @@
+"""Gateway mode: N engine replicas (gRPC, `tokenspeed/grpc/`) behind the `smg` router (`launcher.py`)."""
