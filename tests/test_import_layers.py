@@ -31,6 +31,8 @@ LAYERS = (
     "tokenspeed",  # the package facade (`from tokenspeed import LLM, SamplingParams`)
     "engine_args",  # command-line engine options
     "api",  # HTTP server
+    "grpc",  # the TokenSpeedScheduler gRPC service of one engine replica (smg's worker protocol)
+    "gateway",  # smg in front of N replicas: starts, watches and stops them
     "bench",  # benchmarks
     "cli",  # the `tokenspeed` command
 )
