@@ -80,7 +80,13 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """`[batch, heads, seq, dim]` causal attention; k/v with fewer heads are repeated (GQA, HF order)."""
+    """`[batch, heads, seq, dim]` causal attention; k/v with fewer heads are repeated (GQA, HF order).
+
+    q and k leave their norms and rope in fp32; v comes straight from a linear
+    layer, so its dtype is autocast's (bf16 on the GPU): all three run in it,
+    which is what lets SDPA pick its flash kernel.
+    """
+    q, k = q.to(v.dtype), k.to(v.dtype)
     if k.shape[1] != q.shape[1]:
         repeat = q.shape[1] // k.shape[1]
         k = k.repeat_interleave(repeat, dim=1)

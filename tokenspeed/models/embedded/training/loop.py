@@ -136,8 +136,14 @@ def run_phase(
     tokens_per_batch: int,
     eval_fn: Callable[[], dict[str, float]] | None = None,
     after_step: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    eager_step_fn: StepFn | None = None,
 ) -> dict[str, Any]:
-    """Train until the step count or the deadline; returns what the record keeps about the phase."""
+    """Train until the step count or the deadline; returns what the record keeps about the phase.
+
+    `eager_step_fn`: the uncompiled step, taken over (and logged) when the
+    compiled one fails on its first step, so a compiler problem on the
+    training machine costs throughput, not the run.
+    """
     optimizer = make_optimizer(params, spec, device)
     trainable = [p for p in params if p.requires_grad]
     start = time.perf_counter()
@@ -156,8 +162,18 @@ def run_phase(
         lr = spec.learning_rate(step, total)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss, metrics = step_fn(next(batches))
-        loss.backward()
+        batch = next(batches)
+        try:
+            loss, metrics = step_fn(batch)
+            loss.backward()
+        except Exception as error:
+            if step > 0 or eager_step_fn is None:
+                raise
+            log.write({"phase": spec.name, "event": "compile_failed", "error": repr(error)[:500]})
+            optimizer.zero_grad(set_to_none=True)
+            step_fn, eager_step_fn = eager_step_fn, None
+            loss, metrics = step_fn(batch)
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, spec.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
