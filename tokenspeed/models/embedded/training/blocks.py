@@ -13,6 +13,9 @@ lost in loadability. Attention is causal over a packed window (no padding):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -97,6 +100,34 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         )
         return out[..., : v.shape[-1]]
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
+
+class GroupedQueryAttention(nn.Module):
+    """Llama attention (`q_proj`...`o_proj`, GQA, rotate-half rope); Qwen3 adds per-head `q_norm`/`k_norm`."""
+
+    def __init__(self, config: Mapping[str, Any], qk_norm: bool) -> None:
+        super().__init__()
+        hidden = config["hidden_size"]
+        self.heads, self.kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+        self.head_dim = config["head_dim"]
+        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config["rms_norm_eps"]) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config["rms_norm_eps"]) if qk_norm else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, self.heads, self.head_dim)
+        k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = apply_rope(q.transpose(1, 2), cos, sin)
+        k = apply_rope(k.transpose(1, 2), cos, sin)
+        out = causal_attention(q, k, v, self.head_dim**-0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
 def init_weights(module: nn.Module, std: float, num_layers: int) -> None:

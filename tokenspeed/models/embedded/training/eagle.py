@@ -42,10 +42,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenspeed.models.embedded.training.blocks import (
+    GroupedQueryAttention,
     RMSNorm,
     SwiGLU,
-    apply_rope,
-    causal_attention,
     init_weights,
     rope_tables,
 )
@@ -82,33 +81,12 @@ def eagle_config(target: Mapping[str, Any], intermediate_size: int) -> dict[str,
     }
 
 
-class LlamaAttention(nn.Module):
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__()
-        hidden = config["hidden_size"]
-        self.heads, self.kv_heads, self.head_dim = (
-            config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
-        )
-        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        out = causal_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, self.head_dim**-0.5)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
-
-
 class EagleLayer(nn.Module):
     """EAGLE's decoder layer 0: no input norm (its input is `fc`'s output)."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config)
+        self.self_attn = GroupedQueryAttention(config, qk_norm=False)
         self.post_attention_layernorm = RMSNorm(config["hidden_size"], config["rms_norm_eps"])
         self.mlp = SwiGLU(config["hidden_size"], config["intermediate_size"])
 

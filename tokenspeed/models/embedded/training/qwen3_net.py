@@ -15,35 +15,12 @@ import torch
 from torch import nn
 
 from tokenspeed.models.embedded.training.blocks import (
+    GroupedQueryAttention,
     RMSNorm,
     SwiGLU,
-    apply_rope,
-    causal_attention,
     init_weights,
     rope_tables,
 )
-
-
-class Qwen3Attention(nn.Module):
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__()
-        hidden, eps = config["hidden_size"], config["rms_norm_eps"]
-        self.heads, self.kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-        self.head_dim = config["head_dim"]
-        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, eps)
-        self.k_norm = RMSNorm(self.head_dim, eps)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(batch, seq, self.heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        out = causal_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, self.head_dim**-0.5)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class Qwen3Layer(nn.Module):
@@ -51,7 +28,7 @@ class Qwen3Layer(nn.Module):
         super().__init__()
         hidden, eps = config["hidden_size"], config["rms_norm_eps"]
         self.input_layernorm = RMSNorm(hidden, eps)
-        self.self_attn = Qwen3Attention(config)
+        self.self_attn = GroupedQueryAttention(config, qk_norm=True)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = SwiGLU(hidden, config["intermediate_size"])
 
