@@ -145,7 +145,7 @@ def _random_tensors(config: dict[str, Any], draft: bool) -> dict[str, torch.Tens
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_WEIGHT_SEED)
-        return build_net(config, draft=draft).hf_state_dict()  # type: ignore[no-any-return]
+        return build_net(config, draft=draft).hf_state_dict()  # type: ignore[operator, no-any-return]
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:

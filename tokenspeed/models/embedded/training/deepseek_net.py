@@ -94,6 +94,8 @@ class MLAttention(nn.Module):
 class Router(nn.Module):
     """`mlp.gate`: router weight `[E, hidden]` and the balancing bias (a buffer: not learned by gradient)."""
 
+    e_score_correction_bias: torch.Tensor
+
     def __init__(self, num_experts: int, hidden: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden))

@@ -24,7 +24,7 @@ def transformers_logit_difference(folder: Path, net: nn.Module, windows: np.ndar
     device = next(net.parameters()).device
     model = transformers.AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch.float32, attn_implementation="eager"
-    ).to(device).eval()
+    ).to(device).eval()  # type: ignore[arg-type]
     ids = torch.from_numpy(windows).to(device)
     ours = F.linear(net(ids), net.head_weight)  # type: ignore[operator, arg-type]
     theirs = model(ids).logits.float()
