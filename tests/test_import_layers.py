@@ -30,6 +30,7 @@ LAYERS = (
     "engine",  # EngineCore, LLM, AsyncEngine, IPC, detokenizer
     "tokenspeed",  # the package facade (`from tokenspeed import LLM, SamplingParams`)
     "engine_args",  # command-line engine options
+    "eval_ppl",  # `tokenspeed eval-ppl`: held-out bits per byte through the engine
     "api",  # HTTP server
     "grpc",  # the TokenSpeedScheduler gRPC service of one engine replica (smg's worker protocol)
     "gateway",  # smg in front of N replicas: starts, watches and stops them

@@ -1,4 +1,4 @@
-"""`tokenspeed`: serve | generate | chat | bench | kernels | placement | env.
+"""`tokenspeed`: serve | generate | chat | bench | eval-ppl | kernels | placement | env.
 
 Every subcommand that builds an engine takes the same engine flags
 (`engine_args.py`); with no `--model` it uses the embedded tiny model.
@@ -43,16 +43,19 @@ def _sampling_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-de
 
 
 def _random_weights_notice(args: argparse.Namespace) -> None:
-    """Say so when the weights are random (embedded model, a preset, dummy loading): the text means nothing."""
+    """Say so when the weights are random (untrained embedded model, a preset, dummy loading): the text means nothing."""
+    from tokenspeed.models.embedded.materialize import has_trained_weights, is_embedded_model
     from tokenspeed.models.presets import preset_name
 
     model = getattr(args, "model_positional", None) or args.model
-    if model is None:
-        what = "the embedded tiny model"
+    if args.load_format == "dummy":
+        what = f"{model or 'the embedded model'} with --load-format dummy"
+    elif is_embedded_model(model):
+        if has_trained_weights(model or "embedded"):
+            return
+        what = f"the embedded model {model or 'embedded'!r} (no trained weights in this checkout)"
     elif preset_name(model) is not None:
         what = f"preset {preset_name(model)!r}"
-    elif args.load_format == "dummy":
-        what = f"{model} with --load-format dummy"
     else:
         return
     print(f"# {what}: random weights, its text is not meaningful", file=sys.stderr)
@@ -195,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     offline.add_parser(bench_sub)
     bench_serve.add_parser(bench_sub)
     bench_plot.add_parser(bench_sub)
+
+    from tokenspeed import eval_ppl
+
+    eval_ppl.add_parser(sub)
 
     kernels = sub.add_parser(
         "kernels",

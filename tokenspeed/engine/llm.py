@@ -4,8 +4,8 @@
     llm = LLM("path/to/model")
     outputs = llm.generate(["def fib(n):"], SamplingParams(max_tokens=32))
 
-With no model it serves the embedded tiny model (random weights: the text is
-not meaningful, but every code path is real).
+With no model it serves the embedded tiny model (`models/embedded/`: a small
+code model; seeded random weights in a checkout without its trained weights).
 """
 
 from __future__ import annotations

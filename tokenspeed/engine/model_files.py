@@ -1,4 +1,4 @@
-"""Find a model's folder: the embedded tiny model, a preset, a local folder, or a hub id.
+"""Find a model's folder: an embedded model (`embedded`, `embedded-moe`), a preset, a local folder, or a hub id.
 
 Presets (`llama-3.1-8b`, `preset:qwen3-8b`) are real model shapes with no
 weights: their folder holds the config (and tokenizer where one can be built
@@ -18,10 +18,10 @@ from tokenspeed.errors import ModelNotFound
 
 
 def resolve_model_folder(model: str | None) -> Path:
-    if model is None or model == "embedded":
-        from tokenspeed.models.embedded.materialize import embedded_model_path
+    from tokenspeed.models.embedded.materialize import embedded_model_path, is_embedded_model
 
-        return embedded_model_path()
+    if is_embedded_model(model):
+        return embedded_model_path(model or "embedded")
     path = Path(model).expanduser()
     if is_preset(model):
         from tokenspeed.models.presets import materialize_preset, preset_name

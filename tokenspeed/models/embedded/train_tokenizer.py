@@ -148,7 +148,7 @@ def model_config(tok: Tokenizer) -> dict[str, object]:
         "model_type": "qwen3",
         "vocab_size": VOCAB_SIZE,
         "hidden_size": 256,
-        "intermediate_size": 768,
+        "intermediate_size": 576,  # sized so the model and its EAGLE head fit 8 MB in bf16
         "num_hidden_layers": 4,
         "num_attention_heads": 8,
         "num_key_value_heads": 2,
@@ -169,7 +169,7 @@ def model_config(tok: Tokenizer) -> dict[str, object]:
         "bos_token_id": None,
         "eos_token_id": [eos, endoftext],
         "pad_token_id": endoftext,
-        "torch_dtype": "float32",
+        "torch_dtype": "bfloat16",
     }
 
 
