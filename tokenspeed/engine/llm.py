@@ -211,6 +211,8 @@ class LLM:
                 for output in processor.process(self.core.step()):
                     finished[output.request_id] = output
                     bar.update(1)
+                for _, error in self.core.take_failures():  # e.g. a grammar that did not compile
+                    raise error
         return finished
 
 
