@@ -90,8 +90,11 @@ class RequestGrammars:
                 continue
             error = entry.future.exception()
             if error is None:
+                # The request's own stop ids end the grammar; a request that cannot stop (ignore_eos, no
+                # stop_token_ids) completes its grammar without one and is unconstrained from then on.
+                stops = entry.stop_token_ids
                 entry.matcher = xgrammar.GrammarMatcher(
-                    entry.future.result(), override_stop_tokens=entry.stop_token_ids or None
+                    entry.future.result(), override_stop_tokens=stops or None, terminate_without_stop_token=not stops
                 )
                 ready.append(request_id)
                 continue
@@ -113,7 +116,11 @@ class RequestGrammars:
 
     def constrains(self, plan: ExecutionPlan) -> bool:
         """Whether `plan` samples a constrained row (then it needs masks, and runs synchronously)."""
-        return any(r.sample and r.request_id in self._entries for r in plan.rows)
+        return any(r.sample and self._active(r.request_id) for r in plan.rows)
+
+    def _active(self, request_id: str) -> bool:
+        entry = self._entries.get(request_id)
+        return entry is not None and entry.matcher is not None and not entry.matcher.is_terminated()
 
     def masks(self, plan: ExecutionPlan) -> GrammarMasks | None:
         """The bitmasks of every constrained sample of `plan` (None if it has none)."""
@@ -121,10 +128,8 @@ class RequestGrammars:
         matchers: list[tuple[xgrammar.GrammarMatcher, list[int]]] = []  # per row: matcher, drafts to walk
         for i, row in enumerate(plan.rows):
             entry = self._entries.get(row.request_id)
-            if not row.sample or entry is None:
-                continue
-            if entry.matcher is None:
-                raise RuntimeError(f"request {row.request_id!r} was scheduled before its grammar was ready")
+            if not row.sample or entry is None or entry.matcher is None or entry.matcher.is_terminated():
+                continue  # not constrained, or its grammar is complete (see `poll`)
             # Host drafts only: the host cannot mask the positions of drafts it never sees (device
             # drafters), so those rows get position 0 only (spec/EXECUTOR_INTEGRATION.md).
             drafts = list(row.draft_token_ids) if row.num_draft_tokens else []
