@@ -157,3 +157,13 @@ def test_compilation_runs_in_a_worker_thread(tokenizer):
     compiler.compile(SamplingParams(structured_outputs={"regex": "a+"}).structured_outputs).result(30)
     assert seen and seen[0].startswith("tokenspeed-grammar")
     compiler.close()
+
+
+def test_the_cache_is_bounded_in_bytes_too(tokenizer):
+    compiler = _compiler(tokenizer, cache_bytes=1)  # every grammar is over it: only the newest stays
+    first = SamplingParams(structured_outputs={"regex": "[a-c]+"}).structured_outputs
+    compiler.compile(first).result(30)
+    compiler.compile(SamplingParams(structured_outputs={"regex": "[d-f]+"}).structured_outputs).result(30)
+    compiler.compile(first).result(30)
+    assert (compiler.hits, compiler.misses) == (0, 3)
+    compiler.close()

@@ -43,6 +43,7 @@ from tokenspeed.scheduler.structured_outputs import StructuredOutputsParams
 logger = logging.getLogger("tokenspeed.grammar")
 
 DEFAULT_CACHE_SIZE = 256  # compiled grammars kept
+DEFAULT_CACHE_BYTES = 512 << 20  # and at most this much of them (a large schema on a 150K vocabulary: MBs)
 DEFAULT_THREADS = 2
 
 
@@ -54,6 +55,7 @@ class GrammarCompiler:
         stop_token_ids: Sequence[int] = (),
         *,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
         threads: int = DEFAULT_THREADS,
     ) -> None:
         """`load_tokenizer` returns the model's Hugging Face tokenizer (called once, in a worker);
@@ -62,6 +64,8 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self._stop_token_ids = list(stop_token_ids)
         self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
+        self._sizes: dict[str, int] = {}  # bytes of each compiled grammar in the cache
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenspeed-grammar")
         self._lock = threading.Lock()  # the cache
         self._build_lock = threading.Lock()  # the xgrammar compiler, built by the first compilation
@@ -82,19 +86,32 @@ class GrammarCompiler:
             self.misses += 1
             future = self._pool.submit(self._compile, spec)
             self._cache[key] = future
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        future.add_done_callback(lambda done: self._forget_failure(key, done))
+            self._evict()
+        future.add_done_callback(lambda done: self._on_done(key, done))
         return future
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _forget_failure(self, key: str, future: Future[xgrammar.CompiledGrammar]) -> None:
-        if future.cancelled() or future.exception() is not None:
-            with self._lock:
-                if self._cache.get(key) is future:
-                    del self._cache[key]
+    def _on_done(self, key: str, future: Future[xgrammar.CompiledGrammar]) -> None:
+        """A failure leaves the cache; a success is weighed against the byte bound."""
+        failed = future.cancelled() or future.exception() is not None
+        with self._lock:
+            if self._cache.get(key) is not future:
+                return
+            if failed:
+                del self._cache[key]
+            else:
+                self._sizes[key] = future.result().memory_size_bytes
+                self._evict()
+
+    def _evict(self) -> None:
+        """Drop least recently used grammars past either bound (the newest one always stays)."""
+        while len(self._cache) > 1 and (
+            len(self._cache) > self._cache_size or sum(self._sizes.values()) > self._cache_bytes
+        ):
+            key, _ = self._cache.popitem(last=False)
+            self._sizes.pop(key, None)
 
     def _xgrammar_compiler(self) -> xgrammar.GrammarCompiler:
         with self._build_lock:  # the first compilations may race to build it: one does

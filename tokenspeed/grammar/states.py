@@ -55,9 +55,10 @@ class GrammarViolation(TokenSpeedError):
 
 
 class RequestGrammars:
-    def __init__(self, compiler: GrammarCompiler) -> None:
+    def __init__(self, compiler: GrammarCompiler, fill_threads: int = 4) -> None:
         self.compiler = compiler
         self._entries: dict[str, _Entry] = {}
+        self._batch = xgrammar.BatchGrammarMatcher(fill_threads)  # fills many rows' masks at once
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._entries
@@ -138,9 +139,20 @@ class RequestGrammars:
         if not positions:
             return None
         bitmask = xgrammar.allocate_token_bitmask(len(positions), self.compiler.vocab_size)
+        plain: list[xgrammar.GrammarMatcher] = []  # rows without drafts: filled in parallel threads
+        plain_rows: list[int] = []
         at = 0
         for matcher, drafts in matchers:
-            at = _fill_positions(matcher, drafts, bitmask, at)
+            if drafts:
+                at = _fill_positions(matcher, drafts, bitmask, at)
+            else:
+                plain.append(matcher)
+                plain_rows.append(at)
+                at += 1
+        if len(plain) > 1:
+            self._batch.batch_fill_next_token_bitmask(plain, bitmask, plain_rows)
+        elif plain:
+            plain[0].fill_next_token_bitmask(bitmask, plain_rows[0])
         return GrammarMasks(positions, bitmask.shape[1], bitmask.numpy().tobytes())
 
     def accept(self, plan: ExecutionPlan, result: ExecutionResult) -> list[tuple[str, TokenSpeedError]]:
