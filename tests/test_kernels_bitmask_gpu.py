@@ -56,8 +56,8 @@ def test_constrained_generation_on_the_gpu():
     params = [SamplingParams(temperature=1.0, seed=i, max_tokens=120, structured_outputs={"json": SCHEMA})
               for i in range(32)]
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(32)]
-    outs = LLM(show_progress=False).generate(prompts, params, use_tqdm=False)
+    outs = LLM(show_progress=False, num_kv_pages=1024).generate(prompts, params, use_tqdm=False)
     for out in outs:
         jsonschema.validate(json.loads(out.outputs[0].text), SCHEMA)
-    sync = LLM(show_progress=False, disable_overlap=True).generate(prompts, params, use_tqdm=False)
+    sync = LLM(show_progress=False, num_kv_pages=1024, disable_overlap=True).generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in sync] == [o.outputs[0].token_ids for o in outs]
