@@ -17,7 +17,8 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tokenspeed.kvcache import CopyKind, CopyOp, KVCache, KVLayout, KVTierConfig, StoredFile
+from tokenspeed.kvcache import BlockTable, CopyKind, CopyOp, KVCache, KVLayout, KVTierConfig, StoredFile
+from tokenspeed.kvcache.page_file import page_file_name
 from tokenspeed.kvcache.prefix_index import chain_hash
 
 POISON = -1
@@ -157,6 +158,21 @@ class TierSim:
         assert seen == list(tokens[:end]), f"KV read back {seen}, expected {list(tokens[:end])}"
 
 
+def run_prompt(kv: KVCache, sim: TierSim, tokens: Sequence[int], match_pages: int) -> BlockTable:
+    """A table with every token of `tokens` computed and its full pages published.
+
+    Up to `match_pages` leading pages come from the prefix cache (host hits are
+    loaded and landed first); the rest is computed.
+    """
+    table = kv.match_prefix(tokens, match_pages)
+    sim.finish_all()
+    start = len(table) * kv.page_size
+    kv.allocate(table, kv.pages_for(len(tokens)) - len(table))
+    sim.compute(table.pages, tokens, start, len(tokens))
+    kv.publish(table, tokens, len(tokens))
+    return table
+
+
 def page_tokens_by_hash(prompts: Sequence[Sequence[int]], page_size: int) -> dict[bytes, list[int]]:
     """Chained hash -> the tokens of that page, for every full page of every prompt."""
     found: dict[bytes, list[int]] = {}
@@ -184,6 +200,6 @@ def check_contents(sim: TierSim, known: dict[bytes, list[int]]) -> None:
     if disk is not None:
         for page_hash in disk.eviction_order():
             if disk.is_ready(page_hash):
-                probe = CopyOp(0, CopyKind.DISK_TO_HOST, -1, 0, page_hash, page_hash.hex() + ".kvpage")
+                probe = CopyOp(0, CopyKind.DISK_TO_HOST, -1, 0, page_hash, page_file_name(page_hash))
                 payload = disk.read_payload(probe)
                 assert payload is None or decode(payload) == known[page_hash], "a disk file reads as wrong KV"

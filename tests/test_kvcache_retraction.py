@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.kv_tier_sim import TierSim, check_contents, page_tokens_by_hash, tiered_cache
+from tests.kv_tier_sim import TierSim, check_contents, page_tokens_by_hash, run_prompt, tiered_cache
 from tokenspeed.kvcache import BlockTable, CopyKind, KVCache, KVCacheError, StaleBlockTable
 
 PS = 2
@@ -13,13 +13,7 @@ PROMPT = [1, 2, 3, 4, 5, 6, 7]  # pages [1,2] [3,4] [5,6] full, [7] partial
 
 def run(kv: KVCache, sim: TierSim, tokens: list[int], *, match: bool = True) -> BlockTable:
     """A running request with every token of `tokens` computed and its full pages published."""
-    table = kv.match_prefix(tokens, (len(tokens) - 1) // PS) if match else kv.new_block_table()
-    sim.finish_all()
-    start = len(table) * PS
-    kv.allocate(table, kv.pages_for(len(tokens)) - len(table))
-    sim.compute(table.pages, tokens, start, len(tokens))
-    kv.publish(table, tokens, len(tokens))
-    return table
+    return run_prompt(kv, sim, tokens, (len(tokens) - 1) // PS if match else 0)
 
 
 def resume(kv: KVCache, sim: TierSim, tokens: list[int], table: BlockTable, computed: int) -> None:
@@ -99,7 +93,8 @@ def test_an_evicted_shared_page_comes_back_from_the_host_or_is_recomputed() -> N
         restored.table.release()
         sim.finish_all()
         kv.check_invariants()
-        assert kv.tier_stats().host is not None and kv.tier_stats().host.owned == 0  # type: ignore[union-attr]
+        host_books = kv.tier_stats().host
+        assert host_books is not None and host_books.owned == 0
 
 
 def test_a_full_host_saves_a_prefix_of_the_private_pages() -> None:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.kv_tier_sim import FakeClock, TierSim, check_contents, layout, page_tokens_by_hash, tiered_cache
+from tests.kv_tier_sim import (
+    FakeClock,
+    TierSim,
+    check_contents,
+    layout,
+    page_tokens_by_hash,
+    run_prompt,
+    tiered_cache,
+)
 from tokenspeed.kvcache import (
     BlockTable,
     CopyKind,
@@ -22,13 +30,7 @@ B = [5, 6, 7, 8]
 
 def computed(kv: KVCache, sim: TierSim, tokens: list[int]) -> BlockTable:
     """A table whose pages hold `tokens` (computed and published), taking host hits if any."""
-    table = kv.match_prefix(tokens, len(tokens) // PS)
-    sim.finish_all()
-    start = len(table) * PS
-    kv.allocate(table, kv.pages_for(len(tokens)) - len(table))
-    sim.compute(table.pages, tokens, start, len(tokens))
-    kv.publish(table, tokens, len(tokens))
-    return table
+    return run_prompt(kv, sim, tokens, len(tokens) // PS)
 
 
 def test_write_back_then_host_hit_round_trip() -> None:

@@ -64,6 +64,7 @@ class PagePool:
         "_draining",
         "_pins",
         "_pinned",
+        "_num_pinned_evictable",
         "_pending",
         "_num_referenced",
         "_on_evict",
@@ -88,6 +89,7 @@ class PagePool:
         self._draining: set[int] = set()
         self._pins = [0] * num_pages
         self._pinned: set[int] = set()
+        self._num_pinned_evictable = 0  # pinned pages waiting in an eviction order (allocation skips them)
         self._pending: set[int] = set()
         self._num_referenced = 0
         self._on_evict: EvictHook | None = None
@@ -142,8 +144,7 @@ class PagePool:
 
     @property
     def num_allocatable(self) -> int:
-        pinned_cached = sum(1 for p in self._pinned if self._refcount[p] == 0 and self._cached[p])
-        return len(self._free) + self.num_cached_unreferenced - pinned_cached
+        return len(self._free) + self.num_cached_unreferenced - self._num_pinned_evictable
 
     def refcount(self, page: int) -> int:
         return self._refcount[page]
@@ -271,6 +272,8 @@ class PagePool:
             raise PageRefError(f"page {page} is free; a copy may only touch a page somebody holds")
         if page in self._pending:
             raise PageRefError(f"page {page} is still being written by a copy; it cannot be copied yet")
+        if not self._pins[page] and self._refcount[page] == 0 and self._cached[page]:
+            self._num_pinned_evictable += 1
         self._pins[page] += 1
         self._pinned.add(page)
         if pending:
@@ -288,6 +291,8 @@ class PagePool:
             raise PageRefError(f"page {page} has no copy in flight")
         self._pins[page] -= 1
         if self._pins[page] == 0:
+            if self._refcount[page] == 0 and self._cached[page]:
+                self._num_pinned_evictable -= 1
             self._pinned.discard(page)
             self._pending.discard(page)
             if page in self._draining:
@@ -301,8 +306,8 @@ class PagePool:
         if not self._cached[page]:
             raise PageRefError(f"page {page} is not indexed; only cached pages can be retained")
         old = self._retention.get(page)
-        if old is not None and old[1] >= until:
-            return
+        if (old is not None and old[1] >= until) or until <= self._clock():
+            return  # nothing to extend
         self._retention[page] = (session, until)
         if self._refcount[page] == 0:  # re-file it under its new protection
             self._leave_eviction_order(page)
@@ -346,6 +351,8 @@ class PagePool:
         return None if retained is None else (retained, True)
 
     def _enter_eviction_order(self, page: int) -> None:
+        if page in self._pinned:
+            self._num_pinned_evictable += 1
         record = self._retention.get(page)
         if record is not None and record[1] > self._clock():
             self._kept.add(page, record[1])
@@ -354,6 +361,8 @@ class PagePool:
             self._lru[page] = None  # most recently released: evicted last
 
     def _leave_eviction_order(self, page: int) -> None:
+        if page in self._pinned:
+            self._num_pinned_evictable -= 1
         if page in self._kept:
             self._kept.remove(page)
         else:
@@ -401,6 +410,7 @@ class PagePool:
             assert self._pins[page] and not self._cached[page], f"draining page {page} has no copy or is indexed"
         assert self._pinned == {p for p in range(total) if self._pins[p]}, "pinned-page set is out of sync"
         assert self._pending <= self._pinned, "a page is being written by no copy"
+        assert self._num_pinned_evictable == len(self._pinned & (lru | kept)), "pinned-evictable count is out of sync"
         assert all(self._cached[p] for p in self._retention), "a retention record outlived its page's index entry"
         self._kept.check_invariants()
         held: Counter[int] = Counter()
