@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenspeed.config import EngineConfig
 from tokenspeed.engine.model_files import is_preset, resolve_model_folder
@@ -41,12 +41,14 @@ from tokenspeed.errors import TokenSpeedError
 from tokenspeed.executor.executor import Executor
 from tokenspeed.executor.interface import ModelExecutor
 from tokenspeed.executor.sampler import needs_host_results
-from tokenspeed.grammar import GrammarCompiler, RequestGrammars
 from tokenspeed.scheduler import Scheduler, SchedulerConfig
 from tokenspeed.scheduler.admission import check_admission
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
 from tokenspeed.scheduler.sampling_params import SamplingParams
 from tokenspeed.scheduler.updates import RequestUpdate
+
+if TYPE_CHECKING:
+    from tokenspeed.grammar import RequestGrammars
 
 logger = logging.getLogger("tokenspeed.engine")
 
@@ -114,8 +116,11 @@ class EngineCore:
 
     @property
     def grammars(self) -> RequestGrammars:
-        """The constrained requests' grammars (structured output), built on first use."""
+        """The constrained requests' grammars (structured output), built on first use (xgrammar is imported
+        only then: front-end processes, which import this module, never load it)."""
         if self._grammars is None:
+            from tokenspeed.grammar import GrammarCompiler, RequestGrammars
+
             compiler = GrammarCompiler(self._load_tokenizer, self.limits.vocab_size)
             self._grammars = RequestGrammars(compiler)
         return self._grammars
