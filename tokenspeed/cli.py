@@ -64,8 +64,8 @@ def _random_weights_notice(args: argparse.Namespace) -> None:
 def _generate(args: argparse.Namespace) -> int:
     from tokenspeed import LLM
 
-    llm = LLM.from_config(engine_config_from_args(args))
     _random_weights_notice(args)
+    llm = LLM.from_config(engine_config_from_args(args))
     for output in llm.generate(args.prompt, _sampling_from_args(args)):
         for completion in output.outputs:
             if args.json:
@@ -79,8 +79,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _chat(args: argparse.Namespace) -> int:
     from tokenspeed import LLM
 
-    llm = LLM.from_config(engine_config_from_args(args))
     _random_weights_notice(args)
+    llm = LLM.from_config(engine_config_from_args(args))
     messages = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
