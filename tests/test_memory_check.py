@@ -79,16 +79,21 @@ def test_the_embedded_model_builds_when_memory_suffices_and_the_switch_skips_the
         assert llm.generate("def f():")[0].outputs[0].token_ids
 
 
-def test_on_a_gpu_the_share_kept_back_counts(monkeypatch):
-    """`gpu_memory_utilization` keeps part of the device back: 20 GB free of 141 at 0.9 leaves 5.9 GB."""
+def test_on_a_gpu_the_allocator_cache_is_free_and_the_share_kept_back_is_not(monkeypatch):
+    """17 GB free on the device + 3 GB cached by the allocator = 20 GB; at 0.9 of 141 GB, 5.9 GB of it
+    may hold the engine when that share sizes the KV pool, all 20 GB when the pool's size is given."""
     monkeypatch.delenv("TOKENSPEED_SKIP_MEMORY_CHECK", raising=False)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20_000_000_000, 141_000_000_000))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (17_000_000_000, 141_000_000_000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5_000_000_000)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 2_000_000_000)
+    need = dict(weights=16_400_000_000, kv_cache=500_000_000, kv_what="the KV cache",
+                device=torch.device("cuda", 0), dtype=torch.bfloat16)
     with pytest.raises(NotEnoughMemory) as error:
-        memory_check.check_fits(weights=16_400_000_000, kv_cache=500_000_000, kv_what="the KV cache",
-                                device=torch.device("cuda", 0), dtype=torch.bfloat16, gpu_memory_utilization=0.9)
+        memory_check.check_fits(**need, gpu_memory_utilization=0.9)
     message = str(error.value)
     assert "needs ~16.4 GB for weights + 0.5 GB for the KV cache, 20.0 GB free (5.9 GB of it within " \
            "--gpu-memory-utilization 0.9)" in message and "--dtype" not in message
+    memory_check.check_fits(**need, gpu_memory_utilization=None)
 
 
 def test_the_cpu_probe_reads_this_machine():

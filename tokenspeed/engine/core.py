@@ -53,6 +53,9 @@ class EngineCore:
         if executor is None:
             preset = is_preset(config.model)
             self.model_folder = resolve_model_folder(config.model)
+            if preset:
+                logger.warning("%s is a preset: the model's shape with random weights; its text is not meaningful",
+                               config.model)
             executor = Executor(config, self.model_folder, dummy_weights=preset, progress=progress)
         self.executor = executor
         limits = executor.limits

@@ -105,7 +105,7 @@ class Executor:
             else f"the KV cache of one request of max_model_len {self.max_model_len}",
             device=self.device,
             dtype=self.dtype,
-            gpu_memory_utilization=config.gpu_memory_utilization,
+            gpu_memory_utilization=config.gpu_memory_utilization if planned_pages is None else None,
         )
         dummy = dummy_weights or config.load_format == "dummy"
         self.model = load_model(

@@ -7,8 +7,11 @@ from the config's checkpoint inventory at the engine's dtype, plus the
 smallest KV pool it would accept) and compares that with the memory free on
 the device:
 
-- GPU: `torch.cuda.mem_get_info`, less the share `gpu_memory_utilization`
-  keeps back (the same arithmetic that sizes the KV pool);
+- GPU: `torch.cuda.mem_get_info` plus what PyTorch's allocator holds cached
+  but unused (an engine shut down earlier in the process leaves it there);
+  when `gpu_memory_utilization` sizes the KV pool, less the share it keeps
+  back (the same arithmetic that sizes the pool). An explicit pool size
+  (`num_kv_pages`, `kv_cache_memory_bytes`) is checked against all of it;
 - CPU: the kernel's `MemAvailable`, capped by the cgroup's limit when the
   process runs in a container (usage minus reclaimable page cache, as
   container runtimes count it). Where neither can be read (not Linux), the
@@ -42,7 +45,8 @@ def weight_bytes(model_config: ModelConfig, dtype: torch.dtype) -> int:
 def free_memory_bytes(device: torch.device) -> int | None:
     """Bytes free for this process on `device` right now; None where it cannot be known."""
     if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(torch.cuda.mem_get_info(device)[0]) + cached
     if device.type != "cpu":
         return None
     free = _meminfo_available()
@@ -89,11 +93,13 @@ def _gb(n: float) -> str:
 
 def check_fits(
     *, weights: int, kv_cache: int, kv_what: str, device: torch.device, dtype: torch.dtype,
-    gpu_memory_utilization: float,
+    gpu_memory_utilization: float | None,
 ) -> None:
     """Raise `NotEnoughMemory` when `weights + kv_cache` bytes exceed what `device` has free.
 
-    `kv_what` says which KV pool `kv_cache` is, so the user knows what to shrink.
+    `kv_what` says which KV pool `kv_cache` is, so the user knows what to shrink;
+    `gpu_memory_utilization` is the share of a GPU the engine may fill when that share sizes
+    the pool (None: the pool's size was given).
     """
     if os.environ.get("TOKENSPEED_SKIP_MEMORY_CHECK") == "1":
         return
@@ -101,7 +107,7 @@ def check_fits(
     if free is None:
         return
     usable, free_text = free, f"{_gb(free)} free"
-    if device.type == "cuda":
+    if device.type == "cuda" and gpu_memory_utilization is not None:
         total = torch.cuda.mem_get_info(device)[1]
         usable = max(0, int(free - total * (1.0 - gpu_memory_utilization)))
         free_text += f" ({_gb(usable)} of it within --gpu-memory-utilization {gpu_memory_utilization})"
