@@ -21,7 +21,7 @@ TORCH_REQUIREMENT ?= torch==$(TORCH_VERSION)$(if $(filter Darwin,$(UNAME_S)),,+c
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || \
-	  $(PY) -m pip install -q --no-deps '$(TORCH_REQUIREMENT)' --extra-index-url $(TORCH_INDEX_URL)
+	  $(PY) -m pip install -q --retries 1 --timeout 10 --no-deps '$(TORCH_REQUIREMENT)' --extra-index-url $(TORCH_INDEX_URL)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 

@@ -35,7 +35,7 @@ def test_without_torch_the_cpu_build_comes_from_the_cpu_index(tmp_path):
     calls = _setup(tmp_path, torch_present=False)
     assert calls == [
         "-c import torch",
-        f"-m pip install -q --no-deps torch==2.13.0+cpu --extra-index-url {CPU_INDEX}",
+        f"-m pip install -q --retries 1 --timeout 10 --no-deps torch==2.13.0+cpu --extra-index-url {CPU_INDEX}",
         "-m pip install -q -e .[dev]",
     ]
 
@@ -47,7 +47,7 @@ def test_an_installed_torch_is_kept(tmp_path):
 def test_macos_takes_the_plain_wheel(tmp_path):
     """PyPI's macOS wheel is the CPU build, and the CPU index has no `+cpu` one for macOS."""
     calls = _setup(tmp_path, torch_present=False, UNAME_S="Darwin")
-    assert calls[1] == f"-m pip install -q --no-deps torch==2.13.0 --extra-index-url {CPU_INDEX}"
+    assert calls[1] == f"-m pip install -q --retries 1 --timeout 10 --no-deps torch==2.13.0 --extra-index-url {CPU_INDEX}"
 
 
 def test_the_readme_says_what_the_makefile_does():
