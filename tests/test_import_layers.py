@@ -27,6 +27,7 @@ LAYERS = (
     "config",  # EngineConfig
     "executor",  # Executor, runner, sampler, CUDA graphs, page tables
     "spec",  # speculative decoding: drafters, verification
+    "grammar",  # structured output: grammar compilation, per-request matchers, masks per step
     "engine",  # EngineCore, LLM, AsyncEngine, IPC, detokenizer
     "tokenspeed",  # the package facade (`from tokenspeed import LLM, SamplingParams`)
     "engine_args",  # command-line engine options

@@ -443,3 +443,27 @@ def test_prompt_logprobs_are_returned_once_and_skip_the_prefix_cache() -> None:
         collect(streams, step(s, ex)[1])
     assert streams["lp"].num_cached_tokens == 0
     assert streams["lp"].prompt_logprobs == 9
+
+
+# ---- requests that are not ready (their grammar compiles) -------------------------------------
+
+
+def test_a_request_not_ready_is_passed_over_until_set_ready() -> None:
+    s, ex = make(max_num_seqs=2)
+    s.submit("held", [1, 2, 3], params(max_tokens=2), ready=False)
+    s.submit("next", [4, 5, 6], params(max_tokens=2))
+    streams: dict[str, Stream] = {}
+    for _ in range(3):
+        collect(streams, step(s, ex)[1])
+    assert streams["next"].finish_reason == "length" and "held" not in streams
+    assert s.num_waiting == 1 and s.get("held") is not None
+    assert s.set_ready("held") and not s.set_ready("gone")
+    streams.update(run_all(s, ex))
+    assert streams["held"].tokens and streams["held"].finish_reason == "length"
+
+
+def test_a_request_not_ready_can_be_aborted() -> None:
+    s, ex = make()
+    s.submit("held", [1, 2, 3], params(), ready=False)
+    assert s.abort("held") and not s.has_unfinished()
+    s.check_invariants()

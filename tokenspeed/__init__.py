@@ -5,9 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tokenspeed.scheduler.sampling_params import SamplingParams
+from tokenspeed.scheduler.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineConfig", "__version__"]
+__all__ = [
+    "LLM", "SamplingParams", "StructuredOutputsParams", "GuidedDecodingParams", "RequestOutput",
+    "CompletionOutput", "EngineConfig", "__version__",
+]
 
 if TYPE_CHECKING:
     from tokenspeed.config import EngineConfig

@@ -43,6 +43,8 @@ class ServerState:
         self.created = int(time.time())
         self.parsers_need_special_tokens = _hides_any(engine.tokenizer, _parser_markers(settings))
         self.responses = ResponseStore(settings.max_stored_responses)
+        # Markers a tool-call grammar matches as tokens (tool_grammar.py).
+        self.added_tokens = frozenset(getattr(engine.tokenizer, "get_added_vocab", dict)())
 
     def check_model(self, name: str | None) -> str:
         """The model name to echo back; 404 for a name this server does not serve."""

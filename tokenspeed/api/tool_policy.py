@@ -6,11 +6,17 @@ prefix. Then:
 
 * `none`: the output is returned as text, unparsed;
 * `auto`: calls are parsed out of the output with the server's tool parser;
-* `required` / a named function: without a grammar engine we steer through
-  the prompt: the opening of a call (of that function) in the model's own
-  format is appended after the generation prompt, so the model can only
-  continue inside a call, and the result is checked: no valid call (of the
-  right function) is a 500 `invalid_model_output`, never a silent text answer.
+* `required` / a named function: enforced by a grammar over the parser's
+  call format (`tool_grammar.py`: hermes, qwen, llama3_json, mistral,
+  deepseek_v3, kimi_k2), so the output is a call (of that function) whatever
+  the model would have written; reasoning parsing is then off, as the
+  output starts with the call. A call cut short by `max_tokens` comes back
+  as far as it got (finish_reason "length"), never as an error. Formats
+  without a grammar (qwen3_coder, glm45, openai) are steered through the
+  prompt instead: the opening of a call in the model's own format is
+  appended after the generation prompt, and the result is checked: no valid
+  call (of the right function) is a 500 `invalid_model_output`, never a
+  silent text answer.
 
 `CallFilter` applies the policy to a completion's parser events: call ids in
 the shape the model's template accepts, and `parallel_tool_calls=false`
@@ -22,6 +28,7 @@ Shared by the OpenAI, Anthropic and Responses routes (Anthropic's
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +44,9 @@ from tokenspeed.api.parsers import (
     ToolSchemas,
 )
 from tokenspeed.api.parsers.registry import default_call_id
+from tokenspeed.api.tool_grammar import tool_call_grammar
 from tokenspeed.errors import InvalidRequest
+from tokenspeed.scheduler.structured_outputs import StructuredOutputsParams
 
 ToolChoice = str | None  # "none" | "auto" | "required" | None; a named function goes in `function`
 
@@ -51,19 +60,20 @@ class ToolPolicy:
     tool_names: frozenset[str] = frozenset()
     parallel: bool = True
     schemas: ToolSchemas = field(default_factory=dict)  # name -> parameters, for formats that type values by them
+    grammar: StructuredOutputsParams | None = None  # enforces required/named (None: prompt-steered, or not forced)
 
     def output_parser(self, reasoning_parser: str | None, *, thinking: bool = True) -> OutputParser:
         return OutputParser(
-            reasoning_parser=reasoning_parser, tool_format=self.tool_format, forced_prefix=self.forced_prefix,
-            tools=self.schemas, thinking=thinking,
+            reasoning_parser=None if self.grammar is not None else reasoning_parser,
+            tool_format=self.tool_format, forced_prefix=self.forced_prefix, tools=self.schemas, thinking=thinking,
         )
 
     def calls(self, id_prefix: str) -> CallFilter:
         return CallFilter(self, id_prefix)
 
     def check(self, calls: list[ToolCall]) -> None:
-        """Enforce `required`/named on the calls of a finished output."""
-        if not self.required:
+        """Enforce `required`/named on the calls of a finished output (a grammar already did)."""
+        if not self.required or self.grammar is not None:
             return
         if not calls:
             raise model_output_error("tool_choice requires a tool call, but the model did not write a valid one.")
@@ -83,7 +93,9 @@ def tool_policy(
     *,
     parser_name: str | None,
     parallel: bool = True,
+    token_markers: Collection[str] = (),
 ) -> ToolPolicy:
+    """`token_markers`: the tokenizer's added tokens (a grammar matches those markers as tokens)."""
     names = frozenset(t["function"]["name"] for t in tools or [])
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or []}
     forcing = choice == "required" or function is not None
@@ -103,6 +115,10 @@ def tool_policy(
         raise InvalidRequest(f"tool_choice names {function!r}, which is not among the tools.")
     if not forcing:
         return ToolPolicy(tool_format, tool_names=names, parallel=parallel, schemas=schemas)
+    grammar = tool_call_grammar(parser_name, tools, function, parallel=parallel, token_markers=token_markers)
+    if grammar is not None:
+        return ToolPolicy(tool_format, required=True, function=function, tool_names=names, parallel=parallel,
+                          schemas=schemas, grammar=grammar)
     return ToolPolicy(
         tool_format,
         forced_prefix=tool_format.forced_prefix(function),

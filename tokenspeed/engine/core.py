@@ -17,6 +17,15 @@ launch N, then `scheduler.resolve(result of N-1)`, then
 once. Updates lag the launch by one step, never the tokens. Steps whose
 sampling reads the token history (penalties) or that return logprobs run
 synchronously, after the step in flight is resolved.
+
+Structured output (`grammar/`): a constrained request's grammar compiles in
+a worker thread from `add_request` on while the scheduler holds the request
+(`ready=False`); each step first releases the requests whose grammar is
+ready. A step that samples a constrained row runs synchronously, like the
+ones above: the matchers take the previous step's tokens, then the step's
+masks are filled (`ExecutionPlan.grammar_masks`) and it is launched (the mask
+of step N+1 depends on step N's token). Requests whose grammar fails to
+compile are reported by `take_failures()`.
 """
 
 from __future__ import annotations
@@ -24,10 +33,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenspeed.config import EngineConfig
 from tokenspeed.engine.model_files import is_preset, resolve_model_folder
+from tokenspeed.errors import TokenSpeedError
 from tokenspeed.executor.executor import Executor
 from tokenspeed.executor.interface import ModelExecutor
 from tokenspeed.executor.sampler import needs_host_results
@@ -37,9 +47,13 @@ from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLi
 from tokenspeed.scheduler.sampling_params import SamplingParams
 from tokenspeed.scheduler.updates import RequestUpdate
 
+if TYPE_CHECKING:
+    from tokenspeed.grammar import RequestGrammars
+
 logger = logging.getLogger("tokenspeed.engine")
 
 _DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+_GRAMMAR_WAIT_S = 0.002  # an engine with nothing to run but grammars compiling waits this long for one
 
 
 class EngineCore:
@@ -73,6 +87,8 @@ class EngineCore:
         )
         self.overlap = not config.disable_overlap
         self._inflight: Any = None  # the executor's handle of the step launched, advanced on placeholders
+        self._grammars: RequestGrammars | None = None  # built by the first constrained request
+        self._failures: list[tuple[str, TokenSpeedError]] = []
         self.is_shut_down = False
 
     @property
@@ -83,6 +99,8 @@ class EngineCore:
         """Free the executor's device state (weights, KV pool, CUDA graphs); no step runs afterwards."""
         self._inflight = None  # a launched step's handle holds device tensors
         self.is_shut_down = True
+        if self._grammars is not None:
+            self._grammars.compiler.close()
         close = getattr(self.executor, "close", None)  # a simulated executor holds nothing to free
         if close is not None:
             close()
@@ -91,40 +109,112 @@ class EngineCore:
         # The front-end rule (LLM, CLI): max_tokens past the context is refused, where the scheduler clamps.
         check_admission(prompt_token_ids, sampling, dataclasses.replace(self.scheduler.config.limits,
                                                                         refuse_overlong_max_tokens=True))
-        self.scheduler.submit(request_id, list(prompt_token_ids), sampling)
+        constrained = sampling.structured_outputs is not None
+        self.scheduler.submit(request_id, list(prompt_token_ids), sampling, ready=not constrained)
+        if constrained:
+            self.grammars.add(request_id, sampling)
 
     def abort(self, request_id: str) -> bool:
+        if self._grammars is not None:
+            self._grammars.release(request_id)
         return self.scheduler.abort(request_id)
 
     def finish_stream(self, stream_id: str, reason: str, stop_reason: str | None = None) -> None:
         self.scheduler.finish(stream_id, reason, stop_reason)
 
+    def take_failures(self) -> list[tuple[str, TokenSpeedError]]:
+        """Requests that failed since the last call (their grammar did not compile): each is finished in the
+        scheduler; the front end reports the error to its client."""
+        failures, self._failures = self._failures, []
+        return failures
+
+    @property
+    def grammars(self) -> RequestGrammars:
+        """The constrained requests' grammars (structured output), built on first use (xgrammar is imported
+        only then: front-end processes, which import this module, never load it)."""
+        if self._grammars is None:
+            from tokenspeed.grammar import GrammarCompiler, RequestGrammars
+
+            compiler = GrammarCompiler(self._load_tokenizer, self.limits.vocab_size)
+            self._grammars = RequestGrammars(compiler)
+        return self._grammars
+
+    def _load_tokenizer(self) -> Any:
+        from tokenspeed.engine.llm import load_tokenizer
+
+        source = self.config.tokenizer or self.model_folder
+        return None if source is None else load_tokenizer(source)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None
 
     def step(self) -> list[RequestUpdate]:
+        self._poll_grammars()
         if not self.overlap:
             plan = self.scheduler.next_plan()
             if plan.is_empty():
+                self._wait_for_grammars()
                 return []
-            return self.scheduler.advance(plan, self._run(plan, None))
+            return self._run_and_advance(plan, None)
         return self._overlapped_step()
 
     def _run(self, plan: ExecutionPlan, previous: Any) -> ExecutionResult:
         return self.executor.collect(self.executor.launch(plan, previous))
+
+    def _run_and_advance(self, plan: ExecutionPlan, previous: Any) -> list[RequestUpdate]:
+        """Run `plan` synchronously: its grammar masks first, its tokens into the matchers after."""
+        grammars = self._grammars
+        if grammars is None:
+            return self.scheduler.advance(plan, self._run(plan, previous))
+        plan.grammar_masks = grammars.masks(plan)
+        result = self._run(plan, previous)
+        violations = grammars.accept(plan, result)
+        updates = self.scheduler.advance(plan, result)
+        for request_id, error in violations:
+            self._fail(request_id, error)
+        return updates
+
+    # ---- structured output ----------------------------------------------------------------
+
+    def _poll_grammars(self) -> None:
+        """Release requests whose grammar compiled, fail those whose grammar did not, forget finished ones."""
+        grammars = self._grammars
+        if grammars is None:
+            return
+        grammars.prune(lambda request_id: self.scheduler.get(request_id) is not None)
+        ready, failed = grammars.poll()
+        for request_id in ready:
+            self.scheduler.set_ready(request_id)
+        for request_id, error in failed:
+            self._fail(request_id, error)
+
+    def _fail(self, request_id: str, error: TokenSpeedError) -> None:
+        self.scheduler.finish(request_id, "abort")
+        self._failures.append((request_id, error))
+
+    def _wait_for_grammars(self) -> None:
+        """Nothing to run: if grammars are compiling, block briefly for one instead of spinning."""
+        if self._grammars is not None and self._grammars.num_compiling:
+            self._grammars.wait(_GRAMMAR_WAIT_S)
+
+    def _constrained(self, plan: ExecutionPlan) -> bool:
+        return self._grammars is not None and self._grammars.constrains(plan)
 
     # ---- overlap scheduling (see the module docstring) ---------------------------------
 
     def _overlapped_step(self) -> list[RequestUpdate]:
         plan = self.scheduler.next_plan()
         if plan.is_empty():
-            return self._resolve_inflight()
-        if needs_host_results(plan):
-            # Penalties read the (resolved) history and logprobs need host work: this step runs
-            # synchronously, after the step in flight is resolved.
+            updates = self._resolve_inflight()
+            if not updates:
+                self._wait_for_grammars()
+            return updates
+        if needs_host_results(plan) or self._constrained(plan):
+            # Penalties read the (resolved) history, logprobs need host work, grammar masks need the
+            # previous token: this step runs synchronously, after the step in flight is resolved.
             previous = self._inflight
             updates = self._resolve_inflight()
-            return updates + self.scheduler.advance(plan, self._run(plan, previous))
+            return updates + self._run_and_advance(plan, previous)
         handle = self.executor.launch(plan, self._inflight)
         updates = self._resolve_inflight()
         self.scheduler.advance_provisional(plan)

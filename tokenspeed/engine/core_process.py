@@ -77,6 +77,9 @@ class CoreLoop:
             if stepped:
                 updates = self.core.step()
                 self._count(updates)
+                for request_id, error in self.core.take_failures():  # e.g. a grammar that did not compile
+                    self._not_started.discard(request_id)
+                    self._send(ipc.RequestFailed(request_id, type(error).__name__, str(error)))
             if stepped or changed:
                 kv_events = self.core.scheduler.kv.events.drain()
                 self._send(ipc.Outputs(updates, self.stats(), self.num_added, kv_events))

@@ -201,6 +201,11 @@ def decode(frame: bytes) -> Message:
 def params_to_wire(params: SamplingParams) -> dict[str, Any]:
     wire = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
     wire["eos_token_ids"] = list(params.eos_token_ids)
+    # msgpack maps take string keys only (strict_map_key): the bias travels as pairs.
+    wire["logit_bias"] = None if params.logit_bias is None else [[t, b] for t, b in params.logit_bias.items()]
+    spec = params.structured_outputs
+    wire["structured_outputs"] = None if spec is None else spec.to_dict()
+    del wire["guided_decoding"]  # the same record under its older name
     return wire
 
 
@@ -208,6 +213,8 @@ def params_from_wire(wire: dict[str, Any]) -> SamplingParams:
     """Rebuilt through the constructor, so the core re-validates what it is sent."""
     values = dict(wire)
     values["eos_token_ids"] = tuple(values.get("eos_token_ids", ()))
+    if values.get("logit_bias") is not None:
+        values["logit_bias"] = dict(values["logit_bias"])
     return SamplingParams(**values)
 
 

@@ -234,4 +234,6 @@ class LLM:
             progress.advance(updates)
             for output in processor.process(updates):
                 finished[output.request_id] = output
+            for _, error in self.core.take_failures():  # e.g. a grammar that did not compile
+                raise error
         return finished

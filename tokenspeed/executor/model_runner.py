@@ -26,6 +26,7 @@ import torch
 from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.executor.batch_builder import RowSpec, StagingRing, build_host_batch, to_forward_batch
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, context_class, decode_kv_splits, mla_query_heads
+from tokenspeed.executor.logits_processors import DeviceGrammarMasks
 from tokenspeed.executor.page_tables import RequestPageTables
 from tokenspeed.executor.sampler import Draws, Sampler, SampleSpec, prompt_token_logprobs
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, RowOutput, ScheduledRow
@@ -203,4 +204,8 @@ class ModelRunner:
             if logits.is_cuda:
                 index = index.pin_memory().to(logits.device, non_blocking=True)
             chosen = logits.index_select(0, index)
-        handle.draws = self.sampler.launch(chosen, specs)
+        masks = None
+        if plan.grammar_masks is not None:  # rows of `chosen` are the draws, in `owners` order
+            first = {plan_row: draw for draw, plan_row in enumerate(handle.owners)}
+            masks = DeviceGrammarMasks.of(plan.grammar_masks, first, chosen.device)
+        handle.draws = self.sampler.launch(chosen, specs, masks)

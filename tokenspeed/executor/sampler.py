@@ -8,9 +8,13 @@ in this order:
 2. penalties: repetition over prompt + output, frequency and presence over
    the output (vLLM's rules); they read the row's token history, which the
    plan carries only for such rows;
-3. min-tokens: the row's stop ids are masked until `min_tokens` are out, so
-   min_tokens is honoured, not merely delayed;
-4. the draw: greedy rows (temperature below `GREEDY_EPSILON`) take the first
+3. logit bias, then grammar masks (structured output): `logits_processors.py`,
+   on the device;
+4. min-tokens: the row's stop ids are masked until `min_tokens` are out, so
+   min_tokens is honoured, not merely delayed (not on grammar rows: there the
+   grammar says when the output may end, and masking its only way out would
+   leave nothing to draw);
+5. the draw: greedy rows (temperature below `GREEDY_EPSILON`) take the first
    argmax; random rows apply temperature, min-p, top-k, top-p and draw with
    a key mixed from (request seed, sample index) (`kernels/sampling/keys`).
 
@@ -30,9 +34,9 @@ Penalties need the token history on the host, which overlap scheduling
 leaves one token behind, and logprobs are host work: the engine runs such
 steps synchronously (`needs_host_results`).
 
-Extending it (logit bias, grammar masks, several positions per row for
-speculative verification) means one more step between 2 and 4 above and a
-field in `SampleSpec`, not another sampler.
+Extending it (several positions per row for speculative verification) means
+one more step between 2 and 5 above and a field in `SampleSpec`, not another
+sampler; logit bias and grammar masks are such steps (3).
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenspeed.executor.logits_processors import (
+    DeviceGrammarMasks,
+    apply_grammar_masks,
+    apply_logit_bias,
+)
+from tokenspeed.executor.logits_processors import upload as _upload
 from tokenspeed.kernels import platform_of, select_kernel
 from tokenspeed.kernels.sampling.keys import mix_seed
 from tokenspeed.kernels.sampling.reference import draw_row_reference
@@ -103,7 +113,7 @@ def mask_stop_tokens_before_min(logits: torch.Tensor, specs: Sequence[SampleSpec
     rows: list[int] = []
     cols: list[int] = []
     for i, spec in enumerate(specs):
-        if spec.sample_index < spec.sampling.min_tokens:
+        if spec.sample_index < spec.sampling.min_tokens and not spec.sampling.needs_grammar:
             for token in sorted(spec.sampling.stop_ids()):
                 rows.append(i)
                 cols.append(token)
@@ -147,13 +157,6 @@ def token_logprobs(logprobs: torch.Tensor, token_ids: Sequence[int], top_k: int)
 def prompt_token_logprobs(logits: torch.Tensor, targets: Sequence[int], top_k: int) -> list[TokenLogprob]:
     """Logprobs of prompt tokens: logits row j scores `targets[j]` (raw, like sampled-token logprobs)."""
     return token_logprobs(torch.log_softmax(logits.float(), dim=-1), targets, top_k)
-
-
-def _upload(values: Sequence[object], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    tensor = torch.tensor(values, dtype=dtype)
-    if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor
 
 
 class Draws:
@@ -213,14 +216,21 @@ class Sampler:
         draws = self.launch(logits, specs)
         return SamplerOutput(draws.token_ids(), draws.logprobs())
 
-    def launch(self, logits: torch.Tensor, specs: Sequence[SampleSpec]) -> Draws:
-        """Sample `logits` `[len(specs), vocab]` without waiting for the device."""
+    def launch(
+        self, logits: torch.Tensor, specs: Sequence[SampleSpec], grammar_masks: DeviceGrammarMasks | None = None
+    ) -> Draws:
+        """Sample `logits` `[len(specs), vocab]` without waiting for the device; `grammar_masks` address
+        rows of `logits`."""
         logits = logits.float()
         raw = torch.log_softmax(logits, dim=-1) if any(s.sampling.logprobs is not None for s in specs) else None
         penalties = any(s.sampling.needs_penalties for s in specs)
-        if penalties:
+        if penalties or grammar_masks is not None or any(s.sampling.logit_bias for s in specs):
             logits = logits.clone()  # the caller's logits (a CUDA graph's output) stay as they are
+        if penalties:
             apply_penalties(logits, specs)
+        apply_logit_bias(logits, specs)
+        if grammar_masks is not None:
+            apply_grammar_masks(logits, grammar_masks)
         processed = mask_stop_tokens_before_min(logits, specs)
         return Draws(self._draw(processed, specs, row_by_row=penalties), specs, raw)
 

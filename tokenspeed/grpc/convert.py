@@ -3,10 +3,14 @@
 Requests: a `GenerateRequest` becomes a prompt (token ids; text is tokenised
 when only `tokenized.original_text` is given) and a `SamplingParams`. The
 proto marks sampling scalars `optional`, so "unset" takes the engine's
-default and an explicit 0 stays 0. Fields the engine cannot honour yet
-(grammar constraints, logit bias, multimodal inputs, disaggregated KV hand-off,
-per-token logprob lists) are refused with a message naming them, never
-silently dropped: a gateway that sent a JSON schema must not get free text.
+default and an explicit 0 stays 0. Grammar constraints (the
+`constraint` oneof: `regex`, `json_schema`, `ebnf_grammar`, `structural_tag`,
+what smg sends for `response_format` and forced tool calls) become the
+request's `StructuredOutputsParams`, and `logit_bias` (token id strings ->
+bias) passes through; both are checked like any front end's (a bad schema
+is INVALID_ARGUMENT). Fields the engine cannot honour yet (multimodal
+inputs, disaggregated KV hand-off, per-token logprob lists) are refused
+with a message naming them, never silently dropped.
 
 Responses follow the gateway's reading of the stream: every choice opens
 with a `chunk` (even an empty one) when streaming, ends with a `complete`,
@@ -33,6 +37,7 @@ from tokenspeed.errors import (
     TokenSpeedError,
 )
 from tokenspeed.scheduler.sampling_params import SamplingParams
+from tokenspeed.scheduler.structured_outputs import StructuredOutputsParams
 
 _MAX_INT64 = 2**63 - 1
 
@@ -55,11 +60,6 @@ def status_for(error: BaseException) -> grpc.StatusCode:
 def _unsupported(request: pb.GenerateRequest) -> str | None:
     """The first field of `request` the engine cannot honour, as a message; None if all are fine."""
     sp = request.sampling_params
-    constraint = sp.WhichOneof("constraint")
-    if constraint is not None:
-        return f"sampling_params.{constraint}: structured output is not supported by this engine yet."
-    if sp.logit_bias:
-        return "sampling_params.logit_bias is not supported."
     if request.token_ids_logprob:
         return "token_ids_logprob is not supported."
     if request.HasField("mm_inputs") and request.mm_inputs.items:
@@ -71,6 +71,19 @@ def _unsupported(request: pb.GenerateRequest) -> str | None:
     if sp.HasField("sampling_seed") and sp.sampling_seed > _MAX_INT64:
         return f"sampling_seed {sp.sampling_seed} does not fit an int64."
     return None
+
+
+# The proto's constraint fields -> StructuredOutputsParams fields.
+_CONSTRAINTS = {"regex": "regex", "json_schema": "json", "ebnf_grammar": "grammar", "structural_tag": "structural_tag"}
+
+
+def _structured_outputs(sp: pb.SamplingParams) -> StructuredOutputsParams | None:
+    constraint = sp.WhichOneof("constraint")
+    if constraint is None:
+        return None
+    if constraint not in _CONSTRAINTS:
+        raise InvalidRequest(f"sampling_params.{constraint} is not a constraint this engine knows.")
+    return StructuredOutputsParams(**{_CONSTRAINTS[constraint]: getattr(sp, constraint)})
 
 
 def sampling_params_from_proto(request: pb.GenerateRequest) -> SamplingParams:
@@ -106,6 +119,8 @@ def sampling_params_from_proto(request: pb.GenerateRequest) -> SamplingParams:
         logprobs=logprobs,
         # The gateway detokenises; text is needed here only to find stop strings.
         detokenize=bool(sp.stop),
+        logit_bias=dict(sp.logit_bias) or None,
+        structured_outputs=_structured_outputs(sp),
     )
 
 

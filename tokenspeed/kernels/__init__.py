@@ -1,7 +1,8 @@
 """Kernel layer: every hot op is resolved through the registry (see `registry.py`).
 
 Families and modes: `attention.{decode,extend}`, `kvstore.write`,
-`norm.rms`, `rope.apply`, `activation.silu_and_mul`, `sampling.sample`. Each has
+`norm.rms`, `rope.apply`, `activation.silu_and_mul`, `sampling.sample`,
+`sampling.bitmask` (grammar masks, structured output). Each has
 a torch REFERENCE (cpu and cuda) and a Triton PORTABLE kernel (cuda only; the
 CPU keeps the reference, except `attention.decode`, whose PORTABLE CPU kernel
 `torch_batched` attends the whole batch in a few torch ops). Triton kernels

@@ -8,7 +8,7 @@ is sent, so a bad request costs the core nothing and the server can answer
 4xx before it opens a stream; the scheduler calls it again on `submit`
 because it is the last line of defence for anything that reaches the core.
 
-Token ids from the client (the prompt's and `stop_token_ids`) are checked
+Token ids from the client (the prompt's, `stop_token_ids`, `logit_bias`'s) are checked
 against the vocabulary here: an id outside it would index past the logits
 row in the sampler and take the whole engine down with it.
 
@@ -81,6 +81,9 @@ def check_admission(prompt_token_ids: Sequence[int], params: SamplingParams, lim
         bad = _out_of_vocab(params.stop_token_ids or [], limits.vocab_size)
         if bad:
             raise InvalidRequest(f"stop_token_ids must be integers in [0, {limits.vocab_size}); got {_quote(bad)}")
+        bad = _out_of_vocab(list(params.logit_bias or ()), limits.vocab_size)
+        if bad:
+            raise InvalidRequest(f"logit_bias token ids must be in [0, {limits.vocab_size}); got {_quote(bad)}")
     if params.n > limits.max_num_seqs:
         raise InvalidRequest(f"n={params.n} exceeds max_num_seqs={limits.max_num_seqs}.")
     pages = pages_needed(num_prompt, limits.page_size)

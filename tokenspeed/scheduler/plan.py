@@ -120,11 +120,30 @@ class ScheduledRow:
 
 
 @dataclass(slots=True)
+class GrammarMasks:
+    """The tokens each grammar-constrained sample of a step may take (structured output), as bitmasks.
+
+    Entry i is the sample `positions[i] = (plan row, sample position)` (position 0: the row's sample;
+    a verify row's positions 0..k: its k+1 samples, each masked by the grammar state after the drafts
+    before it) and owns words `[i * num_words, (i + 1) * num_words)` of `bits`, little-endian int32:
+    bit b of word w allows token `32 * w + b`. Samples without an entry are unconstrained. Plain bytes,
+    no torch, so a plan still crosses a process boundary as it is; the engine core fills it in
+    (`grammar/`), the executor applies it before the draw (`executor/logits_processors.py`).
+    """
+
+    positions: list[tuple[int, int]]
+    num_words: int
+    bits: bytes
+
+
+@dataclass(slots=True)
 class ExecutionPlan:
     step_id: int
     rows: list[ScheduledRow] = field(default_factory=list)
     # Requests whose page tables the executor drops before running the rows.
     released_request_ids: list[str] = field(default_factory=list)
+    # Allowed-token masks of the grammar-constrained samples, set by the engine core (None: no grammar).
+    grammar_masks: GrammarMasks | None = None
 
     @property
     def num_tokens(self) -> int:

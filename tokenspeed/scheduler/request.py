@@ -83,6 +83,9 @@ class Request:
     prompt_logprobs_next: int = 0  # first prompt position whose logprob was not returned yet
     num_pages_sent: int = 0  # leading pages of the table the executor holds (plans are incremental)
     draft_state: DraftState | None = None  # recent draft acceptance (speculative decoding), once it drafted
+    # False while the engine prepares something the request needs before it can run (its grammar, compiled
+    # in a thread): admission passes it over, and the requests behind it go ahead.
+    ready: bool = True
     state: State = field(default_factory=Waiting)
 
     # ---- tokens -------------------------------------------------------------------

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from tokenspeed.errors import InvalidRequest
+from tokenspeed.scheduler.structured_outputs import StructuredOutputsParams
 
 GREEDY_EPSILON = 1e-5  # temperature below this means argmax (the sampling kernels read it too)
 _MAX_INT32 = 2**31 - 1
@@ -19,6 +20,9 @@ _MAX_INT32 = 2**31 - 1
 # bf16, and a finite bound keeps 1e308 (or a typo) from passing for a meaningful value.
 MAX_TEMPERATURE = 100.0
 MAX_REPETITION_PENALTY = 100.0
+# OpenAI's bounds on `logit_bias`: at most 300 token ids, each biased by a value in [-100, 100].
+MAX_LOGIT_BIAS_ENTRIES = 300
+MAX_LOGIT_BIAS = 100.0
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:
@@ -55,6 +59,11 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     detokenize: bool = True
+    # token id -> bias added to its logit before sampling (OpenAI's `logit_bias`); ids as ints or digit strings.
+    logit_bias: dict[int, float] | None = None
+    # The grammar the output must follow (vLLM's `structured_outputs`; `guided_decoding` is its older name).
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: StructuredOutputsParams | None = None
     # Filled by the engine, never by users: ids that end generation besides stop_token_ids.
     eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
 
@@ -67,7 +76,19 @@ class SamplingParams:
             self.stop_token_ids = []
         if self.top_k is None or self.top_k < 0:  # vLLM accepts -1 for "disabled"
             self.top_k = 0
+        self._resolve_structured_outputs()
+        self.logit_bias = _checked_logit_bias(self.logit_bias)
         self._validate()
+
+    def _resolve_structured_outputs(self) -> None:
+        """Either name of the grammar, as a `StructuredOutputsParams` (a dict of its fields is accepted);
+        both names then hold it."""
+        new, old = self.structured_outputs, self.guided_decoding
+        if new is not None and old is not None and new != old:
+            raise InvalidRequest("structured_outputs and guided_decoding are two names of one field: set one.")
+        given = new if new is not None else old
+        spec = None if given is None else StructuredOutputsParams.coerce(given)
+        self.structured_outputs = self.guided_decoding = spec
 
     def _validate(self) -> None:
         _check_int("n", self.n, 1, _MAX_INT32)
@@ -114,9 +135,34 @@ class SamplingParams:
             or self.repetition_penalty != 1.0
         )
 
+    @property
+    def needs_grammar(self) -> bool:
+        return self.structured_outputs is not None
+
     def stop_ids(self) -> frozenset[int]:
         """Token ids that end generation (once `min_tokens` are out)."""
         ids = set(self.stop_token_ids or [])
         if not self.ignore_eos:
             ids.update(self.eos_token_ids)
         return frozenset(ids)
+
+
+def _checked_logit_bias(bias: object) -> dict[int, float] | None:
+    """`bias` with integer keys (OpenAI sends token ids as JSON object keys, i.e. strings), or a clear
+    `InvalidRequest`. Ids are checked against the vocabulary at admission."""
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise InvalidRequest(f"logit_bias must map token ids to numbers, got {type(bias).__name__}.")
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InvalidRequest(f"logit_bias has {len(bias)} entries; at most {MAX_LOGIT_BIAS_ENTRIES} are allowed.")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        token = key
+        if isinstance(key, str) and key.isascii() and key.isdigit():
+            token = int(key)
+        _check_int("logit_bias token id", token, 0, _MAX_INT32)
+        _check_float(f"logit_bias[{key}]", value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+        assert isinstance(token, int) and isinstance(value, int | float)
+        out[token] = float(value)
+    return out or None

@@ -10,7 +10,8 @@ One step (`next_plan`) is built in a fixed order that protects latency first:
    has left (chunked prefill);
 4. Waiting requests, FIFO by original arrival (so a preempted request goes
    back to the front), while requests < max_num_seqs and budget remains;
-   each first reuses cached full pages of its prefix.
+   each first reuses cached full pages of its prefix. A request that is not
+   `ready` (its grammar still compiles) is passed over, not waited for.
 
 A row's full pages are indexed in the prefix cache when the row is scheduled,
 not when its results come back: every layer stores the K/V of the whole step
@@ -140,7 +141,10 @@ class Scheduler:
 
     # ---- requests in and out --------------------------------------------------------
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
+    def submit(
+        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams, *, ready: bool = True
+    ) -> None:
+        """Queue a request; `ready=False` keeps it waiting until `set_ready` (its grammar is compiling)."""
         cfg = self.config
         check_admission(prompt_token_ids, sampling, cfg.limits)
         if request_id in self._streams:
@@ -162,10 +166,19 @@ class Scheduler:
             seed=sampling.seed if sampling.seed is not None else self._rng.randrange(_SEED_RANGE),
             max_output_tokens=max_output,
             stop_token_ids=sampling.stop_ids(),
+            ready=ready,
         )
         self._next_arrival += 1
         self._streams[request_id] = request
         bisect.insort(self._waiting, request, key=_arrival)
+
+    def set_ready(self, request_id: str) -> bool:
+        """A request submitted with `ready=False` may now be admitted; False if it is not live."""
+        request = self._streams.get(request_id)
+        if request is None:
+            return False
+        request.ready = True
+        return True
 
     def abort(self, request_id: str) -> bool:
         """Abort a live request; False if nothing live has that id."""
@@ -250,8 +263,12 @@ class Scheduler:
 
     def _admit(self, step: _Step) -> None:
         cfg = self.config
-        while self._waiting and step.budget > 0:
-            request = self._waiting[0]
+        position = 0  # requests that are not ready are passed over, in place
+        while position < len(self._waiting) and step.budget > 0:
+            request = self._waiting[position]
+            if not request.ready:
+                position += 1
+                continue
             if len(self._running) >= cfg.max_num_seqs:
                 return
             if cfg.enable_prefix_caching and not request.needs_prompt_logprobs:
@@ -266,7 +283,7 @@ class Scheduler:
                 table.release()
                 return
             self.kv.allocate(table, grow)
-            self._waiting.pop(0)
+            self._waiting.pop(position)
             request.num_computed_tokens = computed
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = computed

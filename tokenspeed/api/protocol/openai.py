@@ -23,6 +23,18 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaFormat(_Body):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingFields(RequestBody):
     """What both endpoints share; `sampling.py` turns it into `SamplingParams`."""
 
@@ -45,6 +57,15 @@ class SamplingFields(RequestBody):
     include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] | None = None
     prompt_logprobs: Count | None = None  # vLLM's: logprobs of the prompt tokens, with this many alternatives
+    # Structured output: OpenAI's response_format, vLLM's guided_* extras and their newer structured_outputs.
+    response_format: ResponseFormat | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None  # accepted and ignored: xgrammar is the one backend
+    guided_whitespace_pattern: str | None = None
+    structured_outputs: dict[str, Any] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -112,10 +133,6 @@ class NamedToolChoice(_Body):
     function: NamedFunction
 
 
-class ResponseFormat(_Body):
-    type: str
-
-
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: PositiveCount | None = None
@@ -124,7 +141,6 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
-    response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None

@@ -65,7 +65,12 @@ class FunctionChoice(_Body):
 
 
 class TextFormat(_Body):
+    """`{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema", "name", "schema", "strict"}`."""
+
     type: str
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
 
 
 class TextConfig(_Body):
@@ -82,6 +87,7 @@ class ResponsesRequest(RequestBody):
     max_output_tokens: PositiveCount | None = None
     temperature: float | None = None
     top_p: float | None = None
+    logit_bias: dict[str, float] | None = None
     previous_response_id: str | None = None
     store: bool = True
     stream: bool = False

@@ -29,7 +29,6 @@ from tokenspeed.api.protocol.openai import ChatCompletionRequest, NamedToolChoic
 from tokenspeed.api.sampling import chat_params
 from tokenspeed.api.state import ServerState, get_state
 from tokenspeed.api.tool_policy import CallFilter, ToolPolicy, tool_policy
-from tokenspeed.errors import InvalidRequest
 
 router = APIRouter()
 
@@ -48,14 +47,13 @@ def _tool_call_json(call: ToolCall) -> dict[str, Any]:
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     state = get_state(request)
     model = state.check_model(body.model)
-    if body.response_format is not None and body.response_format.type != "text":
-        raise InvalidRequest(f"response_format {body.response_format.type!r} is not supported; use 'text'.")
     tools = openai_tools(body.tools)
     choice = body.tool_choice
     function = choice.function.name if isinstance(choice, NamedToolChoice) else None
     policy = tool_policy(
         tools, None if isinstance(choice, NamedToolChoice) else choice, function,
         parser_name=state.settings.tool_call_parser, parallel=body.parallel_tool_calls,
+        token_markers=state.added_tokens,
     )
     prompt = await state.render(
         openai_conversation(body.messages),
@@ -65,7 +63,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         template_kwargs=body.chat_template_kwargs,
         forced_prefix=policy.forced_prefix,
     )
-    params = chat_params(body)
+    params = chat_params(body, policy.grammar)
     request_id = new_id("chatcmpl-")
     generation = await sse.cancel_on_disconnect(
         request, state.start_generation(request_id, prompt.token_ids, params, parsed=state.parses_output(policy))

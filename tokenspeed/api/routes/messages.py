@@ -56,6 +56,7 @@ async def _prepare(
             choice.name if choice is not None and choice.type == "tool" else None,
             parser_name=state.settings.tool_call_parser,
             parallel=not (choice is not None and choice.disable_parallel_tool_use),
+            token_markers=state.added_tokens,
         )
     conversation = anthropic_conversation(body.system, body.messages)
     prefill = conversation[-1]["role"] == "assistant"
@@ -128,7 +129,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     state = get_state(request)
     model = state.check_model(body.model)
     prompt, policy = await _prepare(state, body)
-    params = messages_params(body)
+    params = messages_params(body, policy.grammar)
     message_id = new_id("msg_")
     generation = await sse.cancel_on_disconnect(
         request, state.start_generation(message_id, prompt.token_ids, params, parsed=state.parses_output(policy))

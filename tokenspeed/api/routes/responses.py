@@ -30,10 +30,12 @@ from tokenspeed.api.protocol.responses import FunctionChoice, InputItem, Respons
 from tokenspeed.api.responses_input import items_conversation
 from tokenspeed.api.responses_output import OutputItems
 from tokenspeed.api.responses_store import StoredResponse
+from tokenspeed.api.sampling import response_format_params
 from tokenspeed.api.state import ServerState, get_state
 from tokenspeed.api.tool_policy import ToolPolicy, tool_policy
 from tokenspeed.errors import InvalidRequest
 from tokenspeed.scheduler.sampling_params import SamplingParams
+from tokenspeed.scheduler.structured_outputs import StructuredOutputsParams
 
 router = APIRouter()
 
@@ -64,22 +66,34 @@ class _Turn:
             "output": output, "parallel_tool_calls": body.parallel_tool_calls,
             "previous_response_id": body.previous_response_id, "reasoning": {"effort": None, "summary": None},
             "store": body.store, "temperature": body.temperature, "top_p": body.top_p,
-            "text": {"format": {"type": "text"}},
+            "text": {"format": _text_format(body)},
             "tool_choice": choice.model_dump() if isinstance(choice, FunctionChoice) else (choice or "auto"),
             "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
             "truncation": "disabled", "usage": usage, "user": body.user, "metadata": body.metadata or {},
         }
 
 
+def _text_format(body: ResponsesRequest) -> dict[str, Any]:
+    fmt = body.text.format if body.text is not None else None
+    return {"type": "text"} if fmt is None else fmt.model_dump(by_alias=True, exclude_none=True)
+
+
 def _check_supported(body: ResponsesRequest) -> None:
     if body.background:
         raise InvalidRequest("background responses are not supported.")
-    if body.text is not None and body.text.format is not None and body.text.format.type != "text":
-        raise InvalidRequest(f"text.format {body.text.format.type!r} is not supported; use 'text'.")
     for position, tool in enumerate(body.tools or []):
         if tool.type != "function" or not tool.name:
             raise InvalidRequest(f"tools[{position}]: only function tools (with a name) are supported, "
                                  f"not {tool.type!r}.")
+
+
+def _grammar(body: ResponsesRequest, policy: ToolPolicy) -> StructuredOutputsParams | None:
+    """`text.format` as a grammar, or the forced tool call's (not both)."""
+    fmt = body.text.format if body.text is not None else None
+    spec = None if fmt is None else response_format_params(fmt.type, fmt.schema_, "text.format")
+    if spec is not None and policy.grammar is not None:
+        raise InvalidRequest("A forced tool call and a structured output cannot be asked for together.")
+    return spec or policy.grammar
 
 
 def _tools(body: ResponsesRequest) -> list[dict[str, Any]] | None:
@@ -127,12 +141,15 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         tools, None if isinstance(choice, FunctionChoice) else choice,
         choice.name if isinstance(choice, FunctionChoice) else None,
         parser_name=state.settings.tool_call_parser, parallel=body.parallel_tool_calls,
+        token_markers=state.added_tokens,
     )
     prompt = await state.render(conversation, tools=tools, forced_prefix=policy.forced_prefix)
     params = SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         max_tokens=body.max_output_tokens,
+        logit_bias=body.logit_bias or None,
+        structured_outputs=_grammar(body, policy),
     )
     generation = await sse.cancel_on_disconnect(
         request, state.start_generation(turn.id, prompt.token_ids, params, parsed=state.parses_output(policy))
