@@ -46,7 +46,9 @@ platforms=(); for n in 17 24 27 28 31 34 35; do platforms+=(--platform "manylinu
 rm -f "$DEST"/*.whl
 for f in "$DEST.tmp"/*.whl; do
   name=$(basename "$f" | cut -d- -f1 | tr '_A-Z' '-a-z')
-  if [[ "$PRESENT" == *" $name "* ]]; then continue; fi
+  # The image's torch brings its CUDA libraries: never carry another copy of them (GBs).
+  case "$name" in nvidia-*|cuda-*|torch|triton|networkx|mpmath) continue ;; esac
+  if [[ " $(echo $PRESENT) " == *" $name "* ]]; then continue; fi
   mv "$f" "$DEST/"
 done
 rm -rf "$DEST.tmp"
