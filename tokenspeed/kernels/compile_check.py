@@ -36,6 +36,9 @@ _ALIGNED = re.compile(r"(_ptr$|^stride_(?!pt$|cos$|row$|x_inner$|r_inner$))")
 class KernelConfig:
     """One kernel at one set of constexprs; pointer dtypes default to `pointee`.
 
+    `pointers` maps an argument to its pointee type, or to a tuple of them for
+    a tuple argument (every element aligned to 16 bytes).
+
     `spill_allowance`: register spill bytes this configuration is known to
     have and was measured to be fastest with anyway (0 for nearly all).
     `multiple_of_16`: integer arguments the launcher sees as multiples of 16
@@ -46,22 +49,27 @@ class KernelConfig:
     kernel: Any
     constexprs: dict[str, Any]
     pointee: str = "bf16"
-    pointers: dict[str, str] = field(default_factory=dict)
+    pointers: dict[str, str | tuple[str, ...]] = field(default_factory=dict)
     num_warps: int = 4
     num_stages: int = 2
     spill_allowance: int = 0
     multiple_of_16: tuple[str, ...] = ()
 
 
-def _signature(config: KernelConfig) -> tuple[dict[str, str], dict[tuple[int, ...], Any]]:
+def _signature(config: KernelConfig) -> tuple[dict[str, Any], dict[tuple[int, ...], Any]]:
     """Triton types of every argument, plus the 16-divisibility hints the launcher would infer."""
-    signature: dict[str, str] = {}
+    signature: dict[str, Any] = {}
     attrs: dict[tuple[int, ...], Any] = {}
     for index, arg in enumerate(config.kernel.arg_names):
+        pointee = config.pointers.get(arg, config.pointee)
+        if isinstance(pointee, tuple):  # a tuple of pointers (one per peer, say), each aligned
+            signature[arg] = tuple(f"*{t}" for t in pointee)
+            attrs |= {(index, i): [["tt.divisibility", 16]] for i in range(len(pointee))}
+            continue
         if arg in config.constexprs:
             signature[arg] = "constexpr"
         elif arg.endswith("_ptr"):
-            signature[arg] = "*" + config.pointers.get(arg, config.pointee)
+            signature[arg] = f"*{pointee}"
         else:
             signature[arg] = "fp32" if arg in _FLOAT_ARGS else "i32"
         if signature[arg] != "constexpr" and (_ALIGNED.search(arg) or arg in config.multiple_of_16):
