@@ -95,7 +95,7 @@ def serving_configs() -> Iterator[KernelConfig]:
             decode_triton._decode_split_kernel,
             dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=splits, G_BLOCKS=1)
             | dict(BLOCK_G=16, BLOCK_D=128, BLOCK_N=decode_triton.positions_per_step(128, 1 if fp8 else 2))
-            | dict(HAS_WINDOW=window, IEEE=False, USE_PDL=True, HAS_SCALE=fp8, SCALE_STRIDE=1),
+            | dict(HAS_WINDOW=window, IEEE=False, USE_PDL=True, HAS_SCALE=fp8, SCALE_STRIDE=1, F16_DOTS=fp8),
             pointers=tables | partials | (_FP8_KV if fp8 else _KV_SCALES),
         )
     yield KernelConfig(
@@ -110,7 +110,7 @@ def serving_configs() -> Iterator[KernelConfig]:
                 f"attention.extend {block_m}x{block_n} window={window} fp8={fp8}",
                 extend_triton._extend_kernel,
                 dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=128)
-                | dict(HAS_WINDOW=window, IEEE=False, HAS_SCALE=fp8, SCALE_STRIDE=1),
+                | dict(HAS_WINDOW=window, IEEE=False, HAS_SCALE=fp8, SCALE_STRIDE=1, F16_DOTS=fp8),
                 pointers=tables | (_FP8_KV if fp8 else _KV_SCALES),
                 num_warps=warps,
             )
