@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,7 @@ class KernelConfig:
     kernel: Any
     constexprs: dict[str, Any]
     pointee: str = "bf16"
-    pointers: dict[str, str | tuple[str, ...]] = field(default_factory=dict)
+    pointers: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict)
     num_warps: int = 4
     num_stages: int = 2
     spill_allowance: int = 0
