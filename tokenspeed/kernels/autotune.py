@@ -30,11 +30,12 @@ timings, for benchmarks.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -94,9 +95,7 @@ class LaunchTuner(Generic[C]):
         except torch.OutOfMemoryError:
             logger.warning("%s: no memory to time candidates; the default configuration runs", self.name)
             return TunedChoice(options[0], {})
-        previous = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode(0)
-        try:
+        with synchronisation_allowed():
             timings: dict[str, float] = {}
             best: tuple[float, C] | None = None
             for config in options:
@@ -108,11 +107,20 @@ class LaunchTuner(Generic[C]):
                 timings[repr(config)] = round(us, 2)
                 if best is None or us < best[0]:
                     best = (us, config)
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
         if best is None:
             raise RuntimeError(f"{self.name}: no candidate configuration ran")
         return TunedChoice(best[1], timings)
+
+
+@contextlib.contextmanager
+def synchronisation_allowed() -> Iterator[None]:
+    """Lift torch's sync debug mode (the capture probe sets it to raise) for a one-time measurement or probe."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 def _median_us(fn: Callable[[], object], flush: torch.Tensor, reps: int) -> float:

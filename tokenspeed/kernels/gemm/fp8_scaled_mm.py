@@ -17,8 +17,9 @@ Registered for bf16 activations and used for bf16 outputs. Other layouts
 produce; dimensions not multiples of 128 / 16; fp32 logits) run the
 Triton GEMM, as does a format this torch build or device refuses: each
 format is tried once per device on a small product, outside any CUDA graph
-capture, and a refusal is logged and remembered (inside a capture an
-untried format runs the Triton GEMM). So selection stays honest: this
+capture (and with torch's sync debug mode lifted: the engine's capture probe
+sets it to raise), and a refusal is logged and remembered (inside a capture
+an untried format runs the Triton GEMM). So selection stays honest: this
 kernel is cuBLAS wherever cuBLAS can serve, and says so in
 `cublas_formats()`.
 """
@@ -29,6 +30,7 @@ import logging
 
 import torch
 
+from tokenspeed.kernels.autotune import synchronisation_allowed
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_gemm_triton import fp8_gemm_triton
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
@@ -93,7 +95,8 @@ def _cublas_takes(fmt: str, device: torch.device) -> bool:
     scale = torch.ones((1, 1) if fmt == BLOCKWISE else (128, 1), device=device)
     x = torch.ones(16, 128, device=device, dtype=torch.bfloat16)
     try:
-        ok = bool((cublas_fp8_gemm(x, w, scale, fmt, None).float() == 128.0).all())
+        with synchronisation_allowed():  # the capture probe runs with sync debug mode raising
+            ok = bool((cublas_fp8_gemm(x, w, scale, fmt, None).float() == 128.0).all())
     except RuntimeError as exc:
         logger.warning("torch._scaled_mm refuses %s scaling here (%s); the Triton FP8 GEMM serves it", fmt, exc)
         ok = False
