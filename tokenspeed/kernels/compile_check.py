@@ -2,10 +2,13 @@
 
 The CPU interpreter runs kernels as Python, so it cannot catch what only the
 compiler rejects (a non-constexpr global, a loop-carried value changing type)
-nor show register spills. This module lowers each kernel at its serving
-configuration (bf16, head_dim 128, GQA 32/8) through Triton's compiler and the
-`ptxas` bundled with triton, for sm_90 by default, and reports registers and
-spills. `python -m tokenspeed.kernels.compile_check [--arch 90]`; exit status 1
+nor show register spills, nor a tile that Triton transposes through shared
+memory a byte at a time (`shared_byte_loads`: 8-bit data has no transposing
+`ldmatrix`; the fp8 kernels widen such tiles first, `quant/fp8_cast.widen_fp8`).
+This module lowers each kernel at its serving configuration (bf16, head_dim
+128, GQA 32/8) through Triton's compiler and the `ptxas` bundled with triton,
+for sm_90 by default, and reports registers and spills.
+`python -m tokenspeed.kernels.compile_check [--arch 90]`; exit status 1
 if any kernel fails to compile. Must run without TRITON_INTERPRET=1.
 """
 
@@ -206,7 +209,9 @@ def compile_config(config: KernelConfig, arch: int) -> str:
     source = ASTSource(fn=config.kernel, signature=signature, constexprs=config.constexprs, attrs=attrs)
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
-    report = f"shared={compiled.metadata.shared}B {_ptxas_report(compiled.asm['ptx'], arch)}"
+    byte_loads = len(re.findall(r"ld\.shared\.[bsu]8\b", compiled.asm["ptx"]))
+    report = f"shared={compiled.metadata.shared}B shared_byte_loads={byte_loads} "
+    report += _ptxas_report(compiled.asm["ptx"], arch)
     return report + (f" allowance={config.spill_allowance}B" if config.spill_allowance else "")
 
 
