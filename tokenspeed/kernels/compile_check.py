@@ -101,6 +101,16 @@ def serving_configs() -> Iterator[KernelConfig]:
             | dict(HAS_WINDOW=window, IEEE=False, USE_PDL=True, HAS_SCALE=fp8, SCALE_STRIDE=1, F16_DOTS=fp8),
             pointers=tables | partials | (_FP8_KV if fp8 else _KV_SCALES),
         )
+    for launch in decode_triton.fp8_launch_candidates((128,))[1:]:  # the other launches its tuner may pick
+        yield KernelConfig(
+            f"attention.decode splits=8 fp8=True {launch}",
+            decode_triton._decode_split_kernel,
+            dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=8, G_BLOCKS=1, BLOCK_G=16)
+            | dict(BLOCK_D=128, BLOCK_N=launch.block_n, HAS_WINDOW=False, IEEE=False, USE_PDL=True)
+            | dict(HAS_SCALE=True, SCALE_STRIDE=1, F16_DOTS=True),
+            pointers=tables | partials | _FP8_KV,
+            num_stages=launch.num_stages,
+        )
     yield KernelConfig(
         "attention.decode reduce",
         decode_triton._decode_reduce_kernel,

@@ -27,10 +27,16 @@ fp16 with one instruction per pair, to bf16 only through fp16 with a slow
 conversion per value, and the value tile is widened in registers before
 Triton transposes it for the dot (`fp8_cast.widen_fp8`). On the H200 the
 first version (bf16 dots, values transposed byte by byte in shared memory)
-ran at half the copy bandwidth, barely faster than a bf16 cache.
+ran at half the copy bandwidth, barely faster than a bf16 cache. Positions
+per step and pipeline depth of an fp8 cache are timed per model shape on
+first use (`kernels/autotune.py`, `fp8_launch_candidates`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import torch
 import triton
@@ -44,6 +50,7 @@ from tokenspeed.kernels.attention.paged_tiles import (
     online_softmax_step,
     store_split_partial,
 )
+from tokenspeed.kernels.autotune import LaunchTuner
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
 from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
@@ -188,6 +195,24 @@ def positions_per_step(block_d: int, cache_element_size: int) -> int:
     return (64 if block_d <= 128 else 32) * max(1, 2 // cache_element_size)
 
 
+@dataclass(frozen=True, slots=True)
+class SplitLaunch:
+    """Cached positions per loop step and pipeline stages of `_decode_split_kernel`."""
+
+    block_n: int
+    num_stages: int
+
+
+def fp8_launch_candidates(key: tuple[Any, ...]) -> list[SplitLaunch]:
+    """Launches an fp8 cache may take (`LaunchTuner`; the first is the default): key = (head_dim, ...)."""
+    per_step = positions_per_step(max(16, next_power_of_2(key[0])), 1)
+    return [SplitLaunch(per_step, 2), SplitLaunch(per_step, 3), SplitLaunch(per_step // 2, 3)]
+
+
+# Tuned once per model shape (not per batch or table width, which may change every eager step).
+_FP8_TUNER: LaunchTuner[SplitLaunch] = LaunchTuner("attention.decode fp8 launch", fp8_launch_candidates)
+
+
 def choose_num_splits(
     num_rows: int, num_kv_heads: int, max_seq_len: int, device: torch.device | str | None = None
 ) -> int:
@@ -223,6 +248,7 @@ def decode_attention_triton(
     num_splits: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    launch: SplitLaunch | None = None,
 ) -> torch.Tensor:
     """q `[rows, heads, head_dim]` over caches `[num_pages, page_size, kv_heads, head_dim]`.
 
@@ -230,6 +256,7 @@ def decode_attention_triton(
     device tensors. `num_splits` None picks one from the table width (the most
     tokens a row can hold), which never reads the tensors' values. Caches in
     fp8 e4m3 take `k_scale` / `v_scale` (fp32 `[kv_heads]` or `[1]`; None: 1.0).
+    `launch` None: the default for a bf16 cache, the tuned one for an fp8 cache.
     """
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -244,10 +271,18 @@ def decode_attention_triton(
     if num_splits is None:
         num_splits = choose_num_splits(rows, num_kv_heads, page_table.shape[1] * page_size, q.device)
     k_scale_arg, v_scale_arg, has_scale, scale_stride = kv_scale_args(k_scale, v_scale, k_cache, num_kv_heads)
+    block_d = max(16, next_power_of_2(head_dim))
+    if launch is None and k_cache.dtype == FP8_DTYPE and q.dtype != torch.float32:
+        run = partial(
+            decode_attention_triton, q, k_cache, v_cache, page_table, seq_lens, scale=scale,
+            sliding_window=sliding_window, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
+        key = (head_dim, num_heads, num_kv_heads, page_size, q.dtype)
+        launch = _FP8_TUNER.choose(key, q.device, lambda chosen: run(launch=chosen))
+    launch = launch or SplitLaunch(positions_per_step(block_d, k_cache.element_size()), 2)
     group = num_heads // num_kv_heads
     block_g = max(16, min(64, next_power_of_2(group)))
     g_blocks = -(-group // block_g)
-    block_d = max(16, next_power_of_2(head_dim))
     pdl = pdl_enabled(q.device)
     if num_splits > 1:
         part_out = torch.empty(rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -286,14 +321,14 @@ def decode_attention_triton(
         G_BLOCKS=g_blocks,
         BLOCK_G=block_g,
         BLOCK_D=block_d,
-        BLOCK_N=positions_per_step(block_d, k_cache.element_size()),
+        BLOCK_N=launch.block_n,
         HAS_WINDOW=sliding_window is not None,
         IEEE=q.dtype == torch.float32,
         HAS_SCALE=has_scale,
         SCALE_STRIDE=scale_stride,
         F16_DOTS=k_cache.dtype == FP8_DTYPE and q.dtype == torch.bfloat16,
         num_warps=4,
-        num_stages=2,
+        num_stages=launch.num_stages,
         **pdl_launch_options(pdl),
     )
     if num_splits > 1:

@@ -39,7 +39,7 @@ from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES
 
 
-def decode_tile_candidates(key: tuple[object, ...]) -> list[TileConfig]:
+def decode_tile_candidates(key: tuple[Any, ...]) -> list[TileConfig]:
     """Tiles the decode-sized (w8a16) launch may take, `DECODE_TILES` first (`LaunchTuner`).
 
     With a token or a few, the experts hit are few and each program streams
