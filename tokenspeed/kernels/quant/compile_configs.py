@@ -32,7 +32,7 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
             f"gemm.fp8 triton m={m}",
             fp8_gemm_triton._fp8_gemm_kernel,
             dict(SCALE_BN=128, SCALE_BK=128, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=GROUP_SIZE)
-            | dict(GROUP_M=tiles.group_m, HAS_BIAS=False),
+            | dict(GROUP_M=tiles.group_m, HAS_BIAS=False, ONE_B_SCALE=True),
             pointers={"a_ptr": FP8, "b_ptr": FP8, "a_scale_ptr": "fp32", "b_scale_ptr": "fp32"},
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
