@@ -192,6 +192,13 @@ class DecodeGraphs:
         logger.info("captured %d decode CUDA graphs for batch sizes %s", len(self._graphs), self.sizes)
         return True
 
+    def release(self) -> None:
+        """Destroy the captured graphs, which returns their private memory pool to the allocator."""
+        for entry in self._graphs.values():
+            entry.graph.reset()
+        self._graphs.clear()
+        self.pool = None
+
     def bucket(self, num_rows: int) -> int | None:
         """The captured batch size that runs `num_rows` decode rows (None: run eagerly)."""
         if not self._graphs:
