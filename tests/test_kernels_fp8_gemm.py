@@ -28,11 +28,18 @@ from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything 
     interpreted,
 )
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
+from tokenspeed.kernels.gemm import fp8_scaled_mm as fp8_scaled_mm_module
 from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch
 from tokenspeed.kernels.gemm.fp8_gemm_triton import Fp8GemmTiles, fp8_gemm_triton
 from tokenspeed.kernels.gemm.fp8_gemv_triton import Fp8GemvConfig, fp8_gemv_triton
 from tokenspeed.kernels.gemm.fp8_reference import fp8_gemm_reference
-from tokenspeed.kernels.gemm.fp8_scaled_mm import BLOCKWISE, ROWWISE, cublas_format, cublas_fp8_gemm
+from tokenspeed.kernels.gemm.fp8_scaled_mm import (
+    BLOCKWISE,
+    ROWWISE,
+    cublas_format,
+    cublas_fp8_gemm,
+    probe_cublas,
+)
 from tokenspeed.kernels.quant.fp8 import (
     FP8_DTYPE,
     FP8_MAX,
@@ -354,6 +361,21 @@ def test_scaled_mm_rowwise_operands_on_the_cpu(block_size: tuple[int, int]) -> N
     xq, xs = quantize_per_token(x)
     want = fp8_gemm_reference(xq.float() * xs, w8, scales, block_size=block_size, bias=bias.float())
     assert got.dtype == torch.bfloat16 and _rel_err(got, want) < 4e-3  # bf16 output rounding
+
+
+@interpreted
+def test_cublas_probe_accepts_right_scaling_and_rejects_a_misread_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        works = probe_cublas(ROWWISE, torch.device("cpu"))  # torch's CPU _scaled_mm takes rowwise scales
+    except NotImplementedError as exc:
+        pytest.skip(f"this torch build has no CPU _scaled_mm with rowwise scales: {exc}")
+    assert works
+
+    def scales_read_transposed(x2, weight, weight_scale, fmt, bias):  # noqa: ANN001, ANN202
+        return cublas_fp8_gemm(x2.flip(0), weight, weight_scale, fmt, bias)
+
+    monkeypatch.setattr(fp8_scaled_mm_module, "cublas_fp8_gemm", scales_read_transposed)
+    assert not probe_cublas(ROWWISE, torch.device("cpu"))
 
 
 def test_dispatch_calls_the_kernel_for_the_token_count() -> None:

@@ -134,7 +134,7 @@ def test_every_gemv_launch_shape_the_tuner_may_pick_is_correct(n: int, k: int) -
     x[1] *= 1e-5
     x = x.to(BF16)
     want = fp8_gemm_reference(x.float(), w8, scale)
-    for config in choose_config(n, k):
+    for config in choose_config(k):
         got = fp8_gemv_triton(x, w8, scale, config=config, out_dtype=torch.float32)
         for row in range(3):
             assert _rel_err(got[row], want[row]) < 2e-3, (config, row)  # fp16 products: 2^-11 per product

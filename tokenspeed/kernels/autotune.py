@@ -115,6 +115,9 @@ class LaunchTuner(Generic[C]):
 @contextlib.contextmanager
 def synchronisation_allowed() -> Iterator[None]:
     """Lift torch's sync debug mode (the capture probe sets it to raise) for a one-time measurement or probe."""
+    if not torch.cuda.is_available():
+        yield
+        return
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode(0)
     try:

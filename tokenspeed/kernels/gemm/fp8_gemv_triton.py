@@ -73,7 +73,7 @@ class Fp8GemvConfig:
     f16_math: bool = True
 
 
-def choose_config(n: int, k: int) -> list[Fp8GemvConfig]:
+def choose_config(k: int) -> list[Fp8GemvConfig]:
     """Candidate launch shapes for rows of `k` (the first is the default), for `LaunchTuner`.
 
     Steps of 8-16 rows x 2048 values (16-32 KB, pipelined) keep 128-256
@@ -91,7 +91,7 @@ def choose_config(n: int, k: int) -> list[Fp8GemvConfig]:
     ]
 
 
-_TUNER: LaunchTuner[Fp8GemvConfig] = LaunchTuner("gemm.fp8 triton_gemv", lambda key: choose_config(key[0], key[1]))
+_TUNER: LaunchTuner[Fp8GemvConfig] = LaunchTuner("gemm.fp8 triton_gemv", lambda key: choose_config(key[1]))
 
 
 @triton.jit

@@ -15,13 +15,15 @@ so the formats cuBLAS takes on Hopper go to it:
 Registered for bf16 activations and used for bf16 outputs. Other layouts
 (row blocks narrower than 128, as fused projections with unaligned parts
 produce; dimensions not multiples of 128 / 16; fp32 logits) run the
-Triton GEMM, as does a format this torch build or device refuses: each
-format is tried once per device on a small product, outside any CUDA graph
-capture (and with torch's sync debug mode lifted: the engine's capture probe
-sets it to raise), and a refusal is logged and remembered (inside a capture
-an untried format runs the Triton GEMM). So selection stays honest: this
-kernel is cuBLAS wherever cuBLAS can serve, and says so in
-`cublas_formats()`.
+Triton GEMM, as does a format this torch build or device refuses or
+computes differently: each format is tried once per device on a small
+product checked against the reference (`probe_cublas`: a different scale
+per row, K group and weight block, so a misread scale layout fails),
+outside any CUDA graph capture and with torch's sync debug mode lifted (the
+engine's capture probe sets it to raise); a failure is logged and
+remembered (inside a capture an untried format runs the Triton GEMM). So
+selection stays honest: this kernel is cuBLAS wherever cuBLAS serves
+correctly, and says so in `cublas_formats()`.
 """
 
 from __future__ import annotations
@@ -33,8 +35,16 @@ import torch
 from tokenspeed.kernels.autotune import synchronisation_allowed
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_gemm_triton import fp8_gemm_triton
-from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
-from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, WEIGHT_BLOCK, BlockSize
+from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args, fp8_gemm_reference
+from tokenspeed.kernels.quant.fp8 import (
+    PER_CHANNEL_BLOCK,
+    WEIGHT_BLOCK,
+    BlockSize,
+    dequantize_per_token_group,
+    quantize_per_token,
+    quantize_per_token_group,
+    quantize_weight_block,
+)
 from tokenspeed.kernels.quant.quantize_triton import (
     quantize_per_token_group_triton,
     quantize_per_token_triton,
@@ -83,29 +93,48 @@ def _per_row(weight_scale: torch.Tensor, n: int) -> torch.Tensor:
     return weight_scale.view(-1).repeat_interleave(bn)[:n].contiguous()
 
 
+def probe_cublas(fmt: str, device: torch.device) -> bool:
+    """Whether `torch._scaled_mm` computes `fmt` right here: a 16 x 256 x 256 product against the reference.
+
+    Every row of x, K group and weight block has its own scale, so a scale
+    layout cuBLAS reads differently from ours fails (relative error > 1e-2).
+    """
+    block_size = WEIGHT_BLOCK if fmt == BLOCKWISE else PER_CHANNEL_BLOCK
+    rows = torch.arange(1, 17, device=device, dtype=torch.float32)[:, None]
+    x = (rows * torch.linspace(0.5, 2.0, 256, device=device)).to(torch.bfloat16)
+    w8, scale = quantize_weight_block(torch.linspace(-1.0, 1.0, 256 * 256, device=device).view(256, 256), block_size)
+    if fmt == BLOCKWISE:
+        x_seen = dequantize_per_token_group(*quantize_per_token_group(x))
+    else:
+        x_q, x_scale = quantize_per_token(x)
+        x_seen = x_q.float() * x_scale
+    want = fp8_gemm_reference(x_seen, w8, scale, block_size=block_size)
+    try:
+        with synchronisation_allowed():  # the capture probe runs with sync debug mode raising
+            got = cublas_fp8_gemm(x, w8, scale, fmt, None).float()
+            ok = bool(((got - want).norm() <= 1e-2 * want.norm()).item())
+    except RuntimeError as exc:
+        logger.warning("torch._scaled_mm refuses %s scaling here (%s); the Triton FP8 GEMM serves it", fmt, exc)
+        return False
+    if not ok:
+        logger.warning("torch._scaled_mm computes %s scaling differently here; the Triton FP8 GEMM serves it", fmt)
+    return ok
+
+
 def _cublas_takes(fmt: str, device: torch.device) -> bool:
-    """Whether this device's cuBLAS (through this torch) serves `fmt`: tried once on a 128-cube product."""
+    """`probe_cublas`, once per device and format, never inside a CUDA graph capture."""
     key = (device.index if device.index is not None else torch.cuda.current_device(), fmt)
     known = _SUPPORTED.get(key)
     if known is not None:
         return known
     if torch.cuda.is_current_stream_capturing():
         return False  # untried: never try inside a capture (the eager warm-up tries it)
-    w = torch.ones(128, 128, device=device).to(FP8_DTYPE)
-    scale = torch.ones((1, 1) if fmt == BLOCKWISE else (128, 1), device=device)
-    x = torch.ones(16, 128, device=device, dtype=torch.bfloat16)
-    try:
-        with synchronisation_allowed():  # the capture probe runs with sync debug mode raising
-            ok = bool((cublas_fp8_gemm(x, w, scale, fmt, None).float() == 128.0).all())
-    except RuntimeError as exc:
-        logger.warning("torch._scaled_mm refuses %s scaling here (%s); the Triton FP8 GEMM serves it", fmt, exc)
-        ok = False
-    _SUPPORTED[key] = ok
-    return ok
+    _SUPPORTED[key] = probe_cublas(fmt, device)
+    return _SUPPORTED[key]
 
 
 def cublas_formats() -> dict[tuple[int, str], bool]:
-    """What each device's cuBLAS took so far (for `tokenspeed kernels` and benchmarks)."""
+    """What each device's cuBLAS took so far (for benchmarks and tests)."""
     return dict(_SUPPORTED)
 
 

@@ -39,7 +39,7 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
             multiple_of_16=("K",),
         )
     for n, k in ((6144, 4096), (4096, 14336)):
-        for cfg in fp8_gemv_triton.choose_config(n, k):
+        for cfg in fp8_gemv_triton.choose_config(k):
             yield KernelConfig(
                 f"gemm.fp8 triton_gemv n={n} k={k} {cfg}",
                 fp8_gemv_triton._fp8_gemv_kernel,
