@@ -51,7 +51,7 @@ def test_fused_allreduce_rmsnorm_replays_in_a_cuda_graph() -> None:
     weight = torch.rand(4096, device="cuda").to(BF16) + 0.5
     partials = PartialSums.simulated(stacked, 2)
     graph, (normed, summed) = capture_cuda_graph(
-        lambda: fused_allreduce_rmsnorm_triton(partials, weight, 1e-5, residual)  # type: ignore[arg-type, return-value]
+        lambda: fused_allreduce_rmsnorm_triton(partials, weight, 1e-5, residual)
     )
     gen = torch.Generator(device="cuda").manual_seed(0)
     for _ in range(2):
