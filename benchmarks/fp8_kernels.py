@@ -3,26 +3,38 @@
     python benchmarks/fp8_kernels.py --out benchmarks/results/h200/fp8/fp8_kernels.json [--sweep]
     python benchmarks/fp8_kernels.py --smoke --out /tmp/fp8_kernels_smoke.json   # CPU: interpreter, tiny shapes
 
-Ceilings (`ceilings`): copy bandwidth (a 2 GiB device-to-device copy, bytes
-read + written over the median time), the bf16 matmul rate and the fp8
-`torch._scaled_mm` rate (8192^3, per-tensor scales), both on random data.
+Ceilings (`ceilings`): copy bandwidth measured as `gpu_suite.py` measures it
+(an eager 2 GiB device-to-device copy, bytes read + written over the median
+time; every bandwidth fraction below divides by it), the same copy replayed
+from a CUDA graph (`copy_graph_replay_gb_s`, a diagnostic: the first run used
+it as the ceiling, 2767 against 4273 GB/s, which inflated every fraction
+1.54x), the bf16 matmul rate and the fp8 `torch._scaled_mm` rate (8192^3,
+per-tensor scales), both on random data.
 
 Every kernel is timed as a CUDA-graph replay (`moe_kernels.graph_ms`: median
-of `triton.testing.do_bench`, which flushes L2 between replays), the way the
-engine runs them; a capture failure falls back to eager timing and is logged.
+of `triton.testing.do_bench` over ~50 ms of replays, L2 flushed between
+them), the way the engine runs them, after one eager call on a side stream
+(compiles, and runs the kernels' per-shape launch tuners,
+`kernels/autotune.py`); a capture failure falls back to eager timing and is
+logged.
 
-Metrics (JSON `metrics`, also printed as a markdown table):
+Metrics (JSON `metrics`, also printed as markdown tables):
 - `gemm[shape][M]`: Llama-3.1-8B's projections (qkv 6144x4096, o 4096x4096,
-  gate_up 28672x4096, down 4096x14336; 128 x 128 weight blocks) at M = 16,
-  256, 4096 tokens, in TFLOP/s: `triton` (activation quantisation + GEMM,
-  what a layer pays), `triton_gemm_only` (activations already quantised, as
-  `_scaled_mm` gets them), `triton_gemv` (M <= 16), the kernel the per-batch
-  dispatch selects (`selected`), `scaled_mm_rowwise` (per-row / per-column
-  scales), `scaled_mm_tensorwise`, each also with fast accumulation (`_fast`),
-  and `bf16` (cuBLAS); `selected_vs_scaled_mm_rowwise` is the ratio;
-- `gemv[shape][M]` at M = 1, 4, 16: time of the FP8 GEMV against its byte
-  roofline (fp8 weight + scale + activation + output bytes / copy bandwidth;
-  `roofline_fraction` = roofline time / time) and the bf16 cuBLAS GEMV beside it;
+  gate_up 28672x4096, down 4096x14336) at M = 4, 16, 256, 4096 tokens, in
+  TFLOP/s: `selected` (the kernel the per-batch dispatch picks, 128 x 128
+  weight blocks, activation quantisation included: what a layer pays),
+  `selected_per_channel` (the same with per-channel weight scales), `triton`
+  (the Triton GEMM with its quantisation), `triton_gemm_only` (activations
+  already quantised, as `_scaled_mm` gets them), torch's `scaled_mm_rowwise`
+  (per-row / per-column scales) and `scaled_mm_tensorwise` on pre-quantised
+  operands, each also with fast accumulation (`_fast`), and `bf16` (cuBLAS);
+  `selected_vs_scaled_mm_rowwise` is the ratio; `cublas_formats`: which
+  scalings cuBLAS took on this device (`gemm/fp8_scaled_mm.py`);
+- `gemv[shape]`, one token: the FP8 GEMV at the launch shape its tuner chose
+  (`config`; `candidates_us`: every candidate's time, L2 flushed), against
+  its byte roofline (fp8 weight + scales + activation + output bytes / copy
+  bandwidth; `roofline_fraction` = roofline time / time), and the bf16
+  cuBLAS GEMV and bf16 Triton GEMV (the engine's bf16 decode path) beside it;
 - `decode_attention`: the paged decode kernel over 32 rows x 32K tokens of
   Llama-3.1-8B attention (32 / 8 heads x 128, pages of 16), fp8 cache with
   per-head scales vs bf16 cache: time and bandwidth fraction (cache bytes /
@@ -30,11 +42,9 @@ Metrics (JSON `metrics`, also printed as a markdown table):
 - `moe[T]`: Qwen3-30B-A3B experts (hidden 2048, intermediate 768, 128
   experts, top-8, 128 x 128 blocks) at T = 1, 64, 1024 tokens, uniformly
   random routing: fp8 and bf16 Triton kernels, time, fp8 operand precision
-  (`w8a16` decode tiles / `w8a8`), weight bytes of the experts hit / time
-  and its fraction of the copy bandwidth;
-- with `--sweep`: `gemm_tile_sweep` and `gemv_config_sweep`, the same
-  measurements for other tile and launch shapes (to retune `choose_tiles` /
-  `choose_config`).
+  (`w8a16` decode tiles / `w8a8`), the decode tiles the tuner chose, weight
+  bytes of the experts hit / time and its fraction of the copy bandwidth;
+- with `--sweep`: `gemm_tile_sweep`, the Triton GEMM at other tiles.
 """
 
 from __future__ import annotations
@@ -76,15 +86,24 @@ class Timer:
             return (time.perf_counter() - start) * 1e6
         from moe_kernels import graph_ms  # benchmarks/ is on sys.path when run as a script
 
-        return graph_ms(fn) * 1e3
+        return graph_ms(fn, reps=5) * 1e3  # ~50 ms of replays: enough samples for these 5 us - 1 ms kernels
 
 
 def ceilings(timer: Timer, smoke: bool) -> dict[str, float | None]:
     dev = timer.device
-    n = 1 << (20 if smoke else 30)
-    a = torch.randn(n, dtype=torch.bfloat16, device=dev)
-    b = torch.empty_like(a)
-    copy_gb_s = 2 * a.numel() * 2 / timer.us(lambda: b.copy_(a)) / 1e3
+    if dev == "cuda":
+        from gpu_suite import copy_bandwidth_gb_s  # benchmarks/ is on sys.path when run as a script
+
+        copy_gb_s = copy_bandwidth_gb_s()
+        a = torch.empty(1 << 30, dtype=torch.bfloat16, device=dev)  # diagnostic: the same copy, replayed
+        b = torch.empty_like(a)
+        copy_graph_gb_s: float | None = round(2 * a.numel() * 2 / timer.us(lambda: b.copy_(a)) / 1e3, 1)
+        del a, b
+    else:
+        a = torch.randn(1 << 20, device=dev)
+        b = torch.empty_like(a)
+        copy_gb_s = round(2 * a.numel() * 4 / timer.us(lambda: b.copy_(a)) / 1e3, 1)
+        copy_graph_gb_s = None
     m = 256 if smoke else 8192
     x = torch.randn(m, m, device=dev).to(torch.bfloat16)
     y = torch.randn(m, m, device=dev).to(torch.bfloat16)
@@ -96,7 +115,8 @@ def ceilings(timer: Timer, smoke: bool) -> dict[str, float | None]:
         mm = lambda: torch._scaled_mm(x8, y8, one, one, out_dtype=torch.bfloat16)  # noqa: E731
         fp8 = round(2 * m**3 / timer.us(mm) / 1e6, 1)
     return {
-        "copy_bandwidth_gb_s": round(copy_gb_s, 1),
+        "copy_bandwidth_gb_s": copy_gb_s,
+        "copy_graph_replay_gb_s": copy_graph_gb_s,
         "bf16_matmul_tflops": round(bf16, 1),
         "fp8_scaled_mm_tflops": fp8,
     }
@@ -109,11 +129,9 @@ def _tflops(m: int, n: int, k: int, us: float) -> float:
 def bench_gemm(
     timer: Timer, shapes: dict[str, tuple[int, int]], tokens: tuple[int, ...], sweep: bool
 ) -> dict[str, Any]:
-    from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
     from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch
     from tokenspeed.kernels.gemm.fp8_gemm_triton import fp8_gemm_prequantized, fp8_gemm_triton
-    from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton
-    from tokenspeed.kernels.quant.fp8 import quantize_weight_block
+    from tokenspeed.kernels.quant.fp8 import PER_CHANNEL_BLOCK, quantize_weight_block
     from tokenspeed.kernels.quant.quantize_triton import quantize_per_token_group_triton
 
     dev, dtype = timer.device, torch.bfloat16 if timer.device == "cuda" else torch.float32
@@ -124,19 +142,20 @@ def bench_gemm(
         gen = torch.Generator(device=dev).manual_seed(n + k)
         w = torch.randn(n, k, generator=gen, device=dev) * k**-0.5
         w8, w_scale = quantize_weight_block(w, BLOCK)
+        w8c, w_scale_c = quantize_weight_block(w, PER_CHANNEL_BLOCK)
         w_bf16 = w.to(dtype)
         for m in tokens:
             x = torch.randn(m, k, generator=gen, device=dev).to(dtype)
             a8, a_scale = quantize_per_token_group_triton(x)
             out = torch.empty(m, n, dtype=dtype, device=dev)
-            row: dict[str, Any] = {}
+            row: dict[str, Any] = {"selected": dispatch.kernel_for(m).name}
+            row["selected_tflops"] = _tflops(m, n, k, timer.us(partial(dispatch, x, w8, w_scale)))
+            row["selected_per_channel"] = _tflops(
+                m, n, k, timer.us(partial(dispatch, x, w8c, w_scale_c, block_size=PER_CHANNEL_BLOCK))
+            )
             row["triton"] = _tflops(m, n, k, timer.us(partial(fp8_gemm_triton, x, w8, w_scale)))
             prequantized = partial(fp8_gemm_prequantized, a8, a_scale, w8, w_scale, out, block_size=BLOCK)
             row["triton_gemm_only"] = _tflops(m, n, k, timer.us(prequantized))
-            if m <= FP8_GEMV_MAX_TOKENS:
-                row["triton_gemv"] = _tflops(m, n, k, timer.us(partial(fp8_gemv_triton, x, w8, w_scale)))
-            row["selected"] = dispatch.kernel_for(m).name
-            row["selected_tflops"] = row["triton_gemv" if row["selected"] == "triton_gemv" else "triton"]
             row["bf16"] = _tflops(m, n, k, timer.us(partial(torch.matmul, x, w_bf16.t())))
             if dev == "cuda":
                 row |= scaled_mm_rates(timer, x, w8, m, n, k)
@@ -151,7 +170,12 @@ def bench_gemm(
                     label = f"{tiles.block_m}x{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages}"
                     rates[label] = _tflops(m, n, k, timer.us(partial(prequantized, tiles=tiles)))
                 sweeps.setdefault(name, {})[str(m)] = rates
-    return {"gemm": results} | ({"gemm_tile_sweep": sweeps} if sweep else {})
+    formats = {}
+    if dev == "cuda":
+        from tokenspeed.kernels.gemm.fp8_scaled_mm import cublas_formats
+
+        formats = {fmt: ok for (_, fmt), ok in cublas_formats().items()}
+    return {"gemm": results, "cublas_formats": formats} | ({"gemm_tile_sweep": sweeps} if sweep else {})
 
 
 def scaled_mm_rates(
@@ -176,43 +200,39 @@ def scaled_mm_rates(
     return rates
 
 
-def bench_gemv(
-    timer: Timer, shapes: dict[str, tuple[int, int]], tokens: tuple[int, ...], copy_gb_s: float, sweep: bool
-) -> dict[str, Any]:
-    from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton
+def bench_gemv(timer: Timer, shapes: dict[str, tuple[int, int]], copy_gb_s: float) -> dict[str, Any]:
+    """One token: the fp8 GEMV at the launch shape its tuner chose, against its byte roofline and bf16."""
+    from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton, tuned_configs
+    from tokenspeed.kernels.gemm.gemv_triton import gemv_triton
     from tokenspeed.kernels.quant.fp8 import quantize_weight_block
 
     dev, dtype = timer.device, torch.bfloat16 if timer.device == "cuda" else torch.float32
     results: dict[str, Any] = {}
-    sweeps: dict[str, Any] = {}
     for name, (n, k) in shapes.items():
         gen = torch.Generator(device=dev).manual_seed(n * 3 + k)
         w = torch.randn(n, k, generator=gen, device=dev) * k**-0.5
         w8, w_scale = quantize_weight_block(w, BLOCK)
         w_bf16 = w.to(dtype)
-        for m in tokens:
-            x = torch.randn(m, k, generator=gen, device=dev).to(dtype)
-            us = timer.us(partial(fp8_gemv_triton, x, w8, w_scale))
-            moved = w8.numel() + w_scale.numel() * 4 + (m * k + m * n) * x.element_size()
-            roofline_us = moved / copy_gb_s / 1e3
-            bf16_us = timer.us(partial(torch.matmul, x, w_bf16.t()))
-            row = {
-                "us": round(us, 2),
-                "roofline_us": round(roofline_us, 2),
-                "roofline_fraction": round(roofline_us / us, 3),
-                "bf16_cublas_us": round(bf16_us, 2),
-                "speedup_vs_bf16": round(bf16_us / us, 2),
-            }
-            results.setdefault(name, {})[str(m)] = row
-            log(f"gemv {name} M={m}: {row}")
-            if sweep:
-                rates = {}
-                for cfg in GEMV_SWEEP[m == 1]:
-                    label = f"m{cfg.block_m} n{cfg.block_n} g{cfg.groups} w{cfg.num_warps} s{cfg.stages}"
-                    run = partial(fp8_gemv_triton, x, w8, w_scale, config=cfg)
-                    rates[label] = round(roofline_us / timer.us(run), 3)
-                sweeps.setdefault(name, {})[str(m)] = rates
-    return {"gemv": results} | ({"gemv_config_sweep": sweeps} if sweep else {})
+        x = torch.randn(1, k, generator=gen, device=dev).to(dtype)
+        us = timer.us(partial(fp8_gemv_triton, x, w8, w_scale))  # the first call tunes (outside the capture)
+        moved = w8.numel() + w_scale.numel() * 4 + (k + n) * x.element_size()
+        roofline_us = moved / copy_gb_s / 1e3
+        bf16_us = timer.us(partial(torch.matmul, x, w_bf16.t()))
+        bf16_gemv_us = timer.us(partial(gemv_triton, x, w_bf16))
+        choice = tuned_configs().get((n, k, BLOCK, x.dtype, x.dtype, False))
+        row = {
+            "us": round(us, 2),
+            "roofline_us": round(roofline_us, 2),
+            "roofline_fraction": round(roofline_us / us, 3),
+            "bf16_cublas_us": round(bf16_us, 2),
+            "bf16_triton_gemv_us": round(bf16_gemv_us, 2),
+            "speedup_vs_bf16": round(min(bf16_us, bf16_gemv_us) / us, 2),
+            "config": repr(choice.config) if choice else None,
+            "candidates_us": choice.timings_us if choice else None,  # each launch shape, L2 flushed
+        }
+        results[name] = row
+        log(f"gemv {name}: {row}")
+    return {"gemv": results}
 
 
 def bench_decode_attention(timer: Timer, shape: dict[str, int], copy_gb_s: float) -> dict[str, Any]:
@@ -261,7 +281,7 @@ def bench_decode_attention(timer: Timer, shape: dict[str, int], copy_gb_s: float
 def bench_moe(
     timer: Timer, shape: dict[str, int], tokens: tuple[int, ...], copy_gb_s: float
 ) -> dict[str, Any]:
-    from tokenspeed.kernels.moe.experts_fp8_triton import fused_experts_fp8_triton
+    from tokenspeed.kernels.moe.experts_fp8_triton import fused_experts_fp8_triton, tuned_decode_tiles
     from tokenspeed.kernels.moe.experts_triton import DECODE_TILES, fused_experts_triton, tile_config
     from tokenspeed.kernels.quant.fp8 import dequantize_weight, quantize_weight_block
 
@@ -296,61 +316,61 @@ def bench_moe(
             "fp8_weight_bw_fraction": round(weight_bytes / fp8_us / 1e3 / copy_gb_s, 3),
             "fp8_tflops": _tflops(t * top_k, 3 * inter, hidden, fp8_us),
         }
+        choice = tuned_decode_tiles().get((t, hidden, inter, experts, top_k, dtype, BLOCK))
+        if choice is not None:  # decode-sized: the tiles its tuner chose, and each candidate's time
+            row |= {"tiles": repr(choice.config), "candidates_us": choice.timings_us}
         results[str(t)] = row
         log(f"moe T={t}: {row}")
     return {"moe": {"shape": shape, "by_tokens": results}}
 
 
+def _row(cells: list[Any]) -> str:
+    return "| " + " | ".join(str(x) for x in cells) + " |"
+
+
 def markdown(metrics: dict[str, Any]) -> str:
     c = metrics["ceilings"]
-    lines = [f"ceilings: copy {c['copy_bandwidth_gb_s']} GB/s, bf16 {c['bf16_matmul_tflops']} TFLOP/s, "
-             f"fp8 scaled_mm {c['fp8_scaled_mm_tflops']} TFLOP/s", "",
-             "| gemm | M | selected | selected TFLOP/s | triton | gemm only | gemv | scaled_mm rowwise | tensorwise | bf16 |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [f"ceilings: copy {c['copy_bandwidth_gb_s']} GB/s (every fraction below divides by it; the same copy "
+             f"replayed from a CUDA graph: {c['copy_graph_replay_gb_s']} GB/s), bf16 {c['bf16_matmul_tflops']} "
+             f"TFLOP/s, fp8 scaled_mm {c['fp8_scaled_mm_tflops']} TFLOP/s; cuBLAS formats taken: "
+             f"{metrics.get('cublas_formats')}", "",
+             "TFLOP/s (selected: the per-batch dispatch with 128x128 blocks, incl. activation quantisation; "
+             "per-channel: the same with per-channel weights; scaled_mm rowwise/tensorwise: torch on "
+             "pre-quantised operands)", "",
+             "| gemm | M | selected | TFLOP/s | per-channel | triton | gemm only | scaled_mm rowwise | tensorwise "
+             "| bf16 | selected / rowwise |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, by_m in metrics["gemm"].items():
         for m, r in by_m.items():
-            cells = [name, m, r["selected"], r["selected_tflops"], r["triton"], r["triton_gemm_only"]]
-            cells += [
-                r.get("triton_gemv", "-"),
-                r.get("scaled_mm_rowwise", "-"),
-                r.get("scaled_mm_tensorwise", "-"),
-            ]
-            lines.append("| " + " | ".join(str(x) for x in cells + [r["bf16"]]) + " |")
-    lines += [
-        "",
-        "| gemv | M | us | roofline us | fraction | bf16 cuBLAS us | speedup |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, by_m in metrics["gemv"].items():
-        for m, r in by_m.items():
-            cells = [
-                name,
-                m,
-                r["us"],
-                r["roofline_us"],
-                r["roofline_fraction"],
-                r["bf16_cublas_us"],
-                r["speedup_vs_bf16"],
-            ]
-            lines.append("| " + " | ".join(str(x) for x in cells) + " |")
+            lines.append(_row([
+                name, m, r["selected"], r["selected_tflops"], r["selected_per_channel"], r["triton"],
+                r["triton_gemm_only"], r.get("scaled_mm_rowwise", "-"), r.get("scaled_mm_tensorwise", "-"),
+                r["bf16"], r.get("selected_vs_scaled_mm_rowwise", "-"),
+            ]))  # fmt: skip
+    lines += ["", "| gemv (1 token) | us | roofline us | fraction | bf16 cuBLAS us | bf16 Triton GEMV us | speedup "
+              "| tuned config |", "|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for name, r in metrics["gemv"].items():
+        lines.append(_row([
+            name, r["us"], r["roofline_us"], r["roofline_fraction"], r["bf16_cublas_us"], r["bf16_triton_gemv_us"],
+            r["speedup_vs_bf16"], r["config"],
+        ]))  # fmt: skip
     a = metrics["decode_attention"]
     lines += ["", f"decode attention ({a['kernel']}, {a['batch']} x {a['context']}): fp8 {a['fp8_ms']} ms "
               f"(bw fraction {a['fp8_bw_fraction']}), bf16 {a['bf16_ms']} ms ({a['bf16_bw_fraction']}), "
               f"speedup {a['fp8_speedup']}", "",
-              "| moe T | operands | fp8 us | bf16 us | speedup | weight GB/s | bw fraction | TFLOP/s |",
-              "|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+              "| moe T | operands | fp8 us | bf16 us | speedup | weight GB/s | bw fraction | TFLOP/s | tiles |",
+              "|---:|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for t, r in metrics["moe"]["by_tokens"].items():
-        cells = [t, r["operands"], r["fp8_us"], r["bf16_us"], r["fp8_speedup"], r["fp8_weight_gb_s"]]
-        lines.append(
-            "| " + " | ".join(str(x) for x in cells + [r["fp8_weight_bw_fraction"], r["fp8_tflops"]]) + " |"
-        )
+        lines.append(_row([
+            t, r["operands"], r["fp8_us"], r["bf16_us"], r["fp8_speedup"], r["fp8_weight_gb_s"],
+            r["fp8_weight_bw_fraction"], r["fp8_tflops"], r.get("tiles", "-"),
+        ]))  # fmt: skip
     return "\n".join(lines)
 
 
 def _sweep_configs() -> None:
-    """Fill GEMM_SWEEP / GEMV_SWEEP (the kernel modules import triton, so only after the mode is set)."""
+    """Fill GEMM_SWEEP (the kernel modules import triton, so only after the mode is set)."""
     from tokenspeed.kernels.gemm.fp8_gemm_triton import Fp8GemmTiles
-    from tokenspeed.kernels.gemm.fp8_gemv_triton import Fp8GemvConfig
 
     GEMM_SWEEP.extend(
         Fp8GemmTiles(*t)
@@ -363,18 +383,9 @@ def _sweep_configs() -> None:
             (64, 64, 4, 4),
         )
     )
-    GEMV_SWEEP[True] = [
-        Fp8GemvConfig(1, *c)
-        for c in ((4, 32, 8, 1), (2, 32, 4, 1), (8, 16, 8, 1), (4, 8, 4, 3), (4, 16, 4, 2), (8, 8, 4, 3))
-    ]
-    GEMV_SWEEP[False] = [
-        Fp8GemvConfig(16, *c)
-        for c in ((32, 4, 4, 3), (16, 4, 4, 4), (32, 2, 4, 4), (64, 2, 8, 3), (16, 8, 4, 3), (32, 8, 8, 2))
-    ]
 
 
 GEMM_SWEEP: list[Any] = []
-GEMV_SWEEP: dict[bool, list[Any]] = {}
 
 
 def main() -> int:
@@ -384,7 +395,7 @@ def main() -> int:
         "--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes (tests the script)"
     )
     parser.add_argument(
-        "--sweep", action="store_true", help="also time other GEMM tiles and GEMV launch shapes"
+        "--sweep", action="store_true", help="also time other tiles of the Triton GEMM"
     )
     args = parser.parse_args()
     if args.smoke:
@@ -402,8 +413,8 @@ def main() -> int:
     copy = metrics["ceilings"]["copy_bandwidth_gb_s"]
     shapes = SMOKE_GEMM_SHAPES if args.smoke else GEMM_SHAPES
     sections: list[Callable[[], dict[str, Any]]] = [
-        partial(bench_gemm, timer, shapes, (2, 20) if args.smoke else (16, 256, 4096), args.sweep),
-        partial(bench_gemv, timer, shapes, (1, 4, 16), copy, args.sweep),
+        partial(bench_gemm, timer, shapes, (2, 20) if args.smoke else (4, 16, 256, 4096), args.sweep),
+        partial(bench_gemv, timer, shapes, copy),
         partial(bench_decode_attention, timer, SMOKE_ATTENTION if args.smoke else ATTENTION, copy),
         partial(
             bench_moe, timer, SMOKE_MOE if args.smoke else MOE, (1, 8) if args.smoke else (1, 64, 1024), copy

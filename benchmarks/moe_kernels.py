@@ -63,8 +63,8 @@ BF16 = torch.bfloat16
 Experts = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def graph_ms(fn: Callable[[], Any]) -> float:
-    """Median ms of `fn` replayed from a CUDA graph (eager if capture fails)."""
+def graph_ms(fn: Callable[[], Any], reps: int = 20) -> float:
+    """Median ms of `fn` replayed from a CUDA graph (eager if capture fails), over ~`reps` x 10 ms of replays."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -76,8 +76,8 @@ def graph_ms(fn: Callable[[], Any]) -> float:
             fn()
     except RuntimeError as exc:
         log(f"graph capture failed ({exc}); timing eagerly")
-        return bench_ms(fn, reps=20)
-    return bench_ms(graph.replay, reps=20)
+        return bench_ms(fn, reps=reps)
+    return bench_ms(graph.replay, reps=reps)
 
 
 def bind(fn: Experts, *args: torch.Tensor) -> Callable[[], torch.Tensor]:

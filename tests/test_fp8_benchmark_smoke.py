@@ -29,7 +29,8 @@ def test_fp8_benchmark_smoke_writes_all_sections(tmp_path: Path) -> None:
     assert set(doc) == {"command", "device", "date", "metrics"}
     metrics = doc["metrics"]
     assert {"ceilings", "gemm", "gemv", "decode_attention", "moe"} <= set(metrics)
-    assert metrics["gemm"]["qkv"]["2"]["selected"] == "triton_gemv"
-    assert metrics["gemm"]["qkv"]["20"]["selected"] == "triton"
+    assert metrics["gemm"]["qkv"]["2"]["selected"] == metrics["gemm"]["qkv"]["20"]["selected"] == "scaled_mm"
+    assert set(metrics["gemv"]) == {"qkv", "down"} and metrics["gemv"]["qkv"]["config"].startswith("Fp8GemvConfig")
     assert metrics["moe"]["by_tokens"]["1"]["operands"] == "w8a16"
+    assert metrics["moe"]["by_tokens"]["1"]["tiles"].startswith("TileConfig")
     assert out.with_suffix(".md").exists()

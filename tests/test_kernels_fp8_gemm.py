@@ -10,7 +10,8 @@ Tolerances, and why:
 - the GEMV keeps activations as they are and the GEMM quantises them exactly
   like `fp8_gemm_reference(..., quantize_activations=True)`, so with fp32
   activations both differ from their reference only by fp32 summation order
-  (relative error < 1e-5); fp16 adds one rounding of the output (2e-3);
+  (relative error < 1e-5); fp16 adds one rounding of the output (2e-3), and
+  the GEMV's fp16 products and lanes one rounding each (2^-11, same bound);
 - against the weight-only reference, the GEMM's activation quantisation
   costs ~2^-5 relative (e4m3 keeps 4 significant bits: a value's rounding
   error is at most 2^-4 of it, ~2^-5.6 on average): bounded by 0.05.
@@ -27,10 +28,18 @@ from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything 
     interpreted,
 )
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
+from tokenspeed.kernels.gemm import fp8_scaled_mm as fp8_scaled_mm_module
 from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch
 from tokenspeed.kernels.gemm.fp8_gemm_triton import Fp8GemmTiles, fp8_gemm_triton
 from tokenspeed.kernels.gemm.fp8_gemv_triton import Fp8GemvConfig, fp8_gemv_triton
 from tokenspeed.kernels.gemm.fp8_reference import fp8_gemm_reference
+from tokenspeed.kernels.gemm.fp8_scaled_mm import (
+    BLOCKWISE,
+    ROWWISE,
+    cublas_format,
+    cublas_fp8_gemm,
+    probe_cublas,
+)
 from tokenspeed.kernels.quant.fp8 import (
     FP8_DTYPE,
     FP8_MAX,
@@ -40,12 +49,16 @@ from tokenspeed.kernels.quant.fp8 import (
     check_weight_scale,
     dequantize_per_token_group,
     dequantize_weight,
+    quantize_per_token,
     quantize_per_token_group,
     quantize_weight_block,
     quantize_weight_per_channel,
 )
 from tokenspeed.kernels.quant.fp8_cast import to_fp8
-from tokenspeed.kernels.quant.quantize_triton import quantize_per_token_group_triton
+from tokenspeed.kernels.quant.quantize_triton import (
+    quantize_per_token_group_triton,
+    quantize_per_token_triton,
+)
 from tokenspeed.kernels.registry import Band, select_kernel, set_kernel_override
 
 triton = pytest.importorskip("triton")  # imported here, after tests.triton_interpreter set the mode
@@ -197,6 +210,24 @@ def test_per_token_group_triton_is_bit_exact(dtype: torch.dtype, shape: tuple[in
     want_q, want_scales = quantize_per_token_group(x)
     assert q.shape == x.shape and scales.shape == want_scales.shape
     assert torch.equal(scales, want_scales) and torch.equal(_bits(q), _bits(want_q))
+    rows = x.view(-1, shape[-1])
+    q, scales = quantize_per_token_group_triton(rows, column_major_scales=True)  # cuBLAS's 1 x 128 layout
+    assert scales.stride() == (1, rows.shape[0]) and torch.equal(scales, want_scales.view(rows.shape[0], -1))
+    assert torch.equal(_bits(q), _bits(want_q.view(rows.shape)))
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", [(5, 300), (2, 3, 128), (1, 2500)])
+def test_per_token_triton_is_bit_exact(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    gen = torch.Generator().manual_seed(sum(shape) + 1)
+    x = (torch.randn(shape, generator=gen) * torch.logspace(-3, 2, shape[-1])).to(dtype)
+    x.view(-1, shape[-1])[0] = 0.0
+    q, scales = quantize_per_token_triton(x)
+    want_q, want_scales = quantize_per_token(x)
+    assert scales.shape == (*shape[:-1], 1) and torch.equal(scales, want_scales)
+    assert torch.equal(_bits(q), _bits(want_q))
+    assert torch.equal(want_scales.flatten(), x.float().abs().amax(-1).clamp(min=MIN_AMAX).flatten() / FP8_MAX)
 
 
 GEMM_CASES = [  # (tokens, N, K, block_size)
@@ -206,7 +237,7 @@ GEMM_CASES = [  # (tokens, N, K, block_size)
     (20, 48, 384, (48, 256)),
     (2, 24, 96, (24, 96)),  # per tensor
     (4, 40, 160, PER_CHANNEL_BLOCK),
-    (3, 24, 256, (8, 128)),  # row blocks narrower than an MMA tile: the GEMV takes its one-token path
+    (3, 24, 256, (8, 128)),  # row blocks narrower than a GEMV program's rows: it takes fewer
 ]
 
 
@@ -248,9 +279,9 @@ def test_fp8_gemv_triton_matches_reference(
     want = fp8_gemm_reference(x.float(), w8, scales, block_size=block_size, bias=bias.float())
     configs = [
         None,
-        Fp8GemvConfig(1, 8, 2, 4, 2),
-        Fp8GemvConfig(16, 16, 1, 4, 2),
-        Fp8GemvConfig(16, 8, 2, 4, 2),
+        Fp8GemvConfig(block_n=8, groups=2, num_warps=4, stages=2),
+        Fp8GemvConfig(block_n=16, groups=1, num_warps=4, stages=2, f16_math=False),
+        Fp8GemvConfig(block_n=4, groups=4, num_warps=4, stages=1),
     ]
     for config in configs:
         got = fp8_gemv_triton(x, w8, scales, block_size=block_size, bias=bias, config=config)
@@ -260,6 +291,27 @@ def test_fp8_gemv_triton_matches_reference(
     assert got.shape == (1, m, n) and got.dtype == torch.float32
 
 
+@interpreted
+@pytest.mark.parametrize("f16_math", [True, False])
+def test_fp8_gemv_keeps_fp16_lanes_in_range_for_any_activation_scale(f16_math: bool) -> None:
+    """The fp16 loop scales activations by a power of two per program: huge, tiny and zero rows stay exact."""
+    gen = torch.Generator().manual_seed(3)
+    n, k, block_size = 32, 1024, (16, 128)
+    w8, scales = quantize_weight_block(torch.randn(n, k, generator=gen) * 40.0, block_size)  # scales ~0.4
+    x = torch.randn(4, k, generator=gen)
+    x[0] *= 3e4 / x[0].abs().max()  # lanes of 8 steps x 448 x 0.4 x 3e4 would overflow fp16 unscaled
+    x[1] *= 1e-4
+    x[1, 7] = 6e4  # one outlier over values 1e9 times smaller
+    x[2] = 0.0
+    x = x.to(torch.float16)
+    config = Fp8GemvConfig(block_n=16, groups=1, num_warps=4, stages=1, f16_math=f16_math)
+    got = fp8_gemv_triton(x, w8, scales, block_size=block_size, config=config, out_dtype=torch.float32)
+    want = fp8_gemm_reference(x.float(), w8, scales, block_size=block_size)
+    for row in (0, 1, 3):
+        assert _rel_err(got[row], want[row]) < TOL[torch.float16], row
+    assert not got[2].any()
+
+
 # --- registry ---------------------------------------------------------------------------------
 
 
@@ -267,18 +319,63 @@ def test_registry_picks_gemv_small_gemm_large_reference_on_cpu() -> None:
     cpu = select_fp8_gemm_by_batch(platform="cpu", dtype=torch.float32)
     assert cpu.small.name == cpu.large.name == "reference"
     cuda = select_fp8_gemm_by_batch(platform="cuda", dtype=torch.bfloat16)
-    assert (cuda.small.name, cuda.large.name) == ("triton_gemv", "triton")
+    assert (cuda.small.name, cuda.large.name) == ("triton_gemv", "scaled_mm")
     assert cuda.kernel_for(1).name == cuda.kernel_for(FP8_GEMV_MAX_TOKENS).name == "triton_gemv"
-    assert cuda.kernel_for(FP8_GEMV_MAX_TOKENS + 1).name == "triton"
+    assert cuda.kernel_for(FP8_GEMV_MAX_TOKENS + 1).name == "scaled_mm"
+    fp16 = select_fp8_gemm_by_batch(platform="cuda", dtype=torch.float16)  # cuBLAS serves bf16 only
+    assert (fp16.small.name, fp16.large.name) == ("triton_gemv", "triton")
     assert select_kernel("gemm", "fp8", platform="cuda", dtype=torch.bfloat16).name == "triton"
-    spec = select_kernel("quant", "per_token_group", platform="cuda", dtype=torch.bfloat16)
-    assert spec.name == "triton" and spec.band == Band.PORTABLE
+    for mode in ("per_token_group", "per_token"):
+        spec = select_kernel("quant", mode, platform="cuda", dtype=torch.bfloat16)
+        assert spec.name == "triton" and spec.band == Band.PORTABLE
     try:
         set_kernel_override("gemm", "fp8", "reference")  # the off switch
         forced = select_fp8_gemm_by_batch(platform="cuda", dtype=torch.bfloat16)
         assert forced.small.name == forced.large.name == "reference"
     finally:
         set_kernel_override("gemm", "fp8", None)
+
+
+def test_scaled_mm_takes_the_formats_cublas_has_and_leaves_the_rest_to_triton() -> None:
+    assert cublas_format(6144, 4096, (128, 128), torch.bfloat16) == BLOCKWISE
+    assert cublas_format(6144, 4096, PER_CHANNEL_BLOCK, torch.bfloat16) == ROWWISE
+    assert cublas_format(6144, 4096, (6144, 4096), torch.bfloat16) == ROWWISE  # per tensor
+    assert cublas_format(6144, 4096, (64, 128), torch.bfloat16) is None  # row blocks of fused parts
+    assert cublas_format(6144, 4096, (128, 128), torch.float32) is None  # fp32 logits
+    assert cublas_format(6000, 4096, (128, 128), torch.bfloat16) is None
+    assert cublas_format(4104, 4104, PER_CHANNEL_BLOCK, torch.bfloat16) is None  # not a multiple of 16
+
+
+@interpreted
+@pytest.mark.parametrize("block_size", [PER_CHANNEL_BLOCK, (16, 256), (64, 256)], ids=["channel", "rows16", "tensor"])
+def test_scaled_mm_rowwise_operands_on_the_cpu(block_size: tuple[int, int]) -> None:
+    """The rowwise call as cuBLAS gets it (torch's CPU `_scaled_mm` takes rowwise scales too)."""
+    gen = torch.Generator().manual_seed(11)
+    w8, scales = quantize_weight_block(torch.randn(64, 256, generator=gen), block_size)
+    x = torch.randn(5, 256, generator=gen).to(torch.float16)
+    bias = torch.randn(64, generator=gen).to(torch.bfloat16)
+    try:
+        got = cublas_fp8_gemm(x, w8, scales, ROWWISE, bias)
+    except (RuntimeError, NotImplementedError) as exc:
+        pytest.skip(f"this torch build has no CPU _scaled_mm with rowwise scales: {exc}")
+    xq, xs = quantize_per_token(x)
+    want = fp8_gemm_reference(xq.float() * xs, w8, scales, block_size=block_size, bias=bias.float())
+    assert got.dtype == torch.bfloat16 and _rel_err(got, want) < 4e-3  # bf16 output rounding
+
+
+@interpreted
+def test_cublas_probe_accepts_right_scaling_and_rejects_a_misread_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        works = probe_cublas(ROWWISE, torch.device("cpu"))  # torch's CPU _scaled_mm takes rowwise scales
+    except NotImplementedError as exc:
+        pytest.skip(f"this torch build has no CPU _scaled_mm with rowwise scales: {exc}")
+    assert works
+
+    def scales_read_transposed(x2, weight, weight_scale, fmt, bias):  # noqa: ANN001, ANN202
+        return cublas_fp8_gemm(x2.flip(0), weight, weight_scale, fmt, bias)
+
+    monkeypatch.setattr(fp8_scaled_mm_module, "cublas_fp8_gemm", scales_read_transposed)
+    assert not probe_cublas(ROWWISE, torch.device("cpu"))
 
 
 def test_dispatch_calls_the_kernel_for_the_token_count() -> None:

@@ -16,7 +16,12 @@ Tolerances, and why:
   (2^-9 relative): relative Frobenius error < 8e-3, as the bf16 GEMV's tests;
   the w8a8 MoE rounds its intermediate to bf16 before quantising it, which
   moves a few values by one e4m3 step: < 1.5e-2.
-Capture and replay in a CUDA graph is checked for the GEMV and the GEMM (how decode and prefill run them).
+Capture and replay in a CUDA graph is checked for the GEMV and the GEMMs (how decode and prefill run them).
+The one-token GEMV's fp16 loop rounds each product and lane to fp16 (2^-11):
+< 2e-3 against the fp32 reference, with fp32 output, for every launch shape
+its tuner may pick, on activations with outliers up to 3e4. cuBLAS
+(`scaled_mm`) must take both its formats on the H200 (a refusal would hand
+them to the Triton GEMM silently, so the test says it).
 """
 
 from __future__ import annotations
@@ -32,16 +37,25 @@ pytestmark = [
 pytest.importorskip("triton")
 
 from tests.paged_kernels import capture_cuda_graph  # noqa: E402
+from tokenspeed.kernels.autotune import LaunchTuner  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_gemm_triton import fp8_gemm_triton  # noqa: E402
-from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton  # noqa: E402
+from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, fp8_gemv_triton  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_reference import fp8_gemm_reference  # noqa: E402
+from tokenspeed.kernels.gemm.fp8_scaled_mm import (  # noqa: E402
+    BLOCKWISE,
+    ROWWISE,
+    cublas_formats,
+    fp8_scaled_mm,
+)
 from tokenspeed.kernels.moe.experts_fp8_reference import fused_experts_fp8_reference  # noqa: E402
 from tokenspeed.kernels.moe.experts_fp8_triton import fused_experts_fp8_triton  # noqa: E402
 from tokenspeed.kernels.moe.experts_triton import DECODE_TILES, tile_config  # noqa: E402
 from tokenspeed.kernels.quant.fp8 import (  # noqa: E402
     PER_CHANNEL_BLOCK,
     WEIGHT_BLOCK,
+    dequantize_per_token_group,
+    quantize_per_token,
     quantize_per_token_group,
     quantize_weight_block,
 )
@@ -84,7 +98,7 @@ def test_dispatch_at_llama_shapes(m: int, n: int, k: int) -> None:
     x = torch.randn(m, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(m)).to(BF16)
     dispatch = select_fp8_gemm_by_batch(platform="cuda", dtype=BF16)
     kernel = dispatch.kernel_for(m)
-    want = fp8_gemm_reference(x.float(), w8, scale, quantize_activations=kernel.name == "triton")
+    want = fp8_gemm_reference(x.float(), w8, scale, quantize_activations=kernel.name != "triton_gemv")
     got = dispatch(x, w8, scale)
     assert got.dtype == BF16 and got.shape == (m, n)
     assert _rel_err(got, want) < GEMM_TOL, kernel.name
@@ -110,8 +124,68 @@ def test_gemv_and_gemm_at_decode_sizes(m: int, block_size: tuple[int, int]) -> N
     assert _rel_err(fp8_gemm_triton(x, w8, scale, **kwargs), emulated) < GEMM_TOL
 
 
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336)])
+def test_every_gemv_launch_shape_the_tuner_may_pick_is_correct(n: int, k: int) -> None:
+    """bf16 activations with outliers up to 3e4 and a row of tiny values: the fp16 loop scales them into range."""
+    w8, scale = _weight(n, k, WEIGHT_BLOCK, seed=n)
+    gen = torch.Generator(device="cuda").manual_seed(k)
+    x = torch.randn(3, k, device="cuda", generator=gen)
+    x[0, :: k // 7] = 3e4
+    x[1] *= 1e-5
+    x = x.to(BF16)
+    want = fp8_gemm_reference(x.float(), w8, scale)
+    for config in choose_config(k):
+        got = fp8_gemv_triton(x, w8, scale, config=config, out_dtype=torch.float32)
+        for row in range(3):
+            assert _rel_err(got[row], want[row]) < 2e-3, (config, row)  # fp16 products: 2^-11 per product
+
+
+def test_launch_tuner_picks_the_fastest_and_never_times_inside_a_capture() -> None:
+    a = torch.randn(2048, 2048, device="cuda", dtype=BF16)
+
+    def run(repeats: int) -> torch.Tensor:
+        out = a
+        for _ in range(repeats):
+            out = a @ a
+        return out
+
+    tuner = LaunchTuner("test", lambda key: [3, 1, 6])
+    assert tuner.choose(("eager",), torch.device("cuda"), run) == 1
+    assert set(tuner.chosen()[("eager",)].timings_us) == {"3", "1", "6"}
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        assert tuner.choose(("captured",), torch.device("cuda"), run) == 3  # the default, untimed
+        assert tuner.choose(("eager",), torch.device("cuda"), run) == 1
+    assert ("captured",) not in tuner.chosen()
+
+
+@pytest.mark.parametrize("m", [2, 16, 256, 4096])
+@pytest.mark.parametrize("block_size", [WEIGHT_BLOCK, PER_CHANNEL_BLOCK], ids=["block", "per-channel"])
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336)])
+def test_scaled_mm_on_cublas(m: int, block_size: tuple[int, int], n: int, k: int) -> None:
+    """cuBLAS serves both formats here (probed), against the reference with its activation quantisation."""
+    w8, scale = _weight(n, k, block_size, seed=m + n)
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(BF16)
+    bias = torch.randn(n, device="cuda", generator=gen).to(BF16)
+    got = fp8_scaled_mm(x, w8, scale, block_size=block_size, bias=bias)
+    fmt = BLOCKWISE if block_size == WEIGHT_BLOCK else ROWWISE
+    assert cublas_formats()[(torch.cuda.current_device(), fmt)], "cuBLAS refused the format: Triton served it"
+    if fmt == BLOCKWISE:
+        xq = dequantize_per_token_group(*quantize_per_token_group(x))
+    else:
+        xq, xs = quantize_per_token(x)
+        xq = xq.float() * xs
+    want = fp8_gemm_reference(xq, w8, scale, block_size=block_size, bias=bias.float())
+    assert got.dtype == BF16 and _rel_err(got, want) < GEMM_TOL
+    if fmt == BLOCKWISE:  # the same operands and arithmetic as the Triton GEMM
+        assert _rel_err(got, fp8_gemm_triton(x, w8, scale, bias=bias)) < GEMM_TOL
+
+
 @pytest.mark.parametrize(
-    ("kernel", "m"), [(fp8_gemv_triton, 1), (fp8_gemm_triton, 512)], ids=["gemv", "gemm"]
+    ("kernel", "m"), [(fp8_gemv_triton, 1), (fp8_gemm_triton, 512), (fp8_scaled_mm, 64)], ids=["gemv", "gemm", "cublas"]
 )
 def test_fp8_linear_replays_in_a_cuda_graph(kernel, m: int) -> None:  # noqa: ANN001
     n, k = 4096, 4096
@@ -123,7 +197,7 @@ def test_fp8_linear_replays_in_a_cuda_graph(kernel, m: int) -> None:  # noqa: AN
         x.copy_(torch.randn(m, k, device="cuda", generator=gen))
         graph.replay()
         torch.cuda.synchronize()
-        want = fp8_gemm_reference(x.float(), w8, scale, quantize_activations=kernel is fp8_gemm_triton)
+        want = fp8_gemm_reference(x.float(), w8, scale, quantize_activations=kernel is not fp8_gemv_triton)
         assert _rel_err(out, want) < GEMM_TOL
 
 

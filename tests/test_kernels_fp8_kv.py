@@ -23,7 +23,7 @@ from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything 
     interpreted,
 )
 from tokenspeed.kernels.attention.decode_torch_batched import decode_attention_torch_batched
-from tokenspeed.kernels.attention.decode_triton import decode_attention_triton
+from tokenspeed.kernels.attention.decode_triton import decode_attention_triton, fp8_launch_candidates
 from tokenspeed.kernels.attention.extend_triton import extend_attention_triton
 from tokenspeed.kernels.attention.paged_reference import (
     decode_attention_reference,
@@ -206,6 +206,10 @@ def test_triton_decode_on_fp8_matches_reference(
     assert out.dtype == dtype
     torch.testing.assert_close(out.float(), expected.float(), rtol=TOL[dtype], atol=TOL[dtype])
     assert not out[1].float().any()
+    if dtype == torch.float16:  # fp16 queries take the tuned launches on the GPU: every candidate
+        for launch in fp8_launch_candidates((32,)):
+            out = decode_attention_triton(q, k8, v8, table, seq_lens, num_splits=num_splits, launch=launch, **kwargs)
+            torch.testing.assert_close(out.float(), expected.float(), rtol=TOL[dtype], atol=TOL[dtype])
 
 
 @interpreted

@@ -24,7 +24,7 @@ pytestmark = [
 pytest.importorskip("triton")
 
 from tests.paged_kernels import capture_cuda_graph, shuffled_page_table  # noqa: E402
-from tokenspeed.kernels.attention.decode_triton import decode_attention_triton  # noqa: E402
+from tokenspeed.kernels.attention.decode_triton import decode_attention_triton, fp8_launch_candidates  # noqa: E402
 from tokenspeed.kernels.attention.extend_triton import extend_attention_triton  # noqa: E402
 from tokenspeed.kernels.attention.paged_reference import (  # noqa: E402
     decode_attention_reference,
@@ -112,6 +112,9 @@ def test_decode_on_fp8_long_contexts(page_size: int, per_head: bool) -> None:
         out = decode_attention_triton(*args, scale=SCALE, num_splits=splits, **scales)
         torch.testing.assert_close(out.float(), expected, **ATTN_TOL)
     assert bool((out[6] == 0).all())
+    for launch in fp8_launch_candidates((DIM,)):  # every launch its tuner may pick
+        out = decode_attention_triton(*args, scale=SCALE, launch=launch, **scales)
+        torch.testing.assert_close(out.float(), expected, **ATTN_TOL)
 
 
 def test_fp8_decode_step_replays_in_a_cuda_graph() -> None:

@@ -1,4 +1,5 @@
-"""Every Triton kernel compiles for sm_90 on this (GPU-less) machine, without register spills beyond its allowance.
+"""Every Triton kernel compiles for sm_90 on this (GPU-less) machine, without register spills beyond its allowance,
+and no fp8 kernel reads shared memory a byte at a time (an fp8 tile Triton transposes for a dot unwidened).
 
 The interpreter tests (`test_kernels_triton.py`) check what kernels compute but
 run them as Python, so compile-only mistakes would first surface on the GPU
@@ -34,3 +35,6 @@ def test_triton_kernels_compile_for_hopper_without_spills() -> None:
     )
     assert spills, result.stdout
     assert [name for name, stored, allowed in spills if int(stored) > int(allowed or 0)] == []
+    byte_loads = re.findall(r"^ok\s+(.*fp8.*): .*shared_byte_loads=(\d+)", result.stdout, flags=re.MULTILINE)
+    assert byte_loads, result.stdout
+    assert [name for name, loads in byte_loads if int(loads)] == []  # fp8 tiles are widened before transposes

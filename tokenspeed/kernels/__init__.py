@@ -28,14 +28,18 @@ prologue, residual epilogue and fp32 output) and `gemm.decode_silu_mul` (the
 gate/up projection with SiLU-and-mul fused); REFERENCE (cpu, cuda: the off
 switch) and Triton PORTABLE (cuda), picked for `workload={"num_tokens": ...}`
 up to `gemm.DECODE_MAX_TOKENS`. `pdl.py`: programmatic dependent launch for the
-decode-step kernels (`TOKENSPEED_PDL=0` turns it off).
+decode-step kernels (`TOKENSPEED_PDL=0` turns it off). `autotune.py`: kernels
+with several launch shapes time them per shape on the device on first use,
+never inside a CUDA graph capture (`TOKENSPEED_AUTOTUNE=0`: defaults only).
 
 FP8 (e4m3; formats and rounding in `quant/fp8.py`): `quant.per_token_group`
-(dynamic 1 x 128 activation quantisation; REFERENCE and Triton); `gemm.fp8`
-(linear with fp8 weights and block / per-channel / per-tensor scales:
-REFERENCE dequantises on the fly, Triton `triton_gemv` PERFORMANT streams
-weights for 1..`gemm.FP8_GEMV_MAX_TOKENS` tokens, Triton `triton` PORTABLE
-runs fp8 x fp8 tensor cores above; `gemm.fp8_dispatch` picks per batch);
+and `quant.per_token` (dynamic 1 x 128 and rowwise activation quantisation;
+REFERENCE and Triton); `gemm.fp8` (linear with fp8 weights and block /
+per-channel / per-tensor scales: REFERENCE dequantises on the fly, Triton
+`triton_gemv` PERFORMANT streams weights for one token
+(`gemm.FP8_GEMV_MAX_TOKENS`), cuBLAS `scaled_mm` PERFORMANT (`torch._scaled_mm`,
+bf16) runs the block and rowwise formats above, Triton `triton` PORTABLE
+runs fp8 x fp8 tensor cores for any layout; `gemm.fp8_dispatch` picks per batch);
 `moe.experts_fp8` (fp8 experts; REFERENCE and Triton). The KV kernels
 (`kvstore.write`, `attention.*`, `mla.*`) also take an fp8 cache with static
 per-head scales (`k_scale`/`v_scale`, `kv_scale` for MLA).

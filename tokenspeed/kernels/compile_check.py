@@ -2,10 +2,13 @@
 
 The CPU interpreter runs kernels as Python, so it cannot catch what only the
 compiler rejects (a non-constexpr global, a loop-carried value changing type)
-nor show register spills. This module lowers each kernel at its serving
-configuration (bf16, head_dim 128, GQA 32/8) through Triton's compiler and the
-`ptxas` bundled with triton, for sm_90 by default, and reports registers and
-spills. `python -m tokenspeed.kernels.compile_check [--arch 90]`; exit status 1
+nor show register spills, nor a tile that Triton transposes through shared
+memory a byte at a time (`shared_byte_loads`: 8-bit data has no transposing
+`ldmatrix`; the fp8 kernels widen such tiles first, `quant/fp8_cast.widen_fp8`).
+This module lowers each kernel at its serving configuration (bf16, head_dim
+128, GQA 32/8) through Triton's compiler and the `ptxas` bundled with triton,
+for sm_90 by default, and reports registers and spills.
+`python -m tokenspeed.kernels.compile_check [--arch 90]`; exit status 1
 if any kernel fails to compile. Must run without TRITON_INTERPRET=1.
 """
 
@@ -17,7 +20,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +39,9 @@ _ALIGNED = re.compile(r"(_ptr$|^stride_(?!pt$|cos$|row$|x_inner$|r_inner$))")
 class KernelConfig:
     """One kernel at one set of constexprs; pointer dtypes default to `pointee`.
 
+    `pointers` maps an argument to its pointee type, or to a tuple of them for
+    a tuple argument (every element aligned to 16 bytes).
+
     `spill_allowance`: register spill bytes this configuration is known to
     have and was measured to be fastest with anyway (0 for nearly all).
     `multiple_of_16`: integer arguments the launcher sees as multiples of 16
@@ -46,22 +52,27 @@ class KernelConfig:
     kernel: Any
     constexprs: dict[str, Any]
     pointee: str = "bf16"
-    pointers: dict[str, str] = field(default_factory=dict)
+    pointers: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict)
     num_warps: int = 4
     num_stages: int = 2
     spill_allowance: int = 0
     multiple_of_16: tuple[str, ...] = ()
 
 
-def _signature(config: KernelConfig) -> tuple[dict[str, str], dict[tuple[int, ...], Any]]:
+def _signature(config: KernelConfig) -> tuple[dict[str, Any], dict[tuple[int, ...], Any]]:
     """Triton types of every argument, plus the 16-divisibility hints the launcher would infer."""
-    signature: dict[str, str] = {}
+    signature: dict[str, Any] = {}
     attrs: dict[tuple[int, ...], Any] = {}
     for index, arg in enumerate(config.kernel.arg_names):
+        pointee = config.pointers.get(arg, config.pointee)
+        if isinstance(pointee, tuple):  # a tuple of pointers (one per peer, say), each aligned
+            signature[arg] = tuple(f"*{t}" for t in pointee)
+            attrs |= {(index, i): [["tt.divisibility", 16]] for i in range(len(pointee))}
+            continue
         if arg in config.constexprs:
             signature[arg] = "constexpr"
         elif arg.endswith("_ptr"):
-            signature[arg] = "*" + config.pointers.get(arg, config.pointee)
+            signature[arg] = f"*{pointee}"
         else:
             signature[arg] = "fp32" if arg in _FLOAT_ARGS else "i32"
         if signature[arg] != "constexpr" and (_ALIGNED.search(arg) or arg in config.multiple_of_16):
@@ -87,8 +98,18 @@ def serving_configs() -> Iterator[KernelConfig]:
             decode_triton._decode_split_kernel,
             dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=splits, G_BLOCKS=1)
             | dict(BLOCK_G=16, BLOCK_D=128, BLOCK_N=decode_triton.positions_per_step(128, 1 if fp8 else 2))
-            | dict(HAS_WINDOW=window, IEEE=False, USE_PDL=True, HAS_SCALE=fp8, SCALE_STRIDE=1),
+            | dict(HAS_WINDOW=window, IEEE=False, USE_PDL=True, HAS_SCALE=fp8, SCALE_STRIDE=1, F16_DOTS=fp8),
             pointers=tables | partials | (_FP8_KV if fp8 else _KV_SCALES),
+        )
+    for launch in decode_triton.fp8_launch_candidates((128,))[1:]:  # the other launches its tuner may pick
+        yield KernelConfig(
+            f"attention.decode splits=8 fp8=True {launch}",
+            decode_triton._decode_split_kernel,
+            dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=8, G_BLOCKS=1, BLOCK_G=16)
+            | dict(BLOCK_D=128, BLOCK_N=launch.block_n, HAS_WINDOW=False, IEEE=False, USE_PDL=True)
+            | dict(HAS_SCALE=True, SCALE_STRIDE=1, F16_DOTS=True),
+            pointers=tables | partials | _FP8_KV,
+            num_stages=launch.num_stages,
         )
     yield KernelConfig(
         "attention.decode reduce",
@@ -102,7 +123,7 @@ def serving_configs() -> Iterator[KernelConfig]:
                 f"attention.extend {block_m}x{block_n} window={window} fp8={fp8}",
                 extend_triton._extend_kernel,
                 dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=128)
-                | dict(HAS_WINDOW=window, IEEE=False, HAS_SCALE=fp8, SCALE_STRIDE=1),
+                | dict(HAS_WINDOW=window, IEEE=False, HAS_SCALE=fp8, SCALE_STRIDE=1, F16_DOTS=fp8),
                 pointers=tables | (_FP8_KV if fp8 else _KV_SCALES),
                 num_warps=warps,
             )
@@ -198,7 +219,9 @@ def compile_config(config: KernelConfig, arch: int) -> str:
     source = ASTSource(fn=config.kernel, signature=signature, constexprs=config.constexprs, attrs=attrs)
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
-    report = f"shared={compiled.metadata.shared}B {_ptxas_report(compiled.asm['ptx'], arch)}"
+    byte_loads = len(re.findall(r"ld\.shared\.[bsu]8\b", compiled.asm["ptx"]))
+    report = f"shared={compiled.metadata.shared}B shared_byte_loads={byte_loads} "
+    report += _ptxas_report(compiled.asm["ptx"], arch)
     return report + (f" allowance={config.spill_allowance}B" if config.spill_allowance else "")
 
 

@@ -86,6 +86,7 @@ _TRITON_MODULES = (
     "tokenspeed.kernels.gemm.gemv_triton",
     "tokenspeed.kernels.gemm.fp8_gemm_triton",
     "tokenspeed.kernels.gemm.fp8_gemv_triton",
+    "tokenspeed.kernels.gemm.fp8_scaled_mm",
     "tokenspeed.kernels.quant.quantize_triton",
     "tokenspeed.kernels.comm.fused_allreduce_rmsnorm_triton",
 )

@@ -17,14 +17,26 @@ cached byte once:
   launch of each overlaps the kernel before it.
 
 FP8 KV cache (e4m3, per-head or per-tensor scales, `quant/fp8.kv_scale_layout`):
-tiles are widened to the query dtype in registers; a program serves one kv
-head, so its key scale is folded into the softmax scale and its value scale
-multiplies the output once, and the inner loop gains no multiply. A tile is
-then half the bytes, so fp8 caches take 128 positions a step (same bytes in
-flight as 64 bf16 positions).
+a program serves one kv head, so its key scale is folded into the softmax
+scale and its value scale multiplies the output once, and the inner loop
+gains no multiply. A tile is half the bytes, so fp8 caches take 128
+positions a step (same bytes in flight as 64 bf16 positions). The dots run
+in fp16 (`F16_DOTS`: a bf16 query is converted once, saturating at fp16's
+range; probabilities are rounded to fp16, finer than bf16): e4m3 widens to
+fp16 with one instruction per pair, to bf16 only through fp16 with a slow
+conversion per value, and the value tile is widened in registers before
+Triton transposes it for the dot (`fp8_cast.widen_fp8`). On the H200 the
+first version (bf16 dots, values transposed byte by byte in shared memory)
+ran at half the copy bandwidth, barely faster than a bf16 cache. Positions
+per step and pipeline depth of an fp8 cache are timed per model shape on
+first use (`kernels/autotune.py`, `fp8_launch_candidates`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import torch
 import triton
@@ -38,8 +50,10 @@ from tokenspeed.kernels.attention.paged_tiles import (
     online_softmax_step,
     store_split_partial,
 )
+from tokenspeed.kernels.autotune import LaunchTuner
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
-from tokenspeed.kernels.quant.fp8 import kv_scale_args
+from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
+from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2, sm_count_of
 
@@ -87,6 +101,7 @@ def _decode_split_kernel(
     USE_PDL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     SCALE_STRIDE: tl.constexpr,
+    F16_DOTS: tl.constexpr,
 ):
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
         gdc_wait()
@@ -114,6 +129,8 @@ def _decode_split_kernel(
         mask=g_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
+    if F16_DOTS:  # an fp8 cache under a bf16 query: the dots run in fp16 (module docstring)
+        q = to_f16_saturated(q)
 
     if HAS_SCALE:  # fp8 keys: k = k_fp8 * k_scale, folded into the softmax scale
         scale_log2e = scale_log2e * tl.load(k_scale_ptr + kv_head * SCALE_STRIDE)
@@ -128,10 +145,10 @@ def _decode_split_kernel(
         slot = pos % PAGE_SIZE
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = gather_kv_tile(k_cache_ptr, page, slot, kv_head, stride_kp, stride_ks, stride_kh, offs_d, kv_mask)
-        scores = dot(q, tl.trans(k.to(q.dtype)), IEEE)
+        scores = dot(q, tl.trans(widen_fp8(k, q.dtype, False)), IEEE)
         scores = tl.where(n_mask[None, :], scores * scale_log2e, float("-inf"))
         v = gather_kv_tile(v_cache_ptr, page, slot, kv_head, stride_vp, stride_vs, stride_vh, offs_d, kv_mask)
-        m_i, l_i, acc = online_softmax_step(scores, v.to(q.dtype), m_i, l_i, acc, IEEE)
+        m_i, l_i, acc = online_softmax_step(scores, widen_fp8(v, q.dtype, True), m_i, l_i, acc, IEEE)
     if HAS_SCALE:
         acc = acc * tl.load(v_scale_ptr + kv_head * SCALE_STRIDE)
 
@@ -178,6 +195,24 @@ def positions_per_step(block_d: int, cache_element_size: int) -> int:
     return (64 if block_d <= 128 else 32) * max(1, 2 // cache_element_size)
 
 
+@dataclass(frozen=True, slots=True)
+class SplitLaunch:
+    """Cached positions per loop step and pipeline stages of `_decode_split_kernel`."""
+
+    block_n: int
+    num_stages: int
+
+
+def fp8_launch_candidates(key: tuple[Any, ...]) -> list[SplitLaunch]:
+    """Launches an fp8 cache may take (`LaunchTuner`; the first is the default): key = (head_dim, ...)."""
+    per_step = positions_per_step(max(16, next_power_of_2(key[0])), 1)
+    return [SplitLaunch(per_step, 2), SplitLaunch(per_step, 3), SplitLaunch(per_step // 2, 3)]
+
+
+# Tuned once per model shape (not per batch or table width, which may change every eager step).
+_FP8_TUNER: LaunchTuner[SplitLaunch] = LaunchTuner("attention.decode fp8 launch", fp8_launch_candidates)
+
+
 def choose_num_splits(
     num_rows: int, num_kv_heads: int, max_seq_len: int, device: torch.device | str | None = None
 ) -> int:
@@ -213,6 +248,7 @@ def decode_attention_triton(
     num_splits: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    launch: SplitLaunch | None = None,
 ) -> torch.Tensor:
     """q `[rows, heads, head_dim]` over caches `[num_pages, page_size, kv_heads, head_dim]`.
 
@@ -220,6 +256,7 @@ def decode_attention_triton(
     device tensors. `num_splits` None picks one from the table width (the most
     tokens a row can hold), which never reads the tensors' values. Caches in
     fp8 e4m3 take `k_scale` / `v_scale` (fp32 `[kv_heads]` or `[1]`; None: 1.0).
+    `launch` None: the default for a bf16 cache, the tuned one for an fp8 cache.
     """
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -234,10 +271,18 @@ def decode_attention_triton(
     if num_splits is None:
         num_splits = choose_num_splits(rows, num_kv_heads, page_table.shape[1] * page_size, q.device)
     k_scale_arg, v_scale_arg, has_scale, scale_stride = kv_scale_args(k_scale, v_scale, k_cache, num_kv_heads)
+    block_d = max(16, next_power_of_2(head_dim))
+    if launch is None and k_cache.dtype == FP8_DTYPE and q.dtype != torch.float32:
+        run = partial(
+            decode_attention_triton, q, k_cache, v_cache, page_table, seq_lens, scale=scale,
+            sliding_window=sliding_window, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
+        key = (head_dim, num_heads, num_kv_heads, page_size, q.dtype)
+        launch = _FP8_TUNER.choose(key, q.device, lambda chosen: run(launch=chosen))
+    launch = launch or SplitLaunch(positions_per_step(block_d, k_cache.element_size()), 2)
     group = num_heads // num_kv_heads
     block_g = max(16, min(64, next_power_of_2(group)))
     g_blocks = -(-group // block_g)
-    block_d = max(16, next_power_of_2(head_dim))
     pdl = pdl_enabled(q.device)
     if num_splits > 1:
         part_out = torch.empty(rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -276,13 +321,14 @@ def decode_attention_triton(
         G_BLOCKS=g_blocks,
         BLOCK_G=block_g,
         BLOCK_D=block_d,
-        BLOCK_N=positions_per_step(block_d, k_cache.element_size()),
+        BLOCK_N=launch.block_n,
         HAS_WINDOW=sliding_window is not None,
         IEEE=q.dtype == torch.float32,
         HAS_SCALE=has_scale,
         SCALE_STRIDE=scale_stride,
+        F16_DOTS=k_cache.dtype == FP8_DTYPE and q.dtype == torch.bfloat16,
         num_warps=4,
-        num_stages=2,
+        num_stages=launch.num_stages,
         **pdl_launch_options(pdl),
     )
     if num_splits > 1:

@@ -14,9 +14,10 @@ window). Grid axis 0 enumerates query tiles with the *last* ones first: they
 see the most keys, and starting them early balances the tail. Element offsets
 into the cache are 64-bit because a large pool overflows 32 bits.
 
-FP8 KV cache: as in `decode_triton`, tiles are widened to the query dtype in
-registers, the key scale of the program's kv head is folded into the softmax
-scale and its value scale multiplies the output once.
+FP8 KV cache: as in `decode_triton`, the dots run in fp16 (`F16_DOTS` for a
+bf16 query), tiles are widened in registers, the key scale of the program's
+kv head is folded into the softmax scale and its value scale multiplies the
+output once.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import triton
 import triton.language as tl
 
 from tokenspeed.kernels.attention.paged_tiles import dot, gather_kv_tile, online_softmax_step
-from tokenspeed.kernels.quant.fp8 import kv_scale_args
+from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
+from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -68,6 +70,7 @@ def _extend_kernel(
     IEEE: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     SCALE_STRIDE: tl.constexpr,
+    F16_DOTS: tl.constexpr,
 ):
     m_block = M_BLOCKS - 1 - tl.program_id(0)
     head = tl.program_id(1)
@@ -89,6 +92,8 @@ def _extend_kernel(
             mask=m_mask[:, None] & d_mask[None, :],
             other=0.0,
         )
+        if F16_DOTS:  # an fp8 cache under a bf16 query: fp16 dots, as in decode_triton
+            q = to_f16_saturated(q)
 
         first_q = prefix + m_block * BLOCK_M
         hi = tl.minimum(seq_len, first_q + BLOCK_M)
@@ -110,14 +115,14 @@ def _extend_kernel(
             slot = pos % PAGE_SIZE
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k = gather_kv_tile(k_cache_ptr, page, slot, kv_head, stride_kp, stride_ks, stride_kh, offs_d, kv_mask)
-            scores = dot(q, tl.trans(k.to(q.dtype)), IEEE) * scale_log2e
+            scores = dot(q, tl.trans(widen_fp8(k, q.dtype, False)), IEEE) * scale_log2e
             if HAS_WINDOW or block_start + BLOCK_N > unmasked_end:
                 visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
                 if HAS_WINDOW:
                     visible = visible & ((q_pos[:, None] - pos[None, :]) < window)
                 scores = tl.where(visible, scores, float("-inf"))
             v = gather_kv_tile(v_cache_ptr, page, slot, kv_head, stride_vp, stride_vs, stride_vh, offs_d, kv_mask)
-            m_i, l_i, acc = online_softmax_step(scores, v.to(q.dtype), m_i, l_i, acc, IEEE)
+            m_i, l_i, acc = online_softmax_step(scores, widen_fp8(v, q.dtype, True), m_i, l_i, acc, IEEE)
 
         if HAS_SCALE:
             acc = acc * tl.load(v_scale_ptr + kv_head * SCALE_STRIDE)
@@ -211,6 +216,7 @@ def extend_attention_triton(
         IEEE=q.dtype == torch.float32,
         HAS_SCALE=has_scale,
         SCALE_STRIDE=scale_stride,
+        F16_DOTS=k_cache.dtype == FP8_DTYPE and q.dtype == torch.bfloat16,
         num_warps=num_warps,
         num_stages=num_stages,
     )

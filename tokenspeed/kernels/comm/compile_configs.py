@@ -18,6 +18,7 @@ def comm_compile_configs() -> Iterator[KernelConfig]:
             f"comm.fused_allreduce_rmsnorm world={world}",
             fused._fused_allreduce_rmsnorm_kernel,
             dict(N=4096, BLOCK=4096, WORLD=world, HAS_RESIDUAL=True),
-            pointers={"peer_table_ptr": "i64"},
+            pointers={"peers": ("bf16",) * world},
+            multiple_of_16=("stride_row", "stride_res_row"),
             num_warps=16,
         )

@@ -1,4 +1,4 @@
-"""Per-batch choice between the FP8 GEMV (few tokens) and the FP8 tensor-core GEMM (`gemm.fp8`).
+"""Per-batch choice between the FP8 GEMV (one token) and the FP8 tensor-core GEMMs (`gemm.fp8`).
 
 A layer selects its kernels once, at construction, but which FP8 kernel is
 fastest depends on the step's token count. `select_fp8_gemm_by_batch`
@@ -6,8 +6,10 @@ therefore resolves `gemm.fp8` for both sides of `FP8_GEMV_MAX_TOKENS` (so
 overrides such as `--kernel gemm.fp8=reference`, dtypes and availability are
 honoured exactly as by `select_kernel`), and the returned callable picks by
 the input's token count, a host-side int: no sync, and a CUDA graph captured
-at one batch size always replays the same kernel. On the CPU both sides are
-the reference.
+at one batch size always replays the same kernel. On a CUDA device with bf16
+activations that is the Triton GEMV for one token and cuBLAS (`scaled_mm`,
+which hands the layouts it cannot take to the Triton GEMM) above; on the
+CPU both sides are the reference.
 """
 
 from __future__ import annotations

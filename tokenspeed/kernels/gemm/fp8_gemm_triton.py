@@ -11,7 +11,10 @@ cores accumulate on their own (fp8 wgmma accumulates with reduced precision;
 DeepSeek-V3 promotes to fp32 every 128 values for that reason).
 
 Scales of any `block_size` are gathered per output column (`n // bn`), so the
-same kernel serves block, per-channel ((1, K)) and per-tensor ((N, K)) weights.
+same kernel serves block, per-channel ((1, K)) and per-tensor ((N, K)) weights;
+where a tile's columns lie in one row block (`ONE_B_SCALE`: 128 x 128 blocks
+and 128-wide tiles) the step's two scales fold into one per row, one FMA per
+accumulator element instead of three operations.
 Rows and columns past M and N are read wrapped (`% M`, `% N`) instead of
 masked, and dropped at the store. Program order is grouped (`GROUP_M` row
 blocks per weight column tile) so tiles of B are reused from L2.
@@ -77,6 +80,7 @@ def _fp8_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    ONE_B_SCALE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -96,14 +100,18 @@ def _fp8_gemm_kernel(
     b_ptrs = b_ptr + cols.to(tl.int64)[None, :] * stride_bn + offs_k[:, None]
     a_scales = a_scale_ptr + rows.to(tl.int64) * stride_asm
     b_scales = b_scale_ptr + (cols // SCALE_BN) * stride_bsn
+    tile_scales = b_scale_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_bsn  # the tile's row block
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(0, tl.cdiv(K, BLOCK_K)):
         k_left = K - step * BLOCK_K
         a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         a_s = tl.load(a_scales + step)
-        b_s = tl.load(b_scales + (step * BLOCK_K) // SCALE_BK)
-        acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+        if ONE_B_SCALE:  # one weight scale for the whole tile: one FMA an element to scale and accumulate
+            acc += tl.dot(a, b) * (a_s * tl.load(tile_scales + (step * BLOCK_K) // SCALE_BK))[:, None]
+        else:
+            b_s = tl.load(b_scales + (step * BLOCK_K) // SCALE_BK)
+            acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     if HAS_BIAS:
@@ -135,6 +143,7 @@ def fp8_gemm_prequantized(
         a.stride(0), a_scale.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
         SCALE_BN=block_size[0], SCALE_BK=max(block_size[1], GROUP_SIZE), BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n, BLOCK_K=GROUP_SIZE, GROUP_M=tiles.group_m, HAS_BIAS=bias is not None,
+        ONE_B_SCALE=block_size[0] % tiles.block_n == 0 and n % tiles.block_n == 0,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return out

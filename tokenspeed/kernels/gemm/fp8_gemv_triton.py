@@ -1,24 +1,40 @@
-"""Triton FP8 weight-streaming GEMV (`gemm.fp8`, name "triton_gemv"): 1-16 tokens, fp8 weights, bf16 activations.
+"""Triton FP8 weight-streaming GEMV (`gemm.fp8`, name "triton_gemv"): one token, fp8 weights, bf16 activations.
 
-At decode sizes a projection is a stream of weight bytes, and fp8 halves
-them; the activations are a few KB and stay in their dtype (no quantisation
-step, no extra launch, and more accurate than the tensor-core GEMM). As in
-`gemv_triton.py`, a program owns BLOCK_N whole output rows, streams them once
-and writes finished outputs (no split-K, no second kernel). The weight is
-widened fp8 -> fp32 (or the activation dtype for `tl.dot`) in registers.
+At decode a projection is a stream of weight bytes and fp8 halves them; the
+activation row is a few KB and stays in its dtype (no quantisation step, no
+extra launch, and more accurate than the tensor-core GEMM). As in
+`gemv_triton.py`, a program owns BLOCK_N whole output rows, streams them in
+`[BLOCK_N, 128 * GROUPS]` steps and writes finished outputs (no split-K, no
+second kernel). Each program serves one token (grid axis 1); batches of
+more tokens take the tensor-core GEMM (`FP8_GEMV_MAX_TOKENS`).
 
-With block scales a program's rows always lie in one row block (BLOCK_N
-divides bn), so the scale of a K group is the same for all of its rows:
-- one token (`USE_DOT` False): the K step is `GROUPS` groups of 128, loaded
-  as a `[BLOCK_N, GROUPS, 128]` tile; the step's `GROUPS` scales multiply the
-  `[1, GROUPS, 128]` input instead (128x fewer products), and the tile is
-  FMA-accumulated in fp32 registers, reduced once at the end;
-- 2-16 tokens (`USE_DOT`): `GROUPS` groups per step, dequantised in
-  registers to the activation dtype exactly as the reference dequantises
-  (w_fp8 * scale, rounded once), then `tl.dot(W, X^T)` with the weight rows
-  as the M side (swap-AB, tokens padded to 16).
-Per-channel and per-tensor scales (a block spanning K, `ROW_SCALE`) multiply
-each row's finished sum instead (one token) or its dequantised rows (the dot).
+Where the time goes: an fp8 byte is one weight, so this kernel does twice
+the arithmetic per byte of the bf16 GEMV, and at the H200's ~36 bytes per
+clock per SM the instruction issue, not memory, was the limit of the first
+version (about 9 instructions per weight byte: widen to fp32, scale, FMA;
+0.3-0.5 of the copy bandwidth). Two inner loops (`F16_MATH`):
+- fp16 (default): the weight widens to fp16 with one instruction per pair
+  (exactly) and is multiplied into fp16 lanes with packed FMAs, one per pair;
+  each lane accumulates one product per K step (at most `STEPS`), and the
+  lanes are summed in fp32 once at the end. To keep those lanes in fp16's
+  range, the activations are pre-multiplied by their K group's weight scale
+  and by a power of two `f` chosen per program from a first pass over the
+  row (max |x| times the largest scale of the program's row block), so that
+  no lane can exceed 2^14 (fp16 tops out at 65504); the result is divided by
+  `f` again. Per product that is one fp16 rounding (2^-11), below the bf16
+  output's own (2^-9), and values more than 2^24 below the row's largest
+  flush to zero.
+- fp32: widen to fp32 and FMA into an fp32 tile (exact products, fp32 sums;
+  about 1.5x the instructions); always for fp32 activations.
+`choose_config`'s candidates include both; `LaunchTuner` times them per
+shape on the device on first use (`kernels/autotune.py`), the first being
+the default where timing is off.
+
+Scales: a program's rows lie in one row block (BLOCK_N divides bn), so a
+K group's block scale is the same for all of them and multiplies the
+activations (GROUPS products a step, not BLOCK_N * 128); per-channel and
+per-tensor scales (a block spanning K, `ROW_SCALE`) multiply each row's
+finished sum instead.
 
 Launched with programmatic dependent launch on Hopper (`kernels/pdl.py`).
 """
@@ -26,13 +42,14 @@ Launched with programmatic dependent launch on Hopper (`kernels/pdl.py`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tokenspeed.kernels.attention.paged_tiles import dot
+from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
@@ -40,41 +57,41 @@ from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, WEIGHT_BLOCK, BlockSize
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
+# The largest magnitude a sum of LANE_RUN fp16 lanes may reach (headroom 4x under fp16's 65504).
+_LANE_LIMIT = tl.constexpr(16384.0)
+LANE_RUN = tl.constexpr(16)
+
 
 @dataclass(frozen=True, slots=True)
 class Fp8GemvConfig:
-    """Launch shape of `_fp8_gemv_kernel`: `groups` K groups of 128 per step (one-token path)."""
+    """Launch shape of `_fp8_gemv_kernel`: BLOCK_N rows, `groups` K groups of 128 per step."""
 
-    block_m: int
     block_n: int
     groups: int
     num_warps: int
     stages: int
-
-    @property
-    def use_dot(self) -> bool:
-        return self.block_m > 1
+    f16_math: bool = True
 
 
-def choose_config(m: int, k: int) -> Fp8GemvConfig:
-    """Launch shape for `m` tokens and rows of `k` (the bf16 GEMV's measured shapes, at half the bytes).
+def choose_config(k: int) -> list[Fp8GemvConfig]:
+    """Candidate launch shapes for rows of `k` (the first is the default), for `LaunchTuner`.
 
-    One token: 4 rows x up to 4096 values (16 KB) per program, loaded at once
-    like the bf16 kernel's 2 x 4096; long rows (down_proj) take pipelined
-    steps of 1024. More tokens: 16 rows x 512 values per tensor-core step,
-    4 stages (two programs an SM even for 4096 rows). Not tuned one by one
-    on the H200 yet: `benchmarks/fp8_kernels.py --sweep` times alternatives.
+    Steps of 8-16 rows x 2048 values (16-32 KB, pipelined) keep 128-256
+    bytes per thread in flight; 4096-wide single steps suit K = 4096 (one
+    pass, no loop). The fp32 loop is a candidate at one shape.
     """
-    groups = triton.cdiv(k, GROUP_SIZE)
-    if m == 1:
-        if k > 8192:
-            return Fp8GemvConfig(block_m=1, block_n=4, groups=8, num_warps=4, stages=3)
-        return Fp8GemvConfig(
-            block_m=1, block_n=4, groups=min(32, next_power_of_2(groups)), num_warps=8, stages=1
-        )
-    return Fp8GemvConfig(
-        block_m=16, block_n=16, groups=min(4, next_power_of_2(groups)), num_warps=4, stages=4
-    )
+    groups = next_power_of_2(triton.cdiv(k, GROUP_SIZE))
+    return [
+        Fp8GemvConfig(block_n=8, groups=min(16, groups), num_warps=4, stages=3),
+        Fp8GemvConfig(block_n=16, groups=min(8, groups), num_warps=4, stages=3),
+        Fp8GemvConfig(block_n=8, groups=min(32, groups), num_warps=8, stages=2),
+        Fp8GemvConfig(block_n=4, groups=min(32, groups), num_warps=4, stages=2),
+        Fp8GemvConfig(block_n=16, groups=min(16, groups), num_warps=8, stages=2),
+        Fp8GemvConfig(block_n=8, groups=min(16, groups), num_warps=4, stages=3, f16_math=False),
+    ]
+
+
+_TUNER: LaunchTuner[Fp8GemvConfig] = LaunchTuner("gemm.fp8 triton_gemv", lambda key: choose_config(key[1]))
 
 
 @triton.jit
@@ -84,7 +101,6 @@ def _fp8_gemv_kernel(
     ws_ptr,
     bias_ptr,
     out_ptr,
-    M,
     stride_xm,
     stride_wn,
     stride_wsn,
@@ -93,76 +109,76 @@ def _fp8_gemv_kernel(
     K: tl.constexpr,
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
+    SCALE_COLS: tl.constexpr,
     ROW_SCALE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GROUPS: tl.constexpr,
     GROUP_K: tl.constexpr,
     STAGES: tl.constexpr,
-    USE_DOT: tl.constexpr,
+    F16_MATH: tl.constexpr,
+    EVEN: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    IEEE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
         gdc_wait()
         gdc_launch_dependents()
+    BLOCK_K: tl.constexpr = GROUPS * GROUP_K
+    STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    scales_per_row = (K + SCALE_BK - 1) // SCALE_BK
     pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    token = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_c = tl.arange(0, GROUP_K)
-    n_mask = offs_n < N
-    m_mask = offs_m < M
+    offs_k = tl.arange(0, BLOCK_K)
     offs_g = tl.arange(0, GROUPS)
-    cols = offs_g[:, None] * GROUP_K + offs_c[None, :]  # [GROUPS, GROUP_K] offsets within a step
-    rows = w_ptr + offs_n.to(tl.int64)[:, None, None] * stride_wn
+    n_mask = offs_n < N
+    rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    x_row = x_ptr + token.to(tl.int64) * stride_xm
+    x_cols = offs_g[:, None] * GROUP_K + tl.arange(0, GROUP_K)[None, :]  # [GROUPS, GROUP_K] of a step
     scale_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn  # the program's row block
-    if ROW_SCALE:
-        row_scales = tl.load(ws_ptr + (offs_n // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)
-    if USE_DOT:  # 2-16 tokens: the step's weights dequantised as the reference rounds them, one dot
-        x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-        offs_kb = tl.arange(0, GROUPS * GROUP_K)
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        for k0 in tl.range(0, K, GROUPS * GROUP_K, num_stages=STAGES):
-            k_mask = (k0 + cols) < K
-            w = tl.load(
-                rows + (k0 + cols)[None, :, :], mask=n_mask[:, None, None] & k_mask[None, :, :], other=0.0
-            ).to(tl.float32)
-            if ROW_SCALE:
-                w = w * row_scales[:, None, None]
-            else:
-                group_start = k0 + offs_g * GROUP_K
-                w = (
-                    w
-                    * tl.load(scale_row + group_start // SCALE_BK, mask=group_start < K, other=0.0)[
-                        None, :, None
-                    ]
-                )
-            w = tl.reshape(w.to(x_ptr.dtype.element_ty), (BLOCK_N, GROUPS * GROUP_K))
-            offs_k = k0 + offs_kb
-            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
-            acc += dot(w, tl.trans(x), IEEE)
-    else:  # one token: [BLOCK_N, GROUPS, GROUP_K] tiles FMA-accumulated in fp32, one reduction at the end
-        x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
-        tile = tl.zeros([BLOCK_N, GROUPS, GROUP_K], dtype=tl.float32)
-        for k0 in tl.range(0, K, GROUPS * GROUP_K, num_stages=STAGES):
-            k_mask = (k0 + cols) < K
-            w = tl.load(
-                rows + (k0 + cols)[None, :, :], mask=n_mask[:, None, None] & k_mask[None, :, :], other=0.0
-            )
-            x = tl.load(x_row + k0 + cols, mask=k_mask, other=0.0).to(tl.float32)
-            if not ROW_SCALE:
-                group_start = k0 + offs_g * GROUP_K
-                x = x * tl.load(scale_row + group_start // SCALE_BK, mask=group_start < K, other=0.0)[:, None]
-            tile += w.to(tl.float32) * x[None, :, :]
-        acc = tl.sum(tl.sum(tile, 2), 1)[:, None]
+    f = 1.0  # x is scaled by f in the fp16 loop, and the result divided by it
+    if F16_MATH:  # the power of two that keeps every fp16 lane under _LANE_LIMIT (module docstring)
+        peak = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            xv = tl.load(x_row + k0 + offs_k, mask=(k0 + offs_k) < K, other=0.0)
+            peak = tl.maximum(peak, tl.abs(xv.to(tl.float32)))
+        x_peak = tl.max(peak, 0)
+        if not ROW_SCALE:  # SCALE_COLS: the row block's scales, padded to a power of two
+            offs_s = tl.arange(0, SCALE_COLS)
+            x_peak *= tl.max(tl.load(scale_row + offs_s, mask=offs_s < scales_per_row, other=0.0), 0)
+        bound: tl.constexpr = _LANE_LIMIT / (448.0 * STEPS * LANE_RUN)
+        f = tl.exp2(tl.minimum(tl.floor(tl.log2(bound / tl.maximum(x_peak, 1e-30))), 100.0))
+        lanes = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float16)
+    else:
+        tile = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        if EVEN:
+            w = tl.load(rows + (k0 + offs_k)[None, :])
+            x = tl.load(x_row + k0 + x_cols).to(tl.float32)
+        else:
+            k_ok = (k0 + offs_k) < K
+            w = tl.load(rows + (k0 + offs_k)[None, :], mask=n_mask[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_row + k0 + x_cols, mask=(k0 + x_cols) < K, other=0.0).to(tl.float32)
         if ROW_SCALE:
-            acc *= row_scales[:, None]
+            x = x * f
+        else:  # the step's GROUPS block scales (times f), folded into the activations
+            group_start = k0 + offs_g * GROUP_K
+            x = x * (tl.load(scale_row + group_start // SCALE_BK, mask=group_start < K, other=0.0) * f)[:, None]
+        xk = tl.reshape(x, [BLOCK_K])
+        if F16_MATH:
+            lanes += w.to(tl.float16) * xk.to(tl.float16)[None, :]
+        else:
+            tile += w.to(tl.float32) * xk[None, :]
+    if F16_MATH:  # runs of LANE_RUN lanes summed in fp16 first (within a thread), then in fp32
+        runs = tl.sum(tl.reshape(lanes, [BLOCK_N, BLOCK_K // LANE_RUN, LANE_RUN]), 2, dtype=tl.float16)
+        acc = tl.sum(runs.to(tl.float32), 1) / f
+    else:
+        acc = tl.sum(tile, 1)
+    if ROW_SCALE:
+        acc *= tl.load(ws_ptr + (offs_n // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-    dst = out_ptr + offs_m.to(tl.int64)[None, :] * stride_om + offs_n[:, None]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 def _fitting_block_n(block_n: int, scale_bn: int, row_scale: bool) -> int:
@@ -191,7 +207,10 @@ def fp8_gemv_triton(
     out_dtype: torch.dtype | None = None,
     config: Fp8GemvConfig | None = None,
 ) -> torch.Tensor:
-    """x `[..., K]` @ dequantised(weight)^T (+ bias) -> `[..., N]`; see `fp8_reference.fp8_gemm_reference`."""
+    """x `[..., K]` @ dequantised(weight)^T (+ bias) -> `[..., N]`; see `fp8_reference.fp8_gemm_reference`.
+
+    `config` None: the tuned launch shape for this weight (`LaunchTuner`).
+    """
     n, k = check_fp8_gemm_args(x, weight, weight_scale, block_size)
     if weight.stride(-1) != 1:
         raise ValueError("the weight must be contiguous along K")
@@ -202,19 +221,30 @@ def fp8_gemv_triton(
     out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out.view(*x.shape[:-1], n)
-    cfg = config or choose_config(m, k)
     row_scale = block_size[1] >= k
-    block_n = _fitting_block_n(cfg.block_n, block_size[0], row_scale)
-    if cfg.use_dot and block_n < 16:  # row blocks under 16 rows leave no MMA tile: one token per program
-        cfg = choose_config(1, k)
+    scales = weight_scale.contiguous()
+
+    def launch(cfg: Fp8GemvConfig) -> None:
         block_n = _fitting_block_n(cfg.block_n, block_size[0], row_scale)
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, cfg.block_m))
-    for_tensor(_fp8_gemv_kernel, x)[grid](
-        x2, weight, weight_scale.contiguous(), bias if bias is not None else out, out, m,
-        x2.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
-        N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], ROW_SCALE=row_scale,
-        BLOCK_M=cfg.block_m, BLOCK_N=block_n, GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages,
-        USE_DOT=cfg.use_dot, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
-        num_warps=cfg.num_warps, **pdl_launch_options(pdl_enabled(x.device)),
-    )  # fmt: skip
+        block_k = cfg.groups * GROUP_SIZE
+        f16_math = cfg.f16_math and x.dtype != torch.float32  # fp32 activations: exact products and sums
+        for_tensor(_fp8_gemv_kernel, x)[(triton.cdiv(n, block_n), m)](
+            x2, weight, scales, bias if bias is not None else out, out,
+            x2.stride(0), weight.stride(0), scales.stride(0), out.stride(0),
+            N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], SCALE_COLS=next_power_of_2(scales.shape[1]),
+            ROW_SCALE=row_scale,
+            BLOCK_N=block_n, GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages, F16_MATH=f16_math,
+            EVEN=n % block_n == 0 and k % block_k == 0, HAS_BIAS=bias is not None,
+            num_warps=cfg.num_warps, **pdl_launch_options(pdl_enabled(x.device)),
+        )  # fmt: skip
+
+    if config is None:
+        key = (n, k, block_size, x.dtype, out.dtype, bias is not None)
+        config = _TUNER.choose(key, x.device, launch)
+    launch(config)
     return out.view(*x.shape[:-1], n)
+
+
+def tuned_configs() -> dict[tuple[Any, ...], TunedChoice[Fp8GemvConfig]]:
+    """The launch shape each weight shape got (and the candidates' times), for benchmarks."""
+    return _TUNER.chosen()

@@ -36,13 +36,14 @@ def mla_compile_configs() -> Iterator[KernelConfig]:
         per_block, blocks = decode_plan.head_tiling(heads, fold)
         block_m = decode_plan.block_m_of(heads, fold)
         launch = decode_plan.default_launch(block_m, torch.bfloat16, split_tokens, fp8_cache=fp8)
+        dtype = torch.float16 if fp8 else torch.bfloat16  # the dots' dtype (fp16 for fp8 caches)
         yield KernelConfig(
             f"mla.decode heads={heads} q_len={q_len} split={split} split_tokens={split_tokens} fp8={fp8}",
             decode_triton._mla_decode_kernel,
             dict(NUM_HEADS=heads, FOLD=fold, HEADS_PER_BLOCK=per_block, HEAD_BLOCKS=blocks)
             | dict(SPLIT=split, BLOCK_M=block_m, BLOCK_N=launch.block_n)
-            | dict(ANCHORED=launch.anchored, HEADROOM=decode_plan.anchor_headroom(torch.bfloat16))
-            | dict(HAS_SCALE=fp8)
+            | dict(ANCHORED=launch.anchored, HEADROOM=decode_plan.anchor_headroom(dtype))
+            | dict(HAS_SCALE=fp8, F16_DOTS=fp8)
             | _DIMS,
             pointers=_TABLES | _PARTIALS | (_FP8 if fp8 else {}),
             num_warps=launch.num_warps,
@@ -64,10 +65,10 @@ def mla_compile_configs() -> Iterator[KernelConfig]:
             f"mla.extend heads={heads} fp8={fp8}",
             extend_triton._mla_extend_kernel,
             dict(NUM_HEADS=heads, TOKENS=tiles.tokens, HEADS_PER_BLOCK=tiles.heads_per_block)
-            | dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HAS_SCALE=fp8)
+            | dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, HAS_SCALE=fp8, F16_DOTS=fp8)
             | _DIMS,
             pointers=_TABLES | (_FP8 if fp8 else {}),
-            spill_allowance=256 if fp8 else 0,  # see extend_triton.extend_tiles
+            spill_allowance=320 if fp8 else 0,  # see extend_triton.extend_tiles
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
         )

@@ -77,11 +77,11 @@ def default_launch(
     Other sizes (bf16): 32- and 64-row tiles take 64 positions, 8 warps (the
     512-wide fp32 accumulator needs two warpgroups) and three stages. fp32
     (exact tests) uses 16 positions per step to fit.
-    An fp8 cache is widened to bf16 in registers, which the bf16 path never
-    needs (its tiles go straight to shared memory), so it takes 8 warps and
-    32 positions a step (16 for 64-row tiles): 16-row tiles then compile
-    without spills, 32-row tiles with 20 B and 64-row tiles with ~170 B
-    (compile_check; the fp8 launches are not yet measured).
+    An fp8 cache is widened in registers (to fp16, `tiles.py`), which the
+    bf16 path never needs (its tiles go straight to shared memory), so it
+    takes 8 warps and 32 positions a step (16 for 64-row tiles): 16-row tiles
+    then compile without spills and 64-row tiles with ~300 B (compile_check;
+    the fp8 launches are not yet measured).
     """
     anchored = block_m <= 32 and (split_tokens is None or split_tokens >= _ANCHORED_MIN_SPLIT_TOKENS)
     if fp8_cache and dtype != torch.float32:

@@ -23,9 +23,11 @@ load every cache byte once per step:
 - the grid depends only on (rows, q_len, heads, num_splits) and all per-row
   data is read on the device, so the launch is CUDA-graph capturable.
   Rows of length 0 (batch padding) yield zeros;
-- an fp8 e4m3 cache (half the bytes to stream) is widened to the query dtype
-  as its tiles load; its one scale is folded into the softmax scale and the
-  output, so the loop gains no multiply.
+- an fp8 e4m3 cache (half the bytes to stream) is widened as its tiles load,
+  to fp16 under a bf16 query (`F16_DOTS`: the query converted once,
+  saturating; the anchored softmax then keeps fp16's headroom); its one
+  scale is folded into the softmax scale and the output, so the loop gains
+  no multiply.
 
 Grid axis 0 is (query-token group, head block) so programs sharing a row's
 cache run side by side and meet in L2; axis 2 is the split.
@@ -50,6 +52,7 @@ from tokenspeed.kernels.mla.decode_plan import (
 )
 from tokenspeed.kernels.mla.tiles import attend_latent_range, load_query_tile, store_latent_output
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
+from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -92,6 +95,7 @@ def _mla_decode_kernel(
     HEADROOM: tl.constexpr,
     IEEE: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    F16_DOTS: tl.constexpr,
 ):
     head_block = tl.program_id(0) % HEAD_BLOCKS
     group = tl.program_id(0) // HEAD_BLOCKS  # FOLD consecutive query tokens of the row
@@ -114,6 +118,8 @@ def _mla_decode_kernel(
     q_lat, q_rope = load_query_tile(
         q_ptr, token, head, m_mask, stride_qt, stride_qh, KV_LORA, ROPE, BLOCK_L, BLOCK_R
     )
+    if F16_DOTS:  # an fp8 cache under a bf16 query: fp16 dots (tiles.py)
+        q_lat, q_rope = to_f16_saturated(q_lat), to_f16_saturated(q_rope)
     if HAS_SCALE:  # fp8 cache: latent = latent_fp8 * kv_scale, folded into the softmax scale
         scale_log2e = scale_log2e * tl.load(kv_scale_ptr)
     m_i, l_i, acc = attend_latent_range(
@@ -224,6 +230,7 @@ def mla_decode_triton(
             rows, num_heads, q_len, page_table.shape[1] * page_size, fold=fold, device=q.device
         )
     scale_arg, _, has_scale, _ = kv_scale_args(kv_scale, kv_scale, cache, 1)
+    f16_dots = cache.dtype == FP8_DTYPE and q.dtype == torch.bfloat16  # the dots' dtype: fp16 (tiles.py)
     heads_per_block, head_blocks = head_tiling(num_heads, fold)
     block_m = block_m_of(num_heads, fold)
     split_tokens = page_table.shape[1] * page_size // num_splits
@@ -270,9 +277,10 @@ def mla_decode_triton(
         BLOCK_L=block_l,
         BLOCK_R=max(16, next_power_of_2(rope)),
         ANCHORED=launch.anchored,
-        HEADROOM=anchor_headroom(q.dtype),
+        HEADROOM=anchor_headroom(torch.float16 if f16_dots else q.dtype),
         IEEE=ieee,
         HAS_SCALE=has_scale,
+        F16_DOTS=f16_dots,
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )

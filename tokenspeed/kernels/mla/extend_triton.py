@@ -13,7 +13,7 @@ keys, and starting them early balances the tail.
 
 Correctness first: the causal mask is applied on every key block, and there is
 no split of long prefixes (prefill tiles are numerous enough to fill the GPU).
-fp8 caches: as in `decode_triton` (tiles widened on load, scale folded).
+fp8 caches: as in `decode_triton` (tiles widened on load, fp16 dots under a bf16 query, scale folded).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import triton.language as tl
 
 from tokenspeed.kernels.mla.tiles import attend_latent_range, load_query_tile, store_latent_output
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
+from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -62,6 +63,7 @@ def _mla_extend_kernel(
     BLOCK_R: tl.constexpr,
     IEEE: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    F16_DOTS: tl.constexpr,
 ):
     token_block = TOKEN_BLOCKS - 1 - tl.program_id(0)
     head_block = tl.program_id(1)
@@ -80,6 +82,8 @@ def _mla_extend_kernel(
         q_lat, q_rope = load_query_tile(
             q_ptr, token, head, m_mask, stride_qt, stride_qh, KV_LORA, ROPE, BLOCK_L, BLOCK_R
         )
+        if F16_DOTS:  # an fp8 cache under a bf16 query: fp16 dots (tiles.py)
+            q_lat, q_rope = to_f16_saturated(q_lat), to_f16_saturated(q_rope)
         if HAS_SCALE:  # fp8 cache: latent = latent_fp8 * kv_scale, folded into the softmax scale
             scale_log2e = scale_log2e * tl.load(kv_scale_ptr)
         m_i, l_i, acc = attend_latent_range(
@@ -124,7 +128,7 @@ def extend_tiles(num_heads: int, dtype: torch.dtype, *, fp8_cache: bool = False)
 
     fp32 (exact tests) uses 32-row tiles of 16 positions to keep the interpreter quick.
     An fp8 cache takes 16 positions a step and 2 stages (its widened tile costs
-    registers; ~200 B still spill, see `decode_plan.default_launch`).
+    registers; ~280 B still spill, see `decode_plan.default_launch`).
     """
     block_m = 32 if dtype == torch.float32 else 64
     heads_per_block = min(next_power_of_2(num_heads), block_m)
@@ -170,6 +174,7 @@ def mla_extend_triton(
     if max_query_len is None:
         max_query_len = int((query_start[1:] - query_start[:-1]).max())
     scale_arg, _, has_scale, _ = kv_scale_args(kv_scale, kv_scale, cache, 1)
+    f16_dots = cache.dtype == FP8_DTYPE and q.dtype == torch.bfloat16  # the dots' dtype: fp16 (tiles.py)
     tiles = extend_tiles(num_heads, q.dtype, fp8_cache=cache.dtype == FP8_DTYPE)
     token_blocks = max(1, -(-max_query_len // tiles.tokens))
     grid = (token_blocks, -(-num_heads // tiles.heads_per_block), rows)
@@ -202,6 +207,7 @@ def mla_extend_triton(
         BLOCK_R=max(16, next_power_of_2(rope)),
         IEEE=q.dtype == torch.float32,
         HAS_SCALE=has_scale,
+        F16_DOTS=f16_dots,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

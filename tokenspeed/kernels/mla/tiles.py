@@ -10,7 +10,10 @@ and used for both the scores and the output. Causality is a per-query-row
 bound (`q_pos`), which covers decode, folded speculative tokens and prefill
 chunks alike. `@triton.jit` helpers are inlined, so sharing costs nothing.
 An fp8 cache's tiles are widened to the query dtype as they are loaded (the
-cache scale is the callers': folded into `scale_log2e` and the output).
+cache scale is the callers': folded into `scale_log2e` and the output); the
+callers hand a bf16 query over as fp16 for an fp8 cache, so the widening is
+one instruction per pair and the value tile is transposed as fp16
+(`fp8_cast.widen_fp8`, as in the paged attention kernels).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import triton
 import triton.language as tl
 
 from tokenspeed.kernels.attention.paged_tiles import dot, online_softmax_step
+from tokenspeed.kernels.quant.fp8_cast import widen_fp8
 
 
 @triton.jit
@@ -133,10 +137,12 @@ def _latent_scores(
     rows = cache_ptr + page * stride_cp + (pos % PAGE_SIZE) * stride_cs
     latent = tl.load(
         rows[:, None] + offs_l[None, :], mask=n_mask[:, None] & (offs_l < KV_LORA)[None, :], other=0.0
-    ).to(q_lat.dtype)
+    )
+    latent = widen_fp8(latent, q_lat.dtype, True)  # also the value tile: used transposed in P V
     rope = tl.load(
         rows[:, None] + KV_LORA + offs_r[None, :], mask=n_mask[:, None] & (offs_r < ROPE)[None, :], other=0.0
-    ).to(q_rope.dtype)
+    )
+    rope = widen_fp8(rope, q_rope.dtype, False)
     scores = dot(q_lat, tl.trans(latent), IEEE) + dot(q_rope, tl.trans(rope), IEEE)
     visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
     return tl.where(visible, scores * scale_log2e, float("-inf")), latent

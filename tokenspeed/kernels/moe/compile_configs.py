@@ -27,12 +27,15 @@ ROUTERS = {
 _POINTERS = {"pair_ids_ptr": "i32", "block_expert_ptr": "i32", "weights_ptr": "fp32"} | {
     name: "fp32" for name in ("x_scale_ptr", "act_scale_ptr", "w_scale_ptr")
 }
-_BF16 = dict(W_FP8=False, A_FP8=False, SCALE_BN=1, SCALE_BK=1, GROUP_K=128)
+_BF16 = dict(W_FP8=False, A_FP8=False, F16_DOTS=False, SCALE_BN=1, SCALE_BK=1, GROUP_K=128)
 # FP8 experts (Qwen3-30B-A3B-FP8's 128 x 128 blocks): weights widened at decode, fp8 tensor cores above.
 _FP8_MODES = {
-    experts_triton.DECODE_TILES: dict(W_FP8=True, A_FP8=False, SCALE_BN=128, SCALE_BK=128, GROUP_K=128),
-    experts_triton.MEDIUM_TILES: dict(W_FP8=True, A_FP8=True, SCALE_BN=128, SCALE_BK=128, GROUP_K=128),
-    experts_triton.PREFILL_TILES: dict(W_FP8=True, A_FP8=True, SCALE_BN=128, SCALE_BK=128, GROUP_K=128),
+    experts_triton.DECODE_TILES: dict(W_FP8=True, A_FP8=False, F16_DOTS=True, SCALE_BN=128, SCALE_BK=128)
+    | dict(GROUP_K=128),
+    experts_triton.MEDIUM_TILES: dict(W_FP8=True, A_FP8=True, F16_DOTS=False, SCALE_BN=128, SCALE_BK=128)
+    | dict(GROUP_K=128),
+    experts_triton.PREFILL_TILES: dict(W_FP8=True, A_FP8=True, F16_DOTS=False, SCALE_BN=128, SCALE_BK=128)
+    | dict(GROUP_K=128),
 }
 
 

@@ -12,12 +12,19 @@ changes is the operand precision, by batch (`tile_config`):
   run fp8 x fp8 on tensor cores, scales applied per K tile.
 `quantize_activations` forces either (tests and benchmarks). The reference
 (`experts_fp8_reference`) reproduces both, so the tests compare tightly.
+Decode-sized batches without explicit `tiles` take the tiles `LaunchTuner`
+timed fastest for the shape among `decode_tile_candidates` (on first eager
+use; the first candidate where timing is off).
 """
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 import torch
 
+from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
 from tokenspeed.kernels.moe.experts_fp8_reference import check_fp8_experts_args
 from tokenspeed.kernels.moe.experts_triton import (
     DECODE_TILES,
@@ -30,6 +37,31 @@ from tokenspeed.kernels.moe.experts_triton import (
 from tokenspeed.kernels.quant.fp8 import WEIGHT_BLOCK, BlockSize
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES
+
+
+def decode_tile_candidates(key: tuple[Any, ...]) -> list[TileConfig]:
+    """Tiles the decode-sized (w8a16) launch may take, `DECODE_TILES` first (`LaunchTuner`).
+
+    With a token or a few, the experts hit are few and each program streams
+    one slice of one expert's weights: how the slices spread over the SMs
+    (gate/up and down tile widths) and how deep each program pipelines its
+    loads (stages) decide the bandwidth; K steps stay one scale block.
+    """
+    return [
+        DECODE_TILES,
+        TileConfig(block_m=16, block_n_up=16, block_n_down=32, block_k=128, num_warps=4, num_stages=4),
+        TileConfig(block_m=16, block_n_up=64, block_n_down=128, block_k=128, num_warps=4, num_stages=3),
+        TileConfig(block_m=16, block_n_up=32, block_n_down=64, block_k=128, num_warps=4, num_stages=6),
+        TileConfig(block_m=16, block_n_up=16, block_n_down=64, block_k=64, num_warps=4, num_stages=6),
+    ]
+
+
+_DECODE_TUNER: LaunchTuner[TileConfig] = LaunchTuner("moe.experts_fp8 decode tiles", decode_tile_candidates)
+
+
+def tuned_decode_tiles() -> dict[tuple[Any, ...], TunedChoice[TileConfig]]:
+    """The tiles each decode batch shape got (and the candidates' times), for benchmarks."""
+    return _DECODE_TUNER.chosen()
 
 
 @register_kernel(
@@ -54,9 +86,17 @@ def fused_experts_fp8_triton(
     )
     top_k = topk_ids.shape[1]
     hidden, w13, w2 = hidden.contiguous(), w13.contiguous(), w2.contiguous()
-    tiles = tiles or tile_config(tokens, top_k, experts)
+    decode = tile_config(tokens, top_k, experts) == DECODE_TILES
     if quantize_activations is None:
-        quantize_activations = tiles != DECODE_TILES
+        quantize_activations = not decode if tiles is None else tiles != DECODE_TILES
+    if tiles is None and decode and not quantize_activations:
+        key = (tokens, hidden_size, w2.shape[2], experts, top_k, hidden.dtype, tuple(block_size))
+        run = partial(
+            fused_experts_fp8_triton, hidden, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale,
+            w2_scale=w2_scale, block_size=block_size, quantize_activations=False,
+        )  # fmt: skip
+        tiles = _DECODE_TUNER.choose(key, hidden.device, lambda t: run(tiles=t))
+    tiles = tiles or tile_config(tokens, top_k, experts)
     fp8 = Fp8ExpertWeights(w13_scale, w2_scale, block_size, quantize_activations)
     alignment = align_pairs(topk_ids, experts, tiles.block_m)
     weights = topk_weights.to(torch.float32).contiguous()

@@ -35,9 +35,15 @@ stages; prefill uses 128-row blocks on 8 warps (Hopper wgmma tiles).
 FP8 experts (`W_FP8`, launched by `experts_fp8_triton`): weights fp8 with a
 scale per (row block, K block); each K tile's product is scaled in fp32
 before it is accumulated (`_fp8_step`), so BLOCK_K must divide the scale
-block. The activations are either widened against (bf16 x widened weight)
-or, with `A_FP8`, quantised per token and group of 128 (fp8 x fp8 tensor
-cores). With the flags off the kernels compile exactly as before.
+block. The activations are either kept in their dtype against widened
+weights or, with `A_FP8`, quantised per token and group of 128 (fp8 x fp8
+tensor cores). Kept bf16 activations meet the weights in fp16 (`F16_DOTS`):
+e4m3 widens to fp16 with one instruction per pair, to bf16 only through a
+further conversion per value, which capped the decode path near half the
+weight bandwidth on the H200 (as it did fp8 attention); the activation tile
+is converted to fp16 saturating at +-65504 (`fp8_cast.to_f16_saturated`;
+post-norm hidden states and the SiLU-gated intermediate stay far below).
+With the flags off the kernels compile exactly as before.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from tokenspeed.kernels.moe.align import BlockAlignment, align_by_expert
 from tokenspeed.kernels.moe.align_triton import ALIGN_TRITON_MAX_PAIRS, align_by_expert_triton
 from tokenspeed.kernels.moe.experts_reference import check_experts_args
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE
+from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
 from tokenspeed.kernels.quant.quantize_triton import quantize_per_token_group_triton
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor
@@ -109,17 +116,21 @@ def _block_coordinates(num_m_blocks, N: tl.constexpr, BLOCK_N: tl.constexpr, GRO
 
 @triton.jit
 def _fp8_step(a, w, a_scales, w_scales, k0, row_ok, w_ok, SCALE_BK: tl.constexpr, GROUP_K: tl.constexpr,
-              A_FP8: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+              A_FP8: tl.constexpr, F16_DOTS: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     """One K tile of an fp8-weight GEMM as fp32 `[BLOCK_M, BLOCK_N]`, its scales applied.
 
     `w` is fp8 with a scale per (row block, K block) at `w_scales + k0 // SCALE_BK`;
     `a` is fp8 with a scale per (row, 128 group) (`A_FP8`: fp8 tensor cores), or
-    in the activation dtype, which the weight tile is widened to.
+    in the activation dtype, which the weight tile is widened to; with
+    `F16_DOTS` (bf16 activations) both are taken to fp16 instead (see the
+    module docstring).
     """
     w_scale = tl.load(w_scales + k0 // SCALE_BK, mask=w_ok, other=0.0)
     if A_FP8:
         a_scale = tl.load(a_scales + k0 // GROUP_K, mask=row_ok, other=0.0)
         return tl.dot(a, w) * (a_scale[:, None] * w_scale[None, :])
+    if F16_DOTS:
+        return dot(to_f16_saturated(a), widen_fp8(w, tl.float16, False), IEEE) * w_scale[None, :]
     return dot(a, w.to(a.dtype), IEEE) * w_scale[None, :]
 
 
@@ -151,6 +162,7 @@ def _moe_gate_up_kernel(
     IEEE: tl.constexpr,
     W_FP8: tl.constexpr,
     A_FP8: tl.constexpr,
+    F16_DOTS: tl.constexpr,
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
     GROUP_K: tl.constexpr,
@@ -180,8 +192,12 @@ def _moe_gate_up_kernel(
         gate_w = tl.load(gate_ptrs, mask=w_mask, other=0.0)
         up_w = tl.load(up_ptrs, mask=w_mask, other=0.0)
         if W_FP8:
-            acc_gate += _fp8_step(a, gate_w, x_scales, gate_scales, k0, row_ok, n_ok, SCALE_BK, GROUP_K, A_FP8, IEEE)
-            acc_up += _fp8_step(a, up_w, x_scales, up_scales, k0, row_ok, n_ok, SCALE_BK, GROUP_K, A_FP8, IEEE)
+            acc_gate += _fp8_step(
+                a, gate_w, x_scales, gate_scales, k0, row_ok, n_ok, SCALE_BK, GROUP_K, A_FP8, F16_DOTS, IEEE
+            )
+            acc_up += _fp8_step(
+                a, up_w, x_scales, up_scales, k0, row_ok, n_ok, SCALE_BK, GROUP_K, A_FP8, F16_DOTS, IEEE
+            )
         elif IEEE:
             acc_gate = tl.dot(a, gate_w, acc_gate, input_precision="ieee")
             acc_up = tl.dot(a, up_w, acc_up, input_precision="ieee")
@@ -227,6 +243,7 @@ def _moe_down_kernel(
     IEEE: tl.constexpr,
     W_FP8: tl.constexpr,
     A_FP8: tl.constexpr,
+    F16_DOTS: tl.constexpr,
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
     GROUP_K: tl.constexpr,
@@ -251,7 +268,7 @@ def _moe_down_kernel(
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         if W_FP8:
-            acc += _fp8_step(a, w, a_scales, w_scales, k0, row_ok, n_ok, SCALE_BK, GROUP_K, A_FP8, IEEE)
+            acc += _fp8_step(a, w, a_scales, w_scales, k0, row_ok, n_ok, SCALE_BK, GROUP_K, A_FP8, F16_DOTS, IEEE)
         elif IEEE:
             acc = tl.dot(a, w, acc, input_precision="ieee")
         else:
@@ -292,10 +309,11 @@ def _fp8_args(
     pointers = [a_scale, scale, a_scale.stride(0), scale.stride(0), scale.stride(1)]
     bn, bk = fp8.block_size
     flags = dict(W_FP8=True, A_FP8=fp8.quantize_activations, SCALE_BN=bn, SCALE_BK=max(bk, GROUP_SIZE))
-    return activation, pointers, flags | dict(GROUP_K=GROUP_SIZE)
+    f16_dots = not fp8.quantize_activations and activation.dtype == torch.bfloat16
+    return activation, pointers, flags | dict(F16_DOTS=f16_dots, GROUP_K=GROUP_SIZE)
 
 
-_NO_FP8: dict[str, Any] = dict(W_FP8=False, A_FP8=False, SCALE_BN=1, SCALE_BK=1, GROUP_K=GROUP_SIZE)
+_NO_FP8: dict[str, Any] = dict(W_FP8=False, A_FP8=False, F16_DOTS=False, SCALE_BN=1, SCALE_BK=1, GROUP_K=GROUP_SIZE)
 
 
 def launch_grouped_experts(

@@ -2,8 +2,8 @@
 
 Llama-3.1-8B's projections (K 4096 and 14336) with 128 x 128 weight blocks:
 the activation quantiser, the tensor-core GEMM at both tile shapes
-`fp8_gemm_triton.choose_tiles` picks, and the GEMV at the launch shapes
-`fp8_gemv_triton.choose_config` picks for one and for 16 tokens.
+`fp8_gemm_triton.choose_tiles` picks, and the one-token GEMV at every
+launch shape `fp8_gemv_triton.choose_config` offers its tuner.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from tokenspeed.kernels.compile_check import KernelConfig
 from tokenspeed.kernels.gemm import fp8_gemm_triton, fp8_gemv_triton
 from tokenspeed.kernels.quant import quantize_triton
 from tokenspeed.kernels.quant.fp8 import FP8_MAX, GROUP_SIZE, MIN_AMAX
+from tokenspeed.kernels.triton_launch import next_power_of_2
 
 FP8 = "fp8e4nv"
 
@@ -31,21 +32,20 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
             f"gemm.fp8 triton m={m}",
             fp8_gemm_triton._fp8_gemm_kernel,
             dict(SCALE_BN=128, SCALE_BK=128, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=GROUP_SIZE)
-            | dict(GROUP_M=tiles.group_m, HAS_BIAS=False),
+            | dict(GROUP_M=tiles.group_m, HAS_BIAS=False, ONE_B_SCALE=True),
             pointers={"a_ptr": FP8, "b_ptr": FP8, "a_scale_ptr": "fp32", "b_scale_ptr": "fp32"},
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
             multiple_of_16=("K",),
         )
-    for m in (1, 16):
-        for n, k in ((6144, 4096), (4096, 14336)):
-            cfg = fp8_gemv_triton.choose_config(m, k)
+    for n, k in ((6144, 4096), (4096, 14336)):
+        for cfg in fp8_gemv_triton.choose_config(k):
             yield KernelConfig(
-                f"gemm.fp8 triton_gemv m={m} n={n} k={k}",
+                f"gemm.fp8 triton_gemv n={n} k={k} {cfg}",
                 fp8_gemv_triton._fp8_gemv_kernel,
-                dict(N=n, K=k, SCALE_BN=128, SCALE_BK=128, ROW_SCALE=False, BLOCK_M=cfg.block_m)
+                dict(N=n, K=k, SCALE_BN=128, SCALE_BK=128, SCALE_COLS=next_power_of_2(k // 128), ROW_SCALE=False)
                 | dict(BLOCK_N=cfg.block_n, GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages)
-                | dict(USE_DOT=cfg.use_dot, HAS_BIAS=False, IEEE=False, USE_PDL=True),
+                | dict(F16_MATH=cfg.f16_math, EVEN=True, HAS_BIAS=False, USE_PDL=True),
                 pointers={"w_ptr": FP8, "ws_ptr": "fp32"},
                 num_warps=cfg.num_warps,
             )

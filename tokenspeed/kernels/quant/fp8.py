@@ -10,6 +10,8 @@ Formats, as the checkpoints and the kernels use them:
 - **activations, dynamic per token group** (`quantize_per_token_group`):
   every token's row is cut into groups of 128 values, each with its own fp32
   scale = amax / 448 (DeepSeek-V3's recipe). Scales are `[..., ceil(K / 128)]`.
+  `quantize_per_token`: one group spanning the row (scales `[..., 1]`), the
+  activations of a rowwise-scaled GEMM (per-channel weights, cuBLAS).
 - **weights, block scales** (`quantize_weight_block`, `dequantize_weight`):
   `weight [N, K]` fp8 and `scale [ceil(N / bn), ceil(K / bk)]` fp32, and
   w = w_fp8 * scale[n // bn, k // bk]: DeepSeek-V3/R1, Kimi-K2 and
@@ -87,6 +89,16 @@ register_kernel(
     band=Band.REFERENCE,
     platforms=("cpu", "cuda"),
     impl=quantize_per_token_group,
+)
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x `[..., K]` -> (fp8 `[..., K]`, fp32 scales `[..., 1]`): one group spanning the row (rowwise scaling)."""
+    return quantize_per_token_group(x, group_size=max(x.shape[-1], 1))
+
+
+register_kernel(
+    "quant", "per_token", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"), impl=quantize_per_token
 )
 
 

@@ -1,4 +1,5 @@
-"""The e4m3 cast of every Triton kernel that writes fp8: saturate, round to nearest even, cast.
+"""e4m3 in Triton: the cast of every kernel that writes fp8 (saturate, round to nearest even) and the widening of
+every kernel that multiplies fp8 tiles on tensor cores (`widen_fp8`).
 
 Why not `x.to(tl.float8e4nv)` alone: on the GPU that cast is
 `cvt.rn.satfinite`, exactly the rounding of `fp8.cast_to_fp8`, but Triton's
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from tokenspeed.kernels.triton_launch import interpreter_active
 
 FP8_MAX = tl.constexpr(448.0)
 _MIN_NORMAL = tl.constexpr(0.015625)  # 2^-6
@@ -47,3 +50,44 @@ def quantize_heads(
         scale = tl.load(scale_ptr + offs_h * SCALE_STRIDE, mask=offs_h < NUM_HEADS, other=1.0)
         x = x * tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)[:, None]
     return to_fp8(x)
+
+
+# Compiled for a GPU (the widening below is inline PTX, which the interpreter cannot run).
+_COMPILED = tl.constexpr(not interpreter_active())
+
+
+@triton.jit
+def widen_fp8(x, dtype: tl.constexpr, TRANSPOSED_USE: tl.constexpr):
+    """A cached tile as `dtype` for a tensor-core dot; e4m3 widens exactly (every e4m3 value is an fp16 value).
+
+    Why fp16 for dots on fp8 data: one `cvt.rn.f16x2.e4m3x2` widens two
+    values, while bf16 has no direct conversion (Triton goes e4m3 -> fp16 ->
+    bf16, one slow conversion per value: on the H200 it capped fp8 decode
+    attention near half the copy bandwidth). So kernels run their fp8 dots in
+    fp16 (the other operand converted once) and widen here. Other dtypes
+    (fp32 for the IEEE tests, tiles that are not fp8) take Triton's cast.
+
+    `TRANSPOSED_USE`: the tile is the dot's operand along its rows (the
+    values of P V, whose reduction runs over cached positions), which
+    Triton would otherwise load from shared memory one byte at a time (8-bit
+    data has no transposing `ldmatrix`). Marking the conversion impure keeps
+    Triton from moving it after that load: the tile is widened in registers
+    and stored as fp16, which `ldmatrix.trans` then reads.
+    """
+    if x.dtype == tl.float8e4nv and dtype == tl.float16 and _COMPILED:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+            "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            "=r,=r,r",
+            [x],
+            dtype=tl.float16,
+            is_pure=not TRANSPOSED_USE,
+            pack=4,
+        )
+    return x.to(dtype)
+
+
+@triton.jit
+def to_f16_saturated(x):
+    """`x` as fp16, clamped to +-65504 (a query beyond fp16's range saturates instead of becoming inf)."""
+    return tl.minimum(tl.maximum(x.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
