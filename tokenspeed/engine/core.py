@@ -17,6 +17,13 @@ launch N, then `scheduler.resolve(result of N-1)`, then
 once. Updates lag the launch by one step, never the tokens. Steps whose
 sampling reads the token history (penalties) or that return logprobs run
 synchronously, after the step in flight is resolved.
+
+Speculative decoding (`speculative_config`, `spec/`): the scheduler drafts
+or asks the executor for drafts, and a step with drafts runs synchronously
+(its result decides how many tokens each row advances, so it cannot be
+advanced on placeholders). A host drafter (n-gram, suffix) reads the
+resolved history, so with one the step in flight is resolved before the
+next plan is built; device drafters read the last token on the device.
 """
 
 from __future__ import annotations
@@ -35,7 +42,9 @@ from tokenspeed.scheduler import Scheduler, SchedulerConfig
 from tokenspeed.scheduler.admission import check_admission
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
 from tokenspeed.scheduler.sampling_params import SamplingParams
+from tokenspeed.scheduler.speculation import SpeculationStats
 from tokenspeed.scheduler.updates import RequestUpdate
+from tokenspeed.spec.config import SpeculativeConfig, parse_speculative_config
 
 logger = logging.getLogger("tokenspeed.engine")
 
@@ -49,13 +58,19 @@ class EngineCore:
         """The core of `config`'s model; `executor` replaces the one it would build (tests, simulations)."""
         config.validate()
         self.config = config
+        self.speculative_config: SpeculativeConfig | None = parse_speculative_config(config.speculative_config)
         self.model_folder: Path | None = None  # where the front end finds the tokenizer
         if executor is None:
             preset = is_preset(config.model)
             self.model_folder = resolve_model_folder(config.model)
             executor = Executor(config, self.model_folder, dummy_weights=preset, progress=progress)
+            if self.speculative_config is not None:
+                from tokenspeed.spec.build import enable_speculation
+
+                enable_speculation(executor, self.speculative_config, progress=progress)
         self.executor = executor
         limits = executor.limits
+        spec = self.speculative_config
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -66,9 +81,12 @@ class EngineCore:
                 enable_prefix_caching=config.enable_prefix_caching,
                 seed=config.seed,
                 vocab_size=limits.vocab_size,
-            )
+                speculation=None if spec is None else spec.draft_policy(),
+            ),
+            None if spec is None else spec.make_drafter(),
         )
         self.overlap = not config.disable_overlap
+        self._host_drafts = spec is not None and not spec.drafts_on_device
         self._inflight: Any = None  # the executor's handle of the step launched, advanced on placeholders
 
     @property
@@ -87,6 +105,11 @@ class EngineCore:
     def finish_stream(self, stream_id: str, reason: str, stop_reason: str | None = None) -> None:
         self.scheduler.finish(stream_id, reason, stop_reason)
 
+    @property
+    def speculation_stats(self) -> SpeculationStats | None:
+        """Drafts, accepted tokens, acceptance rate and mean accepted length; None without speculation."""
+        return self.scheduler.speculation_stats
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None
 
@@ -104,17 +127,19 @@ class EngineCore:
     # ---- overlap scheduling (see the module docstring) ---------------------------------
 
     def _overlapped_step(self) -> list[RequestUpdate]:
+        # A host drafter drafts from the resolved history: nothing would be drafted on placeholders.
+        updates = self._resolve_inflight() if self._host_drafts else []
         plan = self.scheduler.next_plan()
         if plan.is_empty():
-            return self._resolve_inflight()
-        if needs_host_results(plan):
-            # Penalties read the (resolved) history and logprobs need host work: this step runs
-            # synchronously, after the step in flight is resolved.
+            return updates + self._resolve_inflight()
+        if needs_host_results(plan) or plan.has_drafts:
+            # Penalties read the (resolved) history, logprobs need host work, and verify rows advance by
+            # what was accepted: this step runs synchronously, after the step in flight is resolved.
             previous = self._inflight
-            updates = self._resolve_inflight()
+            updates += self._resolve_inflight()
             return updates + self.scheduler.advance(plan, self._run(plan, previous))
         handle = self.executor.launch(plan, self._inflight)
-        updates = self._resolve_inflight()
+        updates += self._resolve_inflight()
         self.scheduler.advance_provisional(plan)
         self._inflight = handle
         return updates

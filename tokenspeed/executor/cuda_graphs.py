@@ -90,6 +90,7 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
 @dataclass(slots=True)
 class _Graph:
     graph: torch.cuda.CUDAGraph
+    hidden: torch.Tensor  # [bs, hidden_size], written by every replay (a device drafter reads it)
     logits: torch.Tensor  # [bs, vocab] fp32, written by every replay
     num_kv_splits: int | None
 
@@ -155,9 +156,9 @@ class DecodeGraphs:
             logits_indices=self.logits_indices[:bs],
         )
 
-    def _forward(self, bs: int, splits: int | None) -> torch.Tensor:
+    def _forward(self, bs: int, splits: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.model(self._batch(bs, splits), self.kv)
-        return self.model.compute_logits(hidden)
+        return hidden, self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def capture(self) -> bool:
@@ -186,8 +187,8 @@ class DecodeGraphs:
                 torch.cuda.current_stream(self.device).wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    logits = self._forward(bs, splits)
-                self._graphs[(bs, splits)] = _Graph(graph, logits, splits)
+                    hidden, logits = self._forward(bs, splits)
+                self._graphs[(bs, splits)] = _Graph(graph, hidden, logits, splits)
         torch.cuda.synchronize(self.device)
         logger.info("captured %d decode CUDA graphs for batch sizes %s", len(self._graphs), self.sizes)
         return True
@@ -204,9 +205,9 @@ class DecodeGraphs:
             return None
         return next(b for b in self.sizes if b >= num_rows)
 
-    def replay(self, batch: ForwardBatch, bs: int) -> torch.Tensor:
+    def replay(self, batch: ForwardBatch, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the bucket-`bs` graph of the batch's split count on `batch` (already padded to `bs`
-        rows); fp32 logits `[bs, vocab]`."""
+        rows); (hidden states `[bs, hidden]`, fp32 logits `[bs, vocab]`)."""
         attn = batch.attn
         entry = self._graphs[(bs, attn.num_kv_splits)]
         assert attn.seq_lens_tensor is not None
@@ -217,4 +218,4 @@ class DecodeGraphs:
         self.seq_lens[:bs].copy_(attn.seq_lens_tensor, non_blocking=True)
         self.page_table[:bs, :pages].copy_(attn.page_table, non_blocking=True)
         entry.graph.replay()
-        return entry.logits
+        return entry.hidden, entry.logits

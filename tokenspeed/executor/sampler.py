@@ -30,9 +30,10 @@ Penalties need the token history on the host, which overlap scheduling
 leaves one token behind, and logprobs are host work: the engine runs such
 steps synchronously (`needs_host_results`).
 
-Extending it (logit bias, grammar masks, several positions per row for
-speculative verification) means one more step between 2 and 4 above and a
-field in `SampleSpec`, not another sampler.
+Extending it (logit bias, grammar masks) means one more step between 2 and 4
+above and a field in `SampleSpec`, not another sampler. Speculative
+verification reuses steps 1-3 (`process`) and the draw (`draw`) per verified
+position.
 """
 
 from __future__ import annotations
@@ -215,14 +216,27 @@ class Sampler:
 
     def launch(self, logits: torch.Tensor, specs: Sequence[SampleSpec]) -> Draws:
         """Sample `logits` `[len(specs), vocab]` without waiting for the device."""
+        processed, raw = self.process(logits, specs)
+        return Draws(self.draw(processed, specs), specs, raw)
+
+    def process(self, logits: torch.Tensor, specs: Sequence[SampleSpec]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Steps 1-3 of the module docstring: (fp32 logits the draw reads, raw logprobs or None).
+
+        Speculative verification (`spec/`) runs every verified position through
+        this with a spec of its own (history + the drafts before it, sample
+        index + i), so a drafted position sees exactly what the plain sampler
+        would have seen there.
+        """
         logits = logits.float()
         raw = torch.log_softmax(logits, dim=-1) if any(s.sampling.logprobs is not None for s in specs) else None
-        penalties = any(s.sampling.needs_penalties for s in specs)
-        if penalties:
+        if any(s.sampling.needs_penalties for s in specs):
             logits = logits.clone()  # the caller's logits (a CUDA graph's output) stay as they are
             apply_penalties(logits, specs)
-        processed = mask_stop_tokens_before_min(logits, specs)
-        return Draws(self._draw(processed, specs, row_by_row=penalties), specs, raw)
+        return mask_stop_tokens_before_min(logits, specs), raw
+
+    def draw(self, logits: torch.Tensor, specs: Sequence[SampleSpec]) -> torch.Tensor:
+        """Step 4: one token per row of processed logits (`process`), on the device."""
+        return self._draw(logits, specs, row_by_row=any(s.sampling.needs_penalties for s in specs))
 
     def _draw(self, logits: torch.Tensor, specs: Sequence[SampleSpec], *, row_by_row: bool) -> torch.Tensor:
         random_rows = [i for i, s in enumerate(specs) if not s.sampling.greedy]
