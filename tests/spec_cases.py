@@ -35,7 +35,7 @@ def agent_prompts(count: int, seed: int = 0, shared: int = 24) -> list[list[int]
     return prompts
 
 
-def run(folder: Path, spec: dict[str, Any] | None, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+def run(folder: Path | str, spec: dict[str, Any] | None, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
         **engine: Any) -> tuple[list[Any], LLM]:
     """Outputs (one RequestOutput per prompt) of a fresh engine; the engine, for its stats."""
     llm = LLM(str(folder), speculative_config=spec, show_progress=False, skip_tokenizer_init=True, **engine)

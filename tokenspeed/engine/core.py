@@ -44,6 +44,7 @@ from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLi
 from tokenspeed.scheduler.sampling_params import SamplingParams
 from tokenspeed.scheduler.speculation import SpeculationStats
 from tokenspeed.scheduler.updates import RequestUpdate
+from tokenspeed.spec.build import speculator_factory
 from tokenspeed.spec.config import SpeculativeConfig, parse_speculative_config
 
 logger = logging.getLogger("tokenspeed.engine")
@@ -63,11 +64,11 @@ class EngineCore:
         if executor is None:
             preset = is_preset(config.model)
             self.model_folder = resolve_model_folder(config.model)
-            executor = Executor(config, self.model_folder, dummy_weights=preset, progress=progress)
+            speculator = None
             if self.speculative_config is not None:
-                from tokenspeed.spec.build import enable_speculation
-
-                enable_speculation(executor, self.speculative_config, progress=progress)
+                speculator = speculator_factory(self.speculative_config, progress=progress)
+            executor = Executor(config, self.model_folder, dummy_weights=preset, progress=progress,
+                                speculator=speculator)
         self.executor = executor
         limits = executor.limits
         spec = self.speculative_config

@@ -9,7 +9,9 @@ The engine core sees only the `ModelExecutor` interface (`interface.py`):
 Construction order matters and is kept fixed: kernel overrides before the
 model is built (layers choose their kernels in their constructors), the torch
 seed before any weight is drawn, the KV pool after the weights (on a GPU it
-takes what memory they leave), graphs last (they capture the pool).
+takes what memory they leave, after a speculative drafter's weights: it is
+sized for the target's K/V and the drafter's per page), graphs last (they
+capture the pool).
 
 `load_model` is a plain function of its arguments, so that a tensor-parallel
 worker can build its own copy on its own device with the same call.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,6 +37,7 @@ from tokenspeed.config import (
 from tokenspeed.errors import ContextTooLong, InvalidRequest
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from tokenspeed.executor.model_runner import ModelRunner, StepHandle
+from tokenspeed.executor.speculator import Speculator
 from tokenspeed.kernels import check_override_environment, set_kernel_override
 from tokenspeed.models import CausalLM, ModelConfig, build_model, load_weights
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
@@ -73,10 +77,17 @@ def resolve_max_model_len(model_config: ModelConfig, wanted: int | None) -> int:
 
 class Executor:
     def __init__(
-        self, config: EngineConfig, model_folder: Path, *, dummy_weights: bool = False, progress: bool = False
+        self,
+        config: EngineConfig,
+        model_folder: Path,
+        *,
+        dummy_weights: bool = False,
+        progress: bool = False,
+        speculator: Callable[[Executor], Speculator] | None = None,
     ) -> None:
         """`model_folder` holds the model's config.json (and its weights unless `dummy_weights`, as for
-        a preset, or `config.load_format == "dummy"`)."""
+        a preset, or `config.load_format == "dummy"`). `speculator` builds speculative decoding's
+        verifier and drafter once the target is loaded (`spec.build.speculator_factory`)."""
         self.config = config
         self.model_config = ModelConfig.from_pretrained(model_folder)
         self.device = resolve_device(config.device)
@@ -100,7 +111,10 @@ class Executor:
             progress=progress,
         )
 
+        self.speculator = None if speculator is None else speculator(self)
         num_pages = self._resolve_num_pages()
+        if self.speculator is not None:
+            self.speculator.allocate(num_pages + 1)  # the drafter's pages mirror the pool's, scratch included
         kv_heads, k_dim, v_dim = self.model_config.kv_cache_layout
         self.kv = PagedKVStorage(
             num_layers=self.model_config.num_hidden_layers,
@@ -121,6 +135,7 @@ class Executor:
             max_model_len=self.max_model_len,
             graph_sizes=graph_batch_sizes(self._graph_max_bs()),
         )
+        self.runner.speculation = self.speculator
         self._limits = ExecutorLimits(
             vocab_size=self.model_config.vocab_size,
             max_model_len=self.max_model_len,
@@ -194,6 +209,8 @@ class Executor:
             v_head_dim=v_dim,
             dtype=self.dtype,
         )
+        if self.speculator is not None:
+            per_page += self.speculator.kv_bytes_per_page()
         budget_pages = kv_cache_budget_bytes(config, self.device) // per_page
         useful_pages = config.max_num_seqs * one_request + 1
         num_pages = min(budget_pages, useful_pages)

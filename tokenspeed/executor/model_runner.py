@@ -255,8 +255,9 @@ class ModelRunner:
         next_ids = torch.roll(batch.input_ids, -1)
         if handle.sampled is not None:
             next_ids = next_ids.index_copy(0, last_index, handle.sampled)
-        slots = self._upload([int(table_slots[i]) for i in sampling_rows])  # type: ignore[index]
-        self.speculation.observe(batch, hidden, StepTail(next_ids, last_index, slots))
+        host_slots = [int(table_slots[i]) for i in sampling_rows]  # type: ignore[index]
+        tail = StepTail(next_ids, last_index, self._upload(host_slots), max(host_slots, default=-1))
+        self.speculation.observe(batch, hidden, tail)
 
     def _rows_of(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
         if rows == list(range(logits.shape[0])):

@@ -25,6 +25,11 @@ One step, in order:
    (its KV in its own paged storage on the same page ids, the features it
    drafts from) catches up on the positions the target just computed.
 
+The executor builds its speculator (a factory from `spec/`) right after the
+target's weights, so a drafter's own weights are loaded before the KV pool is
+sized from the memory left, and the pool's pages are sized for the target's
+K/V and the drafter's together (`kv_bytes_per_page`, `allocate`).
+
 Records hold device tensors where the values are only known on the device
 (device drafts, emitted tokens), host lists where the runner knows them.
 """
@@ -87,9 +92,18 @@ class StepTail:
     next_token_ids: torch.Tensor  # [tokens]: the token that follows each position (see the runner)
     last_index: torch.Tensor  # [n] flat index of each sampling row's last accepted position
     slots: torch.Tensor  # [n] the page-table slot of each sampling row
+    max_slot: int  # the largest of them (-1: none), known on the host
 
 
 class Speculator(Protocol):
+    def kv_bytes_per_page(self) -> int:
+        """Bytes of the drafter's own KV per page (0 without one): the pool is sized for both."""
+        ...
+
+    def allocate(self, num_pages: int) -> None:
+        """Allocate the drafter's paged KV: `num_pages` pages of the target's page size (scratch included)."""
+        ...
+
     @property
     def observes(self) -> bool:
         """Whether `observe` must run after every step (a device drafter with state of its own)."""

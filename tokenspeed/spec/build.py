@@ -1,19 +1,22 @@
 """Speculative decoding on an `Executor`: the verifier, and the device drafter `speculative_config` names.
 
-`enable_speculation(executor, config)` is called by the engine core once the
-executor is built (the drafter reads the target's weights, device, dtype and
-KV layout): host methods (`ngram`, `suffix`) only need the verifier; `eagle`
-loads an EAGLE-1/2 head (`spec/eagle.py`), `mtp` runs the target's own
-multi-token-prediction layers (`spec/mtp.py`), `draft_model` loads a smaller
-model of the same vocabulary (`spec/draft_model.py`). Each device drafter
-keeps its K/V in paged storage of its own with the target's page count and
-page size, addressed by the very page ids the scheduler hands out, so the
-scheduler's accounting and rollbacks cover it with no extra bookkeeping.
+`speculator_factory(config)` is what the engine core hands the executor: it
+is called once the target is loaded (a drafter reads the target's weights,
+device, dtype and KV layout) and before the KV pool is sized (a drafter's
+own weights take memory first, and its K/V shares every page). Host methods
+(`ngram`, `suffix`) only need the verifier; `eagle` loads an EAGLE-1/2 head
+(`spec/eagle.py`), `mtp` drafts with the target's own multi-token-prediction
+layers (`spec/mtp.py`), `draft_model` loads a smaller model of the same
+vocabulary (`spec/draft_model.py`). Each device drafter keeps its K/V in
+paged storage of its own, pages as many and as large as the target's,
+addressed by the very page ids the scheduler hands out, so the scheduler's
+accounting and rollbacks cover it with no bookkeeping of its own.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tokenspeed.errors import InvalidRequest
@@ -26,11 +29,33 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tokenspeed.spec")
 
 
-def enable_speculation(executor: Executor, config: SpeculativeConfig, *, progress: bool = False) -> None:
-    drafter = build_device_drafter(executor, config, progress=progress) if config.drafts_on_device else None
-    executor.runner.speculation = SpeculativeDecoder(drafter)
-    logger.info("speculative decoding: %s, up to %d drafts per row", config.method, config.num_speculative_tokens)
+def speculator_factory(config: SpeculativeConfig, *, progress: bool = False) -> Callable[[Executor], SpeculativeDecoder]:
+    def build(executor: Executor) -> SpeculativeDecoder:
+        drafter = build_device_drafter(executor, config, progress=progress) if config.drafts_on_device else None
+        logger.info("speculative decoding: %s, up to %d drafts per row", config.method,
+                    config.num_speculative_tokens)
+        return SpeculativeDecoder(drafter)
+
+    return build
 
 
 def build_device_drafter(executor: Executor, config: SpeculativeConfig, *, progress: bool = False) -> DeviceDrafter:
-    raise InvalidRequest(f"speculative_config: method {config.method!r} is not available yet")
+    method = config.method
+    if method == "mtp":
+        from tokenspeed.spec.mtp import MTPDrafter
+
+        return MTPDrafter(executor)
+    if method == "eagle":
+        from tokenspeed.spec.eagle import EagleDrafter
+
+        assert config.model is not None
+        return EagleDrafter(executor, config.model)
+    if method == "draft_model":
+        from tokenspeed.spec.draft_model import DraftModelDrafter
+
+        assert config.model is not None
+        return DraftModelDrafter(executor, config.model, progress=progress)
+    raise InvalidRequest(
+        f"speculative_config: method {method!r} is not supported yet (EAGLE-3 heads read the target's "
+        "intermediate hidden states, which the models do not expose); use 'eagle' with an EAGLE-1/2 head"
+    )

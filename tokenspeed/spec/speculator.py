@@ -26,6 +26,7 @@ step fetches the emitted tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -41,6 +42,10 @@ if TYPE_CHECKING:
 class DeviceDrafter(Protocol):
     """A drafter that runs on the device (EAGLE, MTP, a draft model): `spec/eagle.py`, `mtp.py`, `draft_model.py`."""
 
+    def kv_bytes_per_page(self) -> int: ...
+
+    def allocate(self, num_pages: int) -> None: ...
+
     def propose(self, batch: ForwardBatch, rows: DraftRows) -> ProposedDrafts: ...
 
     def observe(self, batch: ForwardBatch, hidden: torch.Tensor, tail: StepTail) -> None: ...
@@ -54,6 +59,13 @@ class SpeculativeDecoder:
     @property
     def observes(self) -> bool:
         return self.drafter is not None
+
+    def kv_bytes_per_page(self) -> int:
+        return 0 if self.drafter is None else self.drafter.kv_bytes_per_page()
+
+    def allocate(self, num_pages: int) -> None:
+        if self.drafter is not None:
+            self.drafter.allocate(num_pages)
 
     def propose(self, batch: ForwardBatch, rows: DraftRows) -> ProposedDrafts:
         if self.drafter is None:
@@ -91,8 +103,9 @@ class SpeculativeDecoder:
         device = logits.device
         drawn = sampler.draw(logits.index_select(0, _values(positions, torch.int64, device)), specs)
         index = _values(rows, torch.int64, device)
-        return accept_drafts(drawn[_values(grid, torch.int64, device)], batch.draft_token_ids.index_select(0, index),
-                             _values([batch.num_draft_tokens[j] for j in rows], torch.int64, device))
+        verified = accept_drafts(drawn[_values(grid, torch.int64, device)], batch.draft_token_ids.index_select(0, index),
+                                 _values([batch.num_draft_tokens[j] for j in rows], torch.int64, device))
+        return VerifyOutcome(verified.token_ids, verified.num_emitted)
 
     @staticmethod
     def _rejection(logits: torch.Tensor, batch: VerifyBatch, rows: list[int], width: int, sampler: Sampler
@@ -113,7 +126,7 @@ class SpeculativeDecoder:
             _values([p.min_p for p in params], torch.float32, device),
         ).view(len(rows), width, -1)
         index = _values(rows, torch.int64, device)
-        return rejection_sample(
+        verified = rejection_sample(
             probs,
             batch.draft_token_ids.index_select(0, index),
             _values([batch.num_draft_tokens[j] for j in rows], torch.int64, device),
@@ -121,6 +134,7 @@ class SpeculativeDecoder:
             _values([s.sample_index for s in heads], torch.int64, device),
             draft_probs=batch.draft_probs.index_select(0, index),
         )
+        return VerifyOutcome(verified.token_ids, verified.num_emitted)
 
 
 def _positions(batch: VerifyBatch, rows: list[int], width: int) -> tuple[list[int], list[list[int]]]:
@@ -135,6 +149,6 @@ def _positions(batch: VerifyBatch, rows: list[int], width: int) -> tuple[list[in
     return positions, grid
 
 
-def _values(values: list[int] | list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _values(values: Sequence[object], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     tensor = torch.tensor(values, dtype=dtype)
     return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
