@@ -35,10 +35,15 @@ def agent_prompts(count: int, seed: int = 0, shared: int = 24) -> list[list[int]
     return prompts
 
 
-def run(folder: Path | str, spec: dict[str, Any] | None, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
-        **engine: Any) -> tuple[list[Any], LLM]:
-    """Outputs (one RequestOutput per prompt) of a fresh engine; the engine, for its stats."""
+def run(folder: Path | str, spec: dict[str, Any] | str | None, prompts: list[list[int]],
+        params: SamplingParams | list[SamplingParams], *, verify_query_len: int = 1, **engine: Any
+        ) -> tuple[list[Any], LLM]:
+    """Outputs (one RequestOutput per prompt) of a fresh engine; the engine, for its stats.
+
+    `verify_query_len` > 1 lays verify steps out as a GPU does for its CUDA graphs (every row padded
+    to that many tokens, filler first), which the CPU does not do by itself."""
     llm = LLM(str(folder), speculative_config=spec, show_progress=False, skip_tokenizer_init=True, **engine)
+    llm.core.executor.runner.verify_query_len = verify_query_len  # type: ignore[attr-defined]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     return outputs, llm
 

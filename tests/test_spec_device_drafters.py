@@ -58,14 +58,19 @@ def drafter_cases(folders: dict[str, Path]) -> dict[str, tuple[str, dict[str, An
     }
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["eager_layout", "graph_layout"])
 @pytest.mark.parametrize("name", ["draft_model", "draft_model_is_target", "eagle", "mtp"])
-def test_greedy_outputs_equal_with_prefix_hits_chunking_and_n(folders: dict[str, Path], name: str) -> None:
+def test_greedy_outputs_equal_with_prefix_hits_chunking_and_n(folders: dict[str, Path], name: str,
+                                                              padded: bool) -> None:
+    """Also with verify steps laid out as a GPU lays them out for its CUDA graphs (k+1 tokens every row,
+    filler first), which moves the drafters' input tokens inside the rows."""
     model, spec, prompts = drafter_cases(folders)[name]
     prompts = prompts + prompts[:2]  # the repeats hit the prefix cache
     params = [GREEDY] * 4 + [SamplingParams(n=2, temperature=0.0, max_tokens=24, ignore_eos=True)] * 2
     engine = dict(max_num_batched_tokens=24, page_size=4)
     base, _ = run(model, None, prompts, params, **engine)
-    got, llm = run(model, spec, prompts, params, **engine)
+    got, llm = run(model, spec, prompts, params, verify_query_len=spec["num_speculative_tokens"] + 1 if padded else 1,
+                   **engine)
     assert token_ids(got) == token_ids(base)
     stats = llm.core.speculation_stats
     assert stats is not None and stats.num_drafts > 0

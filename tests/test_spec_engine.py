@@ -41,6 +41,18 @@ def test_greedy_outputs_equal_with_prefix_hits_and_chunking(folders: dict[str, P
     assert max(o.num_cached_tokens for o in spec[4:]) > 0
 
 
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_verify_rows_padded_as_for_cuda_graphs_give_the_same_tokens(folders: dict[str, Path], family: str) -> None:
+    """Every verify step laid out with 7 tokens a row (filler first, as a GPU lays them out for its
+    verify graphs): the filler writes only the scratch page and changes no real token."""
+    prompts = agent_prompts(4, seed=2)
+    base, _ = run(folders[family], None, prompts, GREEDY, page_size=4)
+    spec, llm = run(folders[family], HOST_METHODS["suffix"], prompts, GREEDY, page_size=4, verify_query_len=7)
+    assert token_ids(spec) == token_ids(base)
+    stats = llm.core.speculation_stats
+    assert stats is not None and stats.num_accepted_tokens > 0
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_preemption_and_overlap(folders: dict[str, Path], overlap: bool) -> None:
     prompts = agent_prompts(6, seed=3, shared=8)

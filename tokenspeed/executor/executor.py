@@ -39,6 +39,7 @@ from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from tokenspeed.executor.model_runner import ModelRunner, StepHandle
 from tokenspeed.executor.speculator import Speculator
 from tokenspeed.kernels import check_override_environment, set_kernel_override
+from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 from tokenspeed.models import CausalLM, ModelConfig, build_model, load_weights
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
 
@@ -136,6 +137,7 @@ class Executor:
             graph_sizes=graph_batch_sizes(self._graph_max_bs()),
         )
         self.runner.speculation = self.speculator
+        self.runner.verify_query_len = self._verify_query_len()
         self._limits = ExecutorLimits(
             vocab_size=self.model_config.vocab_size,
             max_model_len=self.max_model_len,
@@ -176,9 +178,17 @@ class Executor:
     def _graph_max_bs(self) -> int:
         return min(self.config.cuda_graph_max_bs or _MAX_GRAPH_BS, self.config.max_num_seqs)
 
+    def _verify_query_len(self) -> int:
+        """k+1 of speculative decoding's verify batches, as graphs capture them (1: no speculation, or
+        the CPU, where padding rows to it would only cost)."""
+        if self.speculator is None or self.device.type != "cuda":
+            return 1
+        return min(self.speculator.max_draft_tokens + 1, VERIFY_MAX_QUERY_LEN)
+
     def _capture_graphs(self, *, scratch_page: int) -> DecodeGraphs | None:
         if self.device.type != "cuda" or self.config.enforce_eager:
             return None
+        q_len = self._verify_query_len()
         graphs = DecodeGraphs(
             self.model,
             self.kv,
@@ -186,6 +196,7 @@ class Executor:
             max_pages_per_seq=math.ceil(self.max_model_len / self.config.page_size),
             max_model_len=self.max_model_len,
             scratch_page=scratch_page,
+            verify_query_len=q_len if q_len > 1 else None,
         )
         return graphs if graphs.capture() else None
 

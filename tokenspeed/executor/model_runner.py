@@ -31,11 +31,17 @@ import torch
 from tokenspeed.batch.forward_batch import ForwardBatch
 from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.executor.batch_builder import RowSpec, StagingRing, build_host_batch, to_forward_batch
-from tokenspeed.executor.cuda_graphs import DecodeGraphs, context_class, decode_kv_splits, mla_query_heads
+from tokenspeed.executor.cuda_graphs import (
+    VERIFY_MAX_TOKENS,
+    DecodeGraphs,
+    context_class,
+    decode_kv_splits,
+    mla_query_heads,
+)
 from tokenspeed.executor.page_tables import RequestPageTables
 from tokenspeed.executor.sampler import Draws, Sampler, SampleSpec, prompt_token_logprobs
 from tokenspeed.executor.speculator import DraftRows, ProposedDrafts, Speculator, StepTail
-from tokenspeed.executor.step_layout import PromptLogprobSlice, StepLayout, lay_out
+from tokenspeed.executor.step_layout import PromptLogprobSlice, StepLayout, lay_out, verify_graph_query_len
 from tokenspeed.executor.verify_step import VerifiedTokens, verify_batch
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, RowOutput
 
@@ -109,6 +115,9 @@ class ModelRunner:
         self.graph_sizes = graph_sizes or []
         self.mla_heads = mla_query_heads(model)  # MLA decode sizes its splits by query heads
         self.speculation: Speculator | None = None  # set by spec/ when speculative decoding is on
+        # k+1 of the verify batches CUDA graphs run (1: none): on a GPU every verify step that fits is laid
+        # out so, graphs on or off, so both give the same tokens.
+        self.verify_query_len = 1
 
     @torch.inference_mode()
     def launch(self, plan: ExecutionPlan, previous: StepHandle | None = None) -> StepHandle:
@@ -116,13 +125,17 @@ class ModelRunner:
         table_slots = self.page_tables.apply(plan)
         if not plan.rows:
             return handle
-        layout = lay_out(plan)
-        if layout.verify_rows and self.speculation is None:
+        if plan.has_drafts and self.speculation is None:
             raise RuntimeError(f"plan {plan.step_id} carries drafts, but speculative decoding is not set up")
+        # Verify steps take one shape, k+1 tokens every row (filler first), as their graphs do.
+        q_len = 1
+        if self.verify_query_len > 1 and verify_graph_query_len(plan, self.verify_query_len):
+            q_len = self.verify_query_len
+        layout = lay_out(plan, pad_to=q_len if q_len > 1 else 0)
 
         num_rows = len(plan.rows)
-        decode_only = layout.num_tokens == num_rows
-        bucket = self.graphs.bucket(num_rows) if self.graphs is not None and decode_only else None
+        uniform = q_len > 1 or layout.num_tokens == num_rows  # decode-only, or padded verify rows
+        bucket = self.graphs.bucket(num_rows, q_len) if self.graphs is not None and uniform else None
         if (
             bucket is not None
             and self.graphs is not None
@@ -130,7 +143,8 @@ class ModelRunner:
         ):
             bucket = None
         host = build_host_batch(
-            [RowSpec(tokens, r.start_position) for tokens, r in zip(layout.tokens, plan.rows)],
+            [RowSpec(tokens, r.start_position - pad, padding=pad)
+             for tokens, pad, r in zip(layout.tokens, layout.padding, plan.rows)],
             page_size=self.kv.page_size,
             logits_indices=layout.logits_indices,
             placeholder_source=None if previous is None else previous.stream_index,
@@ -139,21 +153,22 @@ class ModelRunner:
             scratch_page=self.scratch_page,
             tables=self.page_tables,
             table_slots=table_slots,
+            pad_row_tokens=q_len,
         )
         batch = to_forward_batch(
             host, self.staging, self.kv.page_size, None if previous is None else previous.sampled, self.page_tables
         )
-        if decode_only and self.max_model_len is not None:
-            rows = next((b for b in self.graph_sizes if b >= num_rows), num_rows)
+        if uniform and self.max_model_len is not None:
+            sizes = self.graph_sizes if q_len == 1 else [b for b in self.graph_sizes if b * q_len <= VERIFY_MAX_TOKENS]
+            rows = next((b for b in sizes if b >= num_rows), num_rows)
             bound = context_class(batch.attn.max_seq_len, self.max_model_len)
             batch.attn.num_kv_splits = decode_kv_splits(
-                rows, self.kv.k[0].shape[2], bound, self.device, mla_heads=self.mla_heads
+                rows, self.kv.k[0].shape[2], bound, self.device, mla_heads=self.mla_heads, q_len=q_len
             )
         proposed = self._propose(plan, layout, batch, table_slots) if layout.device_drafted else None
         if bucket is not None and self.graphs is not None:
             hidden, logits = self.graphs.replay(batch, bucket)
-            logits = logits[:num_rows]
-            if layout.logits_indices != list(range(num_rows)):  # decode rows that sample are all of them here
+            if layout.logits_indices != list(range(logits.shape[0])):
                 logits = logits.index_select(0, batch.logits_indices)
         else:
             hidden = self.model(batch, self.kv)
@@ -218,6 +233,7 @@ class ModelRunner:
         slots = [int(table_slots[i]) for i in plan_rows]  # type: ignore[index]
         proposed = self.speculation.propose(batch, DraftRows(
             batch_rows=self._upload(plan_rows),
+            token_index=self._upload([layout.row_starts[i] for i in plan_rows]),
             slots=self._upload(slots),
             start_positions=[r.start_position for r in rows],
             num_draft_tokens=[r.num_draft_tokens for r in rows],
@@ -246,7 +262,7 @@ class ModelRunner:
         """
         assert self.speculation is not None
         sampling_rows = [plan_row for plan_row, _ in layout.sample_slots]
-        index_parts = [self._upload([layout.row_starts[i] + len(layout.tokens[i]) - 1 for i in sampling_rows])]
+        index_parts = [self._upload([layout.logits_indices[logits_row] for _, logits_row in layout.sample_slots])]
         if handle.verified is not None:
             starts = self._upload([layout.row_starts[i] for i in layout.verify_rows])
             index_parts.append(starts + handle.verified.outcome.num_emitted - 1)

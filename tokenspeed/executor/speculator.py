@@ -73,6 +73,7 @@ class DraftRows:
     """The rows a device drafter drafts for, before the step's forward."""
 
     batch_rows: torch.Tensor  # [rows] int64: each row's index in the step's batch (its page table row)
+    token_index: torch.Tensor  # [rows] int64: flat index of each row's input token in the batch
     slots: torch.Tensor  # [rows] int64: the requests' page-table slots, where a drafter keeps per-request state
     start_positions: list[int]  # position of each row's input token (the last emitted one)
     num_draft_tokens: list[int]  # k of each row
@@ -96,6 +97,11 @@ class StepTail:
 
 
 class Speculator(Protocol):
+    @property
+    def max_draft_tokens(self) -> int:
+        """k: the most drafts a row carries (`num_speculative_tokens`); verify graphs hold k+1 tokens a row."""
+        ...
+
     def kv_bytes_per_page(self) -> int:
         """Bytes of the drafter's own KV per page (0 without one): the pool is sized for both."""
         ...

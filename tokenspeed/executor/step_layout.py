@@ -40,7 +40,8 @@ def prompt_logprob_positions(row: ScheduledRow) -> range:
 @dataclass(slots=True)
 class StepLayout:
     tokens: list[list[int]] = field(default_factory=list)  # per plan row: its tokens in the batch
-    row_starts: list[int] = field(default_factory=list)  # per plan row: flat index of its first token
+    padding: list[int] = field(default_factory=list)  # per plan row: filler tokens before them (`pad_to`)
+    row_starts: list[int] = field(default_factory=list)  # per plan row: flat index of its first real token
     logits_indices: list[int] = field(default_factory=list)
     prompt_slices: list[PromptLogprobSlice] = field(default_factory=list)
     sample_slots: list[tuple[int, int]] = field(default_factory=list)  # (plan row, logits row), one draw each
@@ -52,14 +53,20 @@ class StepLayout:
     def num_tokens(self) -> int:
         return sum(len(t) for t in self.tokens)
 
-    @property
-    def uniform_query_len(self) -> int | None:
-        """The tokens every row has, when all rows have the same number (decode: 1, verify: k+1)."""
-        lengths = {len(t) for t in self.tokens}
-        return lengths.pop() if len(lengths) == 1 else None
 
 
-def lay_out(plan: ExecutionPlan) -> StepLayout:
+def verify_graph_query_len(plan: ExecutionPlan, query_len: int) -> bool:
+    """Whether every row fits a verify batch of `query_len` tokens a row: decode rows (some with
+    drafts) of at most `query_len` tokens, no prompt logprobs."""
+    return plan.has_drafts and all(
+        len(r.input_token_ids) == 1 and r.sample and r.num_draft_tokens < query_len and r.prompt_logprobs_start is None
+        for r in plan.rows
+    )
+
+
+def lay_out(plan: ExecutionPlan, pad_to: int = 0) -> StepLayout:
+    """The step's layout; `pad_to` > 0 gives every row that many tokens, filler first (CUDA-graph
+    verify batches: see `batch_builder.RowSpec.padding`)."""
     layout = StepLayout()
     flat = 0
     for i, row in enumerate(plan.rows):
@@ -71,7 +78,10 @@ def lay_out(plan: ExecutionPlan) -> StepLayout:
             if row.draft_token_ids and len(row.draft_token_ids) != k:
                 raise ValueError(f"row {row.request_id!r} carries {len(row.draft_token_ids)} drafts, says {k}")
             tokens.extend(row.draft_token_ids or [0] * k)
-        layout.tokens.append(tokens)
+        filler = max(0, pad_to - len(tokens))
+        flat += filler
+        layout.padding.append(filler)
+        layout.tokens.append([0] * filler + tokens)
         layout.row_starts.append(flat)
         positions = prompt_logprob_positions(row)
         if positions:

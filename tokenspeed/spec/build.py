@@ -34,7 +34,7 @@ def speculator_factory(config: SpeculativeConfig, *, progress: bool = False) -> 
         drafter = build_device_drafter(executor, config, progress=progress) if config.drafts_on_device else None
         logger.info("speculative decoding: %s, up to %d drafts per row", config.method,
                     config.num_speculative_tokens)
-        return SpeculativeDecoder(drafter)
+        return SpeculativeDecoder(config.num_speculative_tokens, drafter)
 
     return build
 

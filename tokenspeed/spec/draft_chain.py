@@ -63,9 +63,7 @@ class DraftChain:
 
     def input_tokens(self, batch: ForwardBatch) -> torch.Tensor:
         """Each row's input token (the last emitted one, resolved on the device)."""
-        assert batch.attn.query_start_tensor is not None
-        first = batch.attn.query_start_tensor.to(torch.int64).index_select(0, self.rows.batch_rows)
-        return batch.input_ids.index_select(0, first)
+        return batch.input_ids.index_select(0, self.rows.token_index)
 
     def step(self, tokens: torch.Tensor, offset: int, active_below: int) -> ForwardBatch:
         """`tokens` `[rows]`, one per row at position `start + offset`. A row with

@@ -52,8 +52,9 @@ class DeviceDrafter(Protocol):
 
 
 class SpeculativeDecoder:
-    def __init__(self, drafter: DeviceDrafter | None = None) -> None:
+    def __init__(self, max_draft_tokens: int, drafter: DeviceDrafter | None = None) -> None:
         """`drafter`: the device drafter; None for host drafters (their drafts come in the plan)."""
+        self.max_draft_tokens = max_draft_tokens
         self.drafter = drafter
 
     @property
