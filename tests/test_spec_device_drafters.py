@@ -252,3 +252,34 @@ def test_a_verifier_that_accepts_every_draft_fails_the_same_test(tiny: dict[str,
     samples, _ = _sample(tiny, 1.0)
     statistic, critical = _chi_square(samples, _exact_joint(tiny["target"], 1.0))
     assert statistic > 3 * critical
+
+
+def test_a_public_eagle_checkpoint_drafts_as_our_format_does(tmp_path: Path) -> None:
+    """The public EAGLE-1/2 layout (`pytorch_model.bin` with its copy of the embedding and the unused
+    input norm of layer 0, no `eagle` section in config.json) loads and drafts exactly as ours."""
+    import json
+
+    from tokenspeed.spec.eagle import read_tensors
+
+    ours = embedded_eagle_path()
+    tensors = read_tensors(ours)
+    hidden = tensors["fc.bias"].shape[0]
+    tensors["embed_tokens.weight"] = read_tensors(embedded_model_path())["model.embed_tokens.weight"]
+    tensors["layers.0.input_layernorm.weight"] = torch.ones(hidden)
+    folder = tmp_path / "eagle-public"
+    folder.mkdir()
+    config = json.loads((ours / "config.json").read_text())
+    del config["eagle"]
+    (folder / "config.json").write_text(json.dumps(config))
+    torch.save(tensors, folder / "pytorch_model.bin")
+    prompts = embedded_prompts(2, seed=4)
+    runs = []
+    for head in (ours, folder):
+        spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": 3, "adaptive_draft_length": False}
+        outputs, llm = run("embedded", spec, prompts, GREEDY)
+        runs.append((token_ids(outputs), llm.core.speculation_stats.as_dict()))  # type: ignore[union-attr]
+    assert runs[0] == runs[1]
+    with pytest.raises(Exception, match="unexpected tensor"):
+        tensors["layers.0.extra.weight"] = torch.ones(2)
+        torch.save(tensors, folder / "pytorch_model.bin")
+        run("embedded", {"method": "eagle", "model": str(folder), "num_speculative_tokens": 3}, prompts, GREEDY)
