@@ -34,8 +34,8 @@ def test_embedded_moe_resolves_and_runs_with_its_mtp_layer():
                  "shared_head.norm.weight", "shared_head.head.weight"):
         assert f"{mtp}.{leaf}" in names, leaf  # DeepSeek's MTP layout, copies included
     llm = LLM("embedded-moe", max_model_len=256, show_progress=False)
-    assert llm.core.model_config.architecture == "DeepseekV3ForCausalLM" and llm.core.model_config.moe is not None
-    assert len(llm.core.model.model.layers) == config["num_hidden_layers"] + 1  # MTP kept
+    assert llm.core.executor.model_config.architecture == "DeepseekV3ForCausalLM" and llm.core.executor.model_config.moe is not None
+    assert len(llm.core.executor.model.model.layers) == config["num_hidden_layers"] + 1  # MTP kept
     out = llm.generate(["def f(x):"], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 6
 

@@ -76,7 +76,7 @@ def test_transformers_and_our_engine_give_the_same_greedy_tokens(smoke, name):
     folder = smoke / name
     llm = LLM(str(folder), max_model_len=256, show_progress=False)
     if name == "embedded-moe":  # the trained MTP layer is loaded and kept, not dropped
-        assert len(llm.core.model.model.layers) == llm.core.model_config.num_layers + 1
+        assert len(llm.core.executor.model.model.layers) == llm.core.executor.model_config.num_layers + 1
     prompts = ["def fibonacci(n):", "import os\n\ndef ", "class Stack:"]
     ours = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
     model = load_hf(folder)

@@ -113,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {
         "command": " ".join(["tokenspeed", *sys.argv[1:]]),
         "model": args.model or "embedded",
-        "device": str(llm.core.device),
-        "dtype": str(llm.core.dtype).removeprefix("torch."),
+        "device": str(llm.core.executor.device),
+        "dtype": str(llm.core.executor.dtype).removeprefix("torch."),
         "windows": len(windows),
         "window": args.window,
         **about,
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     }
     status = 0
     if args.compare_transformers:
-        reference = transformers_metrics(folder, windows, token_bytes, dtype=llm.core.dtype, device=llm.core.device)
+        reference = transformers_metrics(folder, windows, token_bytes, dtype=llm.core.executor.dtype, device=llm.core.executor.device)
         difference = abs(reference["bits_per_byte"] - result["engine"]["bits_per_byte"])
         result["transformers"] = reference
         result["bits_per_byte_abs_diff"] = difference

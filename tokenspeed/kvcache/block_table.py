@@ -73,6 +73,11 @@ class BlockTable:
         self.ensure_live()
         return len(self._hashes)
 
+    def published_hashes(self) -> list[bytes]:
+        """A copy of the chained hashes of the leading published pages."""
+        self.ensure_live()
+        return list(self._hashes)
+
     @property
     def last_hash(self) -> bytes | None:
         self.ensure_live()

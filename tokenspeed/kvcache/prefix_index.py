@@ -13,12 +13,17 @@ impossible, unlike Python's `hash()`.
 When two requests compute the same page concurrently, the first published
 mapping wins and the second page stays unindexed (freed normally on release),
 so a hash never points at two pages and the index never has to pick.
+
+The same class indexes every tier that holds pages by content (device pages
+and host slots alike), so one walk of a prompt's chained hashes finds each
+page wherever it lives. `on_evict(page_hash, protected)` lets the owner count
+what an eviction cost (a retained page, a page no lower tier holds).
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from hashlib import blake2b
 
 from tokenspeed.kvcache.events import KVEventLog
@@ -41,20 +46,25 @@ def chain_hash(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
 
 
 class PrefixIndex:
-    __slots__ = ("_pool", "_page_of", "_hash_of", "events")
+    __slots__ = ("_pool", "_page_of", "_hash_of", "_on_evict", "events")
 
-    def __init__(self, pool: PagePool) -> None:
+    def __init__(self, pool: PagePool, on_evict: Callable[[bytes, bool], None] | None = None) -> None:
         self._pool = pool
         self.events = KVEventLog()  # stored/removed records for a cache-aware router (off by default)
         self._page_of: dict[bytes, int] = {}
         self._hash_of: dict[int, bytes] = {}
-        pool.set_evict_hook(self._forget)
+        self._on_evict = on_evict
+        pool.set_evict_hook(self._evicted)
 
     def __len__(self) -> int:
         return len(self._page_of)
 
     def lookup(self, page_hash: bytes) -> int | None:
         return self._page_of.get(page_hash)
+
+    def hash_of(self, page: int) -> bytes | None:
+        """The hash `page` is indexed under (None: not indexed)."""
+        return self._hash_of.get(page)
 
     def insert(self, page_hash: bytes, page: int) -> bool | None:
         """Map `page_hash` to `page`: True if newly mapped, None if it already was, False (and no
@@ -70,10 +80,21 @@ class PrefixIndex:
         self._hash_of[page] = page_hash
         return True
 
-    def _forget(self, page: int) -> None:
+    def discard(self, page: int) -> None:
+        """Forget an unreferenced page whose content never landed (a failed load): it is not reused as a hit."""
+        self._pool.unmark_cached(page)
+        self._forget(page)
+
+    def _evicted(self, page: int, protected: bool) -> None:
+        page_hash = self._forget(page)
+        if self._on_evict is not None:
+            self._on_evict(page_hash, protected)
+
+    def _forget(self, page: int) -> bytes:
         page_hash = self._hash_of.pop(page)
         del self._page_of[page_hash]
         self.events.removed(page_hash)
+        return page_hash
 
     def check_invariants(self) -> None:
         assert len(self._page_of) == len(self._hash_of), "prefix index maps are out of sync"
