@@ -175,7 +175,7 @@ class FixedDrafter:
 def cost_section(smoke: bool, out: Path, command: str) -> None:
     model = "embedded" if smoke else "llama-3.1-8b"
     batch_sizes, draft_lengths = ([1, 4], [0, 1, 3]) if smoke else ([1, 8, 32], [0, 1, 3, 7])
-    steps, context = (6, 64) if smoke else (64, 2048)
+    steps, context = (24, 64) if smoke else (64, 2048)
     section: dict[str, Any] = RESULTS.setdefault("cost", {"model": model, "context": context})
     for k in draft_lengths:
         spec = None if k == 0 else {"method": "ngram", "num_speculative_tokens": k, "adaptive_draft_length": False}
@@ -346,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         RESULTS.update(json.loads(args.out.read_text()).get("metrics", {}))
     for name in args.sections.split(","):
         log(f"section {name}")
+        RESULTS.setdefault("section_commands", {})[name] = command  # sections run separately keep their own
         SECTIONS[name](args.smoke, args.out, command)
     return 0
 

@@ -26,6 +26,7 @@ rows out, runs the hooks in order, and returns 1 .. k+1 tokens per verify row.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from tokenspeed.batch.forward_batch import ForwardBatch
@@ -224,13 +225,13 @@ class ModelRunner:
             handle.sampled = parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _propose(
-        self, plan: ExecutionPlan, layout: StepLayout, batch: ForwardBatch, table_slots: object
+        self, plan: ExecutionPlan, layout: StepLayout, batch: ForwardBatch, table_slots: np.ndarray
     ) -> ProposedDrafts:
         """Device drafts for the verify rows that asked for them, written into the batch's input ids."""
         assert self.speculation is not None
         plan_rows = [layout.verify_rows[j] for j in layout.device_drafted]
         rows = [plan.rows[i] for i in plan_rows]
-        slots = [int(table_slots[i]) for i in plan_rows]  # type: ignore[index]
+        slots = [int(table_slots[i]) for i in plan_rows]
         proposed = self.speculation.propose(batch, DraftRows(
             batch_rows=self._upload(plan_rows),
             token_index=self._upload([layout.row_starts[i] for i in plan_rows]),
@@ -250,7 +251,8 @@ class ModelRunner:
         return proposed
 
     def _observe(
-        self, layout: StepLayout, batch: ForwardBatch, hidden: torch.Tensor, table_slots: object, handle: StepHandle
+        self, layout: StepLayout, batch: ForwardBatch, hidden: torch.Tensor, table_slots: np.ndarray,
+        handle: StepHandle,
     ) -> None:
         """Hand the step to a drafter that catches up on it: every position with the token after it.
 
@@ -271,7 +273,7 @@ class ModelRunner:
         next_ids = torch.roll(batch.input_ids, -1)
         if handle.sampled is not None:
             next_ids = next_ids.index_copy(0, last_index, handle.sampled)
-        host_slots = [int(table_slots[i]) for i in sampling_rows]  # type: ignore[index]
+        host_slots = [int(table_slots[i]) for i in sampling_rows]
         tail = StepTail(next_ids, last_index, self._upload(host_slots), max(host_slots, default=-1))
         self.speculation.observe(batch, hidden, tail)
 

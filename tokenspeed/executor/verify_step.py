@@ -50,12 +50,13 @@ def verify_batch(
     probs = None
     if proposed is not None:
         index = torch.tensor(layout.device_drafted, dtype=torch.int64).to(device)
-        device_drafts = proposed.token_ids[:, :width]
+        short = width - proposed.token_ids.shape[1]  # > 0 only if host-drafted rows drafted more
+        device_drafts = torch.nn.functional.pad(proposed.token_ids, (0, short))[:, :width]
         drafts = drafts.index_copy(0, index, device_drafts)
         if proposed.probs is not None:
             vocab = proposed.probs.shape[-1]
             probs = torch.zeros(len(rows), width, vocab, dtype=proposed.probs.dtype, device=device)
-            probs.index_copy_(0, index, proposed.probs[:, :width])
+            probs.index_copy_(0, index, torch.nn.functional.pad(proposed.probs, (0, 0, 0, short))[:, :width])
         penalised = [j for j in layout.device_drafted if rows[j].sampling.needs_penalties]
         if penalised:  # penalties read the history on the host: these rows' drafts come back
             fetched = device_drafts.index_select(0, torch.tensor(
