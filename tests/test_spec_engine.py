@@ -99,3 +99,10 @@ def test_bad_speculative_config_is_refused_before_loading(folders: dict[str, Pat
         run(folders["llama"], {"method": "ngram", "num_speculative_tokens": 0}, [[5, 6]], GREEDY)
     with pytest.raises(InvalidRequest, match="unknown key"):
         run(folders["llama"], '{"method": "suffix", "k": 3}', [[5, 6]], GREEDY)
+    with pytest.raises(InvalidRequest, match="EAGLE-3"):
+        run(folders["llama"], {"method": "eagle3", "model": "x", "num_speculative_tokens": 2}, [[5, 6]], GREEDY)
+    with pytest.raises(InvalidRequest, match="multi-token-prediction"):
+        run(folders["llama"], {"method": "mtp"}, [[5, 6]], GREEDY)
+    with pytest.raises(InvalidRequest, match="no config.json"):
+        run(folders["llama"], {"method": "eagle", "model": str(folders["llama"] / "none"),
+                               "num_speculative_tokens": 2}, [[5, 6]], GREEDY)

@@ -136,6 +136,8 @@ class ModelRunner:
 
         num_rows = len(plan.rows)
         uniform = q_len > 1 or layout.num_tokens == num_rows  # decode-only, or padded verify rows
+        sizes = self.graph_sizes if q_len == 1 else [b for b in self.graph_sizes if b * q_len <= VERIFY_MAX_TOKENS]
+        rows_bucket = next((b for b in sizes if b >= num_rows), num_rows)
         bucket = self.graphs.bucket(num_rows, q_len) if self.graphs is not None and uniform else None
         if (
             bucket is not None
@@ -143,6 +145,8 @@ class ModelRunner:
             and max(r.num_pages for r in plan.rows) > self.graphs.page_table.shape[1]
         ):
             bucket = None
+        # A verify step runs its bucket's shape even eagerly: graphs on and off then compute the same thing.
+        pad_rows = bucket or (rows_bucket if q_len > 1 else 0)
         host = build_host_batch(
             [RowSpec(tokens, r.start_position - pad, padding=pad)
              for tokens, pad, r in zip(layout.tokens, layout.padding, plan.rows)],
@@ -150,7 +154,7 @@ class ModelRunner:
             logits_indices=layout.logits_indices,
             placeholder_source=None if previous is None else previous.stream_index,
             row_ids=[r.request_id for r in plan.rows],
-            pad_rows_to=bucket or 0,
+            pad_rows_to=pad_rows,
             scratch_page=self.scratch_page,
             tables=self.page_tables,
             table_slots=table_slots,
@@ -160,11 +164,9 @@ class ModelRunner:
             host, self.staging, self.kv.page_size, None if previous is None else previous.sampled, self.page_tables
         )
         if uniform and self.max_model_len is not None:
-            sizes = self.graph_sizes if q_len == 1 else [b for b in self.graph_sizes if b * q_len <= VERIFY_MAX_TOKENS]
-            rows = next((b for b in sizes if b >= num_rows), num_rows)
             bound = context_class(batch.attn.max_seq_len, self.max_model_len)
             batch.attn.num_kv_splits = decode_kv_splits(
-                rows, self.kv.k[0].shape[2], bound, self.device, mla_heads=self.mla_heads, q_len=q_len
+                rows_bucket, self.kv.k[0].shape[2], bound, self.device, mla_heads=self.mla_heads, q_len=q_len
             )
         proposed = self._propose(plan, layout, batch, table_slots) if layout.device_drafted else None
         if bucket is not None and self.graphs is not None:

@@ -29,7 +29,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tokenspeed.spec")
 
 
+_UNSUPPORTED = {
+    "eagle3": "EAGLE-3 heads read the target's intermediate hidden states, which the models do not expose yet; "
+              "use 'eagle' with an EAGLE-1/2 head",
+}
+
+
 def speculator_factory(config: SpeculativeConfig, *, progress: bool = False) -> Callable[[Executor], SpeculativeDecoder]:
+    """The executor's speculator builder; a method this engine cannot run is refused now, before any model loads."""
+    if config.method in _UNSUPPORTED:
+        raise InvalidRequest(f"speculative_config: method {config.method!r} is not supported: "
+                             f"{_UNSUPPORTED[config.method]}")
+
     def build(executor: Executor) -> SpeculativeDecoder:
         drafter = build_device_drafter(executor, config, progress=progress) if config.drafts_on_device else None
         logger.info("speculative decoding: %s, up to %d drafts per row", config.method,
@@ -55,7 +66,4 @@ def build_device_drafter(executor: Executor, config: SpeculativeConfig, *, progr
 
         assert config.model is not None
         return DraftModelDrafter(executor, config.model, progress=progress)
-    raise InvalidRequest(
-        f"speculative_config: method {method!r} is not supported yet (EAGLE-3 heads read the target's "
-        "intermediate hidden states, which the models do not expose); use 'eagle' with an EAGLE-1/2 head"
-    )
+    raise InvalidRequest(f"speculative_config: method {method!r} has no device drafter")
