@@ -82,9 +82,10 @@ class SpeculativeDecoder:
         counts = batch.num_draft_tokens
         width = batch.max_draft_tokens + 1
         specs = batch.position_specs
-        sampled = {j for j, offset in enumerate(batch.offsets) if not specs[offset].sampling.greedy}
-        by_rejection = sorted(sampled) if batch.draft_probs is not None else []
-        by_point_mass = [j for j in range(len(counts)) if j not in set(by_rejection)]
+        # Drafts a model sampled (rows at temperature > 0 with the drafter's distributions) go to rejection.
+        sampled = batch.draft_probs is not None
+        by_rejection = [j for j, offset in enumerate(batch.offsets) if sampled and not specs[offset].sampling.greedy]
+        by_point_mass = sorted(set(range(len(counts))) - set(by_rejection))
         tokens = torch.empty(len(counts), width, dtype=torch.int64, device=device)
         emitted = torch.empty(len(counts), dtype=torch.int64, device=device)
         for rows, decide in ((by_point_mass, self._point_mass), (by_rejection, self._rejection)):
