@@ -9,10 +9,19 @@ PYTEST_ARGS ?=
 $(PY):
 	python3 -m venv $(VENV)
 
-# torch is pinned to the local CPU build only when no torch is present: an
-# unpinned torch would pull a multi-GB CUDA build.
+# torch, only when the venv has none: the CPU build from PyTorch's CPU index (PyPI's Linux
+# wheel is the multi-GB CUDA build). The `+cpu` pin means pip fails, rather than fetching
+# the CUDA wheel, when that index is out of reach. macOS has no `+cpu` build: PyPI's wheel
+# is the CPU one there. `--no-deps` keeps the extra index to this one package: torch's own
+# dependencies come from PyPI with the package's, in the next command.
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+UNAME_S ?= $(shell uname -s)
+TORCH_REQUIREMENT ?= torch==$(TORCH_VERSION)$(if $(filter Darwin,$(UNAME_S)),,+cpu)
+
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -c "import torch" 2>/dev/null || \
+	  $(PY) -m pip install -q --retries 1 --timeout 10 --no-deps '$(TORCH_REQUIREMENT)' --extra-index-url $(TORCH_INDEX_URL)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 

@@ -238,7 +238,8 @@ def test_bench_serve_writes_results_and_overlays(fake_server, tmp_path, capsys):
     assert _bench(url, out, "--label", "peer", "--api", "completions", "--workload", "random",
                   "--input-len", "200", "--output-len", "16", max_context=None) == 0
     stdout = capsys.readouterr().out
-    assert "TPS/user" in stdout and "results.csv" in stdout
+    assert "TTFT" in stdout and "results.csv" in stdout  # the terminal table, and where the files are
+    assert "TPS/user" in (out / "summary.txt").read_text()
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [(r["label"], r["concurrency"]) for r in rows] == [("ours", 1), ("ours", 3), ("peer", 1), ("peer", 3)]
     ours = rows[1]

@@ -67,7 +67,12 @@ def test_bench_serve_against_live_server(live_server, tmp_path, capsys):
     code = main(["bench", "serve", "--base-url", live_server, "--output-dir", str(out), "--label", "tokenspeed",
                  "--workload", "agentic", "--concurrency", "1,2", "--sessions", "2", "--turns", "3",
                  "--max-context", "1024", "--time-scale", "0", "--no-progress"])
-    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    table = printed.out.split("results in ")[0]
+    assert max(map(len, table.splitlines())) <= 100, table  # the terminal table fits
+    assert "warning" not in printed.err  # the embedded tokenizer covers the embedded model's vocabulary
+    assert "out TPM/GPU" in (out / "summary.txt").read_text()  # the full table is in the files
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [r["concurrency"] for r in rows] == [1, 2]
     for row in rows:

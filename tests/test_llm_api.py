@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tokenspeed import LLM, SamplingParams
@@ -136,3 +138,28 @@ def test_chat_uses_the_template(llm):
     assert out.prompt_token_ids == llm.tokenizer.encode(rendered, add_special_tokens=False)
     batch = llm.chat([messages, messages[1:]], greedy(max_tokens=4, ignore_eos=True))
     assert len(batch) == 2 and batch[0].outputs[0].token_ids == out.outputs[0].token_ids
+
+
+def test_eos_ids_of_config_json_stop_generation(tmp_path):
+    """config.json's eos ids count even with no generation_config.json and no tokenizer: ModelConfig
+    hands them over as a tuple, which the eos set once dropped. The AsyncEngine (hence the HTTP and
+    gRPC servers) builds its set with the same function."""
+    from tests.checkpoints import make_checkpoint
+    from tokenspeed.engine.model_files import eos_token_ids
+    from tokenspeed.models import ModelConfig
+
+    folder = make_checkpoint("qwen3", tmp_path / "ckpt")
+    (folder / "generation_config.json").unlink(missing_ok=True)
+    prompt = {"prompt_token_ids": [5, 6, 7, 8]}
+    with LLM(str(folder), skip_tokenizer_init=True, max_model_len=256, show_progress=False) as free:
+        tokens = free.generate(prompt, greedy(max_tokens=12, ignore_eos=True))[0].outputs[0].token_ids
+    stop_at = next(i for i in range(2, len(tokens)) if tokens[i] not in tokens[:i])
+    config = json.loads((folder / "config.json").read_text())
+    config["eos_token_id"] = [config["eos_token_id"], tokens[stop_at]]
+    (folder / "config.json").write_text(json.dumps(config))
+
+    assert eos_token_ids(folder, ModelConfig.from_pretrained(folder), None) == tuple(config["eos_token_id"])
+    with LLM(str(folder), skip_tokenizer_init=True, max_model_len=256, show_progress=False) as llm:
+        assert tokens[stop_at] in llm.eos_token_ids
+        out = llm.generate(prompt, greedy(max_tokens=12))[0].outputs[0]
+    assert out.token_ids == tokens[: stop_at + 1] and out.finish_reason == "stop"

@@ -43,9 +43,10 @@ def _sampling_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-de
 
 
 def _random_weights_notice(args: argparse.Namespace) -> None:
-    """Say so when the weights are random (untrained embedded model, a preset, dummy loading): the text means nothing."""
+    """Say so when the weights are random (untrained embedded model, dummy loading): the text means nothing.
+
+    A preset's notice comes from the engine itself (`EngineCore`), for every front end."""
     from tokenspeed.models.embedded.materialize import has_trained_weights, is_embedded_model
-    from tokenspeed.models.presets import preset_name
 
     model = getattr(args, "model_positional", None) or args.model
     if args.load_format == "dummy":
@@ -54,8 +55,6 @@ def _random_weights_notice(args: argparse.Namespace) -> None:
         if has_trained_weights(model or "embedded"):
             return
         what = f"the embedded model {model or 'embedded'!r} (no trained weights in this checkout)"
-    elif preset_name(model) is not None:
-        what = f"preset {preset_name(model)!r}"
     else:
         return
     print(f"# {what}: random weights, its text is not meaningful", file=sys.stderr)
@@ -64,8 +63,8 @@ def _random_weights_notice(args: argparse.Namespace) -> None:
 def _generate(args: argparse.Namespace) -> int:
     from tokenspeed import LLM
 
-    llm = LLM.from_config(engine_config_from_args(args))
     _random_weights_notice(args)
+    llm = LLM.from_config(engine_config_from_args(args))
     for output in llm.generate(args.prompt, _sampling_from_args(args)):
         for completion in output.outputs:
             if args.json:
@@ -79,8 +78,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _chat(args: argparse.Namespace) -> int:
     from tokenspeed import LLM
 
-    llm = LLM.from_config(engine_config_from_args(args))
     _random_weights_notice(args)
+    llm = LLM.from_config(engine_config_from_args(args))
     messages = []
     if args.system:
         messages.append({"role": "system", "content": args.system})

@@ -8,14 +8,16 @@ from __future__ import annotations
 import argparse
 
 from tokenspeed.config import EngineConfig
-from tokenspeed.models.presets import list_presets
+from tokenspeed.models.presets import presets_help
 from tokenspeed.spec.config import speculative_config_dict
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
-    group.add_argument("--model", default=None, help=f"checkpoint folder, hub id, or a preset with random weights "
-                            f"({', '.join(list_presets())}) (default: the embedded tiny model)")
+    group.add_argument("--model", default=None,
+                       help=f"checkpoint folder, hub id, embedded-moe, or a preset: a real model's shape with "
+                            f"random weights ({presets_help()}; the bare lower-case name works too) "
+                            f"(default: the embedded tiny model)")
     group.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
     group.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16; auto: fp32 on CPU, the checkpoint's half type on GPU "
                             "(default: %(default)s)")

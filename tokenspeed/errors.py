@@ -48,3 +48,9 @@ class ModelNotFound(TokenSpeedError, FileNotFoundError):
     """The model path (or hub id) names nothing that can be loaded."""
 
     http_status = 404
+
+
+class NotEnoughMemory(TokenSpeedError):
+    """The model (weights plus the smallest KV pool) cannot fit in the memory free on its device.
+
+    Raised at engine start, before anything is allocated, never for a request."""

@@ -37,7 +37,8 @@ class ListenOptions:
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_positional", nargs="?", default=None, metavar="MODEL",
-                        help="checkpoint folder or hub id; same as --model (default: the embedded tiny model)")
+                        help="checkpoint folder, hub id, embedded-moe or preset:NAME; same as --model "
+                             "(default: the embedded tiny model)")
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     server.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")

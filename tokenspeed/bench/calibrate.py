@@ -80,6 +80,10 @@ async def server_info(http: httpx.AsyncClient) -> dict[str, Any]:
             windows = [m["max_model_len"] for m in models if isinstance(m.get("max_model_len"), int)]
             if windows:
                 info["max_model_len"] = min(windows)
+            for key in ("vocab_size", "tokenizer_vocab_size"):  # TokenSpeed reports both
+                sizes = [m[key] for m in models if isinstance(m.get(key), int)]
+                if sizes:
+                    info[key] = min(sizes)
     except (httpx.HTTPError, ValueError) as exc:
         info["models_error"] = str(exc)
     try:
@@ -89,6 +93,25 @@ async def server_info(http: httpx.AsyncClient) -> dict[str, Any]:
     except (httpx.HTTPError, ValueError):
         pass
     return info
+
+
+def vocabulary_warning(info: dict[str, Any]) -> str | None:
+    """A warning when the served tokenizer decodes fewer ids than the model samples, else None.
+
+    Ids past the tokenizer's range decode to no text, so a stream's text events stop matching
+    its tokens (the `llama-3.1-8b` preset served with the embedded tokenizer sent a 256-token
+    reply in 5-9 chunks), and the model's text is not what a real deployment would send. Models
+    pad their vocabulary for the GEMMs (Qwen3: 151,936 rows for 151,669 tokens), so a gap under
+    1% is padding, not a mismatch.
+    """
+    model, tokenizer = info.get("vocab_size"), info.get("tokenizer_vocab_size")
+    if not isinstance(model, int) or not isinstance(tokenizer, int) or tokenizer >= 0.99 * model:
+        return None
+    return (
+        f"the server's tokenizer decodes {tokenizer:,} ids but its model samples from {model:,}: "
+        f"the ids past {tokenizer:,} stream as no text, so replies are not what a real deployment "
+        f"sends (ITL is still per token where the server reports usage in every chunk)"
+    )
 
 
 async def replica_cache_hit_rates(http: httpx.AsyncClient) -> dict[str, float] | None:

@@ -2,9 +2,10 @@
 
 Prompts are random token ids (special tokens excluded) and generation ignores
 EOS, so every run does exactly `num_prompts x (input_len + output_len)` tokens
-of work and runs are comparable. Prints one JSON line (with speculative
-decoding: the drafts, accepted tokens, acceptance rate and mean accepted length
-of the timed run).
+of work and runs are comparable. Prints one JSON line on stdout (with
+speculative decoding: the drafts, accepted tokens, acceptance rate and mean
+accepted length of the timed run); the progress bar of the timed run goes to
+stderr (`--disable-tqdm` turns it off).
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--num-prompts", type=int, default=64, help="random prompts in the batch (default: %(default)s)")
     parser.add_argument("--input-len", type=int, default=256, help="tokens per prompt (default: %(default)s)")
     parser.add_argument("--output-len", type=int, default=64, help="tokens generated per prompt (default: %(default)s)")
+    parser.add_argument("--disable-tqdm", action="store_true", help="no progress bar (on stderr) for the timed run")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tokenspeed import LLM, SamplingParams
 
-    llm = LLM.from_config(engine_config_from_args(args), show_progress=False)
+    llm = LLM.from_config(engine_config_from_args(args), show_progress=not args.disable_tqdm)
     rng = random.Random(args.seed)
     special = set(getattr(llm.tokenizer, "all_special_ids", []) or [])
     vocab = [t for t in range(llm.core.limits.vocab_size) if t not in special]
@@ -40,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     llm.generate(prompts[:1], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)  # warm-up
     before = _speculation(llm)
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
 
     input_tokens = sum(len(o.prompt_token_ids) for o in outputs)

@@ -5,7 +5,8 @@ tokenizer from the outside (`calibrate.py`), plan the workload in tokens and
 shrink it to `--max-context`, warm the shared system prefix once (a deployed
 agent fleet always has it hot; a cold first request would only measure our
 start order), then play every concurrency point with fresh session text and
-write results.csv / results.json / requests-LABEL.jsonl / pareto.png.
+write results.csv / results.json / requests-LABEL.jsonl / summary.txt (the full
+table; the terminal shows its main columns) / pareto.png.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from tokenspeed.bench.calibrate import (
     server_info,
     speculation_counters,
     speculation_summary,
+    vocabulary_warning,
 )
 from tokenspeed.bench.client import RequestOptions, RequestRecord, stream_request
 from tokenspeed.bench.conversation import TextRatios, system_text
 from tokenspeed.bench.fixed import SWE_SMITH_FIRST_TURN, SWE_SMITH_TURN_TOKENS, random_plan, swe_smith_plan
 from tokenspeed.bench.metrics import summarize
 from tokenspeed.bench.pareto import plot_pareto
-from tokenspeed.bench.report import make_progress, print_summary
+from tokenspeed.bench.report import make_progress, print_summary, write_summary
 from tokenspeed.bench.results_io import write_requests, write_rows
 from tokenspeed.bench.sweep import PointRun, PointSpec, run_point
 from tokenspeed.bench.workload import WorkloadPlan, fit_to_context
@@ -124,6 +126,9 @@ async def sweep(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[Po
     timeout = httpx.Timeout(args.request_timeout, connect=30.0)
     async with httpx.AsyncClient(base_url=args.base_url, timeout=timeout, limits=limits) as http:
         info = await server_info(http)
+        vocabulary = vocabulary_warning(info)
+        if vocabulary is not None:
+            print(f"warning: {vocabulary}", file=sys.stderr)
         model = args.model or next(iter(info.get("models") or []), None)
         if model is None:
             reason = info.get("models_error") or "it lists no model; pass --model"
@@ -181,8 +186,10 @@ def run(args: argparse.Namespace) -> int:
     label = rows[0]["label"]
     write_requests(out_dir, label, [(r.concurrency, r.records) for r in runs])
     plot_pareto(merged, out_dir / "pareto.png", title=f"{args.workload} workload")
-    print_summary(rows, title=f"bench serve: {args.workload} vs {args.base_url}")
-    print(f"results: {out_dir / 'results.csv'}  {out_dir / 'results.json'}  {out_dir / 'pareto.png'}")
+    title = f"bench serve: {args.workload} vs {args.base_url}"
+    print_summary(rows, title=title)
+    write_summary(rows, out_dir / "summary.txt", title=title)
+    print(f"results in {out_dir}: results.csv, results.json, summary.txt, pareto.png, requests-*.jsonl")
     failed = [r["concurrency"] for r in rows if r["requests"] and r["errors"] == r["requests"]]
     if failed:
         print(f"error: every request failed at concurrency {failed}", file=sys.stderr)

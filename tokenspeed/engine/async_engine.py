@@ -33,8 +33,7 @@ from typing import Any
 from tokenspeed.config import EngineConfig
 from tokenspeed.engine import ipc
 from tokenspeed.engine.core_client import CoreClient, describe_exit
-from tokenspeed.engine.llm import _eos_token_ids, load_tokenizer
-from tokenspeed.engine.model_files import is_preset, resolve_model_folder
+from tokenspeed.engine.model_files import eos_token_ids, is_preset, load_tokenizer, resolve_model_folder
 from tokenspeed.engine.output_processor import OutputProcessor
 from tokenspeed.engine.stream import EngineStats, RequestDelta, merge_deltas
 from tokenspeed.errors import EngineDead, EngineOverloaded, InvalidRequest
@@ -129,7 +128,7 @@ class AsyncEngine:
             num_kv_pages=ready.num_kv_pages,
             vocab_size=ready.vocab_size,
         )
-        self.eos_token_ids = _eos_token_ids(self.model_folder, model_config, self.tokenizer)
+        self.eos_token_ids = eos_token_ids(self.model_folder, model_config, self.tokenizer)
         self.max_model_len = self._ready.max_model_len
         self.vocab_size = self._ready.vocab_size
         self._processor = OutputProcessor(self.tokenizer, self._finish_stream)

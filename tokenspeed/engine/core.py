@@ -64,6 +64,9 @@ class EngineCore:
         if executor is None:
             preset = is_preset(config.model)
             self.model_folder = resolve_model_folder(config.model)
+            if preset:
+                logger.warning("%s is a preset: the model's shape with random weights; its text is not meaningful",
+                               config.model)
             speculator = None
             if self.speculative_config is not None:
                 speculator = speculator_factory(self.speculative_config, progress=progress)
@@ -89,10 +92,19 @@ class EngineCore:
         self.overlap = not config.disable_overlap
         self._host_drafts = spec is not None and not spec.drafts_on_device
         self._inflight: Any = None  # the executor's handle of the step launched, advanced on placeholders
+        self.is_shut_down = False
 
     @property
     def limits(self) -> ExecutorLimits:
         return self.executor.limits
+
+    def shutdown(self) -> None:
+        """Free the executor's device state (weights, KV pool, CUDA graphs); no step runs afterwards."""
+        self._inflight = None  # a launched step's handle holds device tensors
+        self.is_shut_down = True
+        close = getattr(self.executor, "close", None)  # a simulated executor holds nothing to free
+        if close is not None:
+            close()
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> None:
         # The front-end rule (LLM, CLI): max_tokens past the context is refused, where the scheduler clamps.

@@ -6,32 +6,33 @@
 
 With no model it serves the embedded tiny model (`models/embedded/`: a small
 code model; seeded random weights in a checkout without its trained weights).
+
+`llm.shutdown()`, leaving `with LLM(...) as llm:`, or dropping the last
+reference frees the weights, KV pool and CUDA graphs (`Executor.close`), so
+a second engine can be built in the same process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
-import json
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
-
-from tqdm.auto import tqdm
 
 from tokenspeed.config import EngineConfig
 from tokenspeed.engine.control_tokens import ControlTokenGuard, Escapes
 from tokenspeed.engine.core import EngineCore
+from tokenspeed.engine.model_files import eos_token_ids, load_tokenizer
 from tokenspeed.engine.output_processor import OutputProcessor
 from tokenspeed.engine.outputs import RequestOutput
-from tokenspeed.errors import InvalidRequest, TokenSpeedError
+from tokenspeed.engine.progress import GenerationProgress
+from tokenspeed.errors import EngineDead, InvalidRequest, TokenSpeedError
 from tokenspeed.models import ModelConfig
 from tokenspeed.scheduler.sampling_params import SamplingParams
 from tokenspeed.spec.config import speculative_config_dict
 
 PromptInput = str | dict[str, Any]
-_PROGRESS_MIN_PROMPTS = 8  # a bar for two prompts is noise
 
 
 class EngineStalled(TokenSpeedError):
@@ -96,7 +97,7 @@ class LLM:
         folder = self.core.model_folder
         assert folder is not None  # the core built its own executor from the model's folder
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(tokenizer or folder)
-        self.eos_token_ids = _eos_token_ids(folder, ModelConfig.from_pretrained(folder), self.tokenizer)
+        self.eos_token_ids = eos_token_ids(folder, ModelConfig.from_pretrained(folder), self.tokenizer)
         self._ids = itertools.count()
 
     @classmethod
@@ -108,6 +109,26 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.tokenizer
 
+    # ------------------------------------------------------------------ lifetime
+
+    def shutdown(self) -> None:
+        """Free the model's weights, KV pool and CUDA graphs now, so another engine fits in this
+        process. The LLM cannot generate afterwards; a second call does nothing. Leaving a
+        `with LLM(...) as llm:` block, or dropping the last reference, does the same."""
+        core = self.__dict__.get("core")  # absent when __init__ failed before the core existed
+        if core is not None:
+            core.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit torch may already be torn down
+            self.shutdown()
+
     # ------------------------------------------------------------------ generate
 
     def generate(
@@ -117,11 +138,13 @@ class LLM:
         *,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
+        if self.core.is_shut_down:
+            raise EngineDead("This LLM is shut down; build a new one.")
         prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         processor = OutputProcessor(self.tokenizer, self.core.finish_stream)
         request_ids: list[str] = []
-        core_ids: list[str] = []
+        budgets: dict[str, int] = {}  # engine request -> most tokens it may generate (the progress bar)
         try:
             for prompt, params in zip(prompt_list, params_list):
                 text, token_ids = self._tokenize(prompt)
@@ -133,10 +156,14 @@ class LLM:
                 request_ids.append(request_id)
                 for child in children:  # n > 1: n requests sharing the prompt (engine/fan_out.py)
                     self.core.add_request(child.request_id, token_ids, child.params)
-                    core_ids.append(child.request_id)
-            finished = self._run_to_completion(processor, len(request_ids), use_tqdm)
+                    budgets[child.request_id] = child.params.max_tokens or (
+                        self.core.limits.max_model_len - len(token_ids)
+                    )
+            progress = GenerationProgress(budgets, len(request_ids), enabled=use_tqdm and self.show_progress)
+            with progress:
+                finished = self._run_to_completion(processor, len(request_ids), progress)
         except BaseException:
-            for core_id in core_ids:  # leave the engine usable: no request of this call lingers
+            for core_id in budgets:  # leave the engine usable: no request of this call lingers
                 self.core.abort(core_id)
             raise
         return [finished[request_id] for request_id in request_ids]
@@ -203,49 +230,14 @@ class LLM:
         raise InvalidRequest("A prompt dict needs 'prompt' or 'prompt_token_ids'.")
 
     def _run_to_completion(
-        self, processor: OutputProcessor, count: int, use_tqdm: bool
+        self, processor: OutputProcessor, count: int, progress: GenerationProgress
     ) -> dict[str, RequestOutput]:
         finished: dict[str, RequestOutput] = {}
-        bar = tqdm(
-            total=count, desc="Generating", unit="req",
-            disable=not (use_tqdm and self.show_progress and count >= _PROGRESS_MIN_PROMPTS),
-        )
-        with bar:
-            while len(finished) < count:
-                if not self.core.has_unfinished():
-                    raise EngineStalled("Requests are pending in the front end but not in the scheduler.")
-                for output in processor.process(self.core.step()):
-                    finished[output.request_id] = output
-                    bar.update(1)
+        while len(finished) < count:
+            if not self.core.has_unfinished():
+                raise EngineStalled("Requests are pending in the front end but not in the scheduler.")
+            updates = self.core.step()
+            progress.advance(updates)
+            for output in processor.process(updates):
+                finished[output.request_id] = output
         return finished
-
-
-def load_tokenizer(source: str | Path) -> Any:
-    """The checkpoint's tokenizer, with no length limit of its own.
-
-    Prompt length is checked against `max_model_len` at admission, with a
-    clear error; the tokenizer's `model_max_length` would only add
-    transformers' "Token indices sequence length is longer..." warning first.
-    """
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(source), model_max_length=sys.maxsize)
-
-
-def _eos_token_ids(folder: Path, model_config: Any, tokenizer: Any | None) -> tuple[int, ...]:
-    """EOS ids from generation_config.json, config.json and the tokenizer: any of them ends a turn."""
-    ids: list[int] = []
-
-    def add(value: object) -> None:
-        if isinstance(value, int):
-            ids.append(value)
-        elif isinstance(value, list):
-            ids.extend(v for v in value if isinstance(v, int))
-
-    generation_config = Path(folder) / "generation_config.json"
-    if generation_config.is_file():
-        add(json.loads(generation_config.read_text()).get("eos_token_id"))
-    add(getattr(model_config, "eos_token_ids", None) or getattr(model_config, "eos_token_id", None))
-    if tokenizer is not None:
-        add(tokenizer.eos_token_id)
-    return tuple(dict.fromkeys(ids))

@@ -231,6 +231,13 @@ class DecodeGraphs:
                     self.sizes, self.verify_query_len, self.verify_sizes)
         return True
 
+    def release(self) -> None:
+        """Destroy the captured graphs, which returns their private memory pool to the allocator."""
+        for entry in self._graphs.values():
+            entry.graph.reset()
+        self._graphs.clear()
+        self.pool = None
+
     def bucket(self, num_rows: int, q_len: int = 1) -> int | None:
         """The captured batch size that runs `num_rows` rows of `q_len` tokens (None: run eagerly)."""
         if not self._graphs:

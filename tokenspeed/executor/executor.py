@@ -4,14 +4,16 @@ It owns the model (built and loaded by `load_model`), the paged KV pool it
 sizes from the memory budget, the decode CUDA graphs it captures, and the
 `ModelRunner` that turns each plan into a forward pass and a sampling step.
 The engine core sees only the `ModelExecutor` interface (`interface.py`):
-`limits`, `launch(plan, previous) -> StepHandle`, `collect(handle)`.
+`limits`, `launch(plan, previous) -> StepHandle`, `collect(handle)`; the
+core calls `close()` when the engine shuts down, which frees all of it.
 
 Construction order matters and is kept fixed: kernel overrides before the
 model is built (layers choose their kernels in their constructors), the torch
-seed before any weight is drawn, the KV pool after the weights (on a GPU it
-takes what memory they leave, after a speculative drafter's weights: it is
-sized for the target's K/V and the drafter's per page), graphs last (they
-capture the pool).
+seed before any weight is drawn, the memory check before anything is
+allocated (`memory_check.py`), the KV pool after the weights (on a GPU it
+takes what memory they leave, after a speculative drafter's weights: its
+pages hold the target's K/V and the drafter's), graphs last (they capture
+the pool).
 
 `load_model` is a plain function of its arguments, so that a tensor-parallel
 worker can build its own copy on its own device with the same call.
@@ -19,6 +21,7 @@ worker can build its own copy on its own device with the same call.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 from collections.abc import Callable
@@ -34,8 +37,9 @@ from tokenspeed.config import (
     resolve_device,
     resolve_dtype,
 )
-from tokenspeed.errors import ContextTooLong, InvalidRequest
+from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from tokenspeed.executor.memory_check import check_fits, weight_bytes
 from tokenspeed.executor.model_runner import ModelRunner, StepHandle
 from tokenspeed.executor.speculator import Speculator
 from tokenspeed.kernels import check_override_environment, set_kernel_override
@@ -90,6 +94,8 @@ class Executor:
         a preset, or `config.load_format == "dummy"`). `speculator` builds speculative decoding's
         verifier and drafter once the target is loaded (`spec.build.speculator_factory`)."""
         self.config = config
+        self._closed = False
+        self.speculator: Speculator | None = None  # built once the target's weights are loaded
         self.model_config = ModelConfig.from_pretrained(model_folder)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device, self.model_config.torch_dtype)
@@ -101,6 +107,19 @@ class Executor:
         torch.manual_seed(config.seed)
         if config.cpu_threads is not None and self.device.type == "cpu":
             torch.set_num_threads(config.cpu_threads)
+        # Weights and the KV pool must fit before anything is allocated (memory_check.py). The
+        # pool's size is known now unless a GPU's free memory sizes it; then its floor counts.
+        one_request = self._pages_for_one_request()
+        planned_pages = self._planned_num_pages()
+        check_fits(
+            weights=weight_bytes(self.model_config, self.dtype),
+            kv_cache=(max(planned_pages or 0, one_request) + 1) * self._bytes_per_page(),
+            kv_what="the KV cache" if (planned_pages or 0) > one_request
+            else f"the KV cache of one request of max_model_len {self.max_model_len}",
+            device=self.device,
+            dtype=self.dtype,
+            gpu_memory_utilization=config.gpu_memory_utilization if planned_pages is None else None,
+        )
         dummy = dummy_weights or config.load_format == "dummy"
         self.model = load_model(
             self.model_config,
@@ -112,7 +131,8 @@ class Executor:
             progress=progress,
         )
 
-        self.speculator = None if speculator is None else speculator(self)
+        if speculator is not None:
+            self.speculator = speculator(self)
         num_pages = self._resolve_num_pages()
         if self.speculator is not None:
             self.speculator.allocate(num_pages + 1)  # the drafter's pages mirror the pool's, scratch included
@@ -164,10 +184,31 @@ class Executor:
         return self._limits
 
     def launch(self, plan: ExecutionPlan, previous: StepHandle | None = None) -> StepHandle:
+        if self._closed:
+            raise EngineDead("The engine is shut down: its model and KV cache are freed.")
         return self.runner.launch(plan, previous)
 
     def collect(self, handle: StepHandle) -> ExecutionResult:
         return handle.result()
+
+    def close(self) -> None:
+        """Free what this executor holds on its device: the CUDA graphs (and their memory pool),
+        the KV pool, the weights. Nothing runs afterwards; a second call does nothing.
+
+        Everything goes back to the allocator, and on a GPU the allocator's cache to the driver,
+        so another engine can be built in the same process.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self.runner.graphs is not None:
+            self.runner.graphs.release()
+        del self.runner, self.kv, self.model
+        self.speculator = None  # a drafter's weights and K/V go with the target's
+        gc.collect()  # layers may sit in reference cycles; their tensors must go now, not later
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
 
     # ---- construction --------------------------------------------------------------------
 
@@ -200,10 +241,40 @@ class Executor:
         )
         return graphs if graphs.capture() else None
 
+    def _pages_for_one_request(self) -> int:
+        return math.ceil(self.max_model_len / self.config.page_size)
+
+    def _bytes_per_page(self) -> int:
+        """One page's K/V bytes: the target's, and a speculative drafter's own (on the same page ids)."""
+        kv_heads, k_dim, v_dim = self.model_config.kv_cache_layout
+        drafter = 0 if self.speculator is None else self.speculator.kv_bytes_per_page()
+        return drafter + PagedKVStorage.bytes_per_page(
+            num_layers=self.model_config.num_hidden_layers,
+            page_size=self.config.page_size,
+            num_kv_heads=kv_heads,
+            head_dim=k_dim,
+            v_head_dim=v_dim,
+            dtype=self.dtype,
+        )
+
+    def _budget_num_pages(self) -> int:
+        """The pages the memory budget pays for, capped at what `max_num_seqs` requests could use."""
+        useful_pages = self.config.max_num_seqs * self._pages_for_one_request() + 1
+        return min(kv_cache_budget_bytes(self.config, self.device) // self._bytes_per_page(), useful_pages)
+
+    def _planned_num_pages(self) -> int | None:
+        """The pool's page count before the weights exist; None when a GPU's free memory decides it."""
+        config = self.config
+        if config.num_kv_pages is not None:
+            return config.num_kv_pages
+        if self.device.type == "cuda" and config.kv_cache_memory_bytes is None:
+            return None
+        return self._budget_num_pages()
+
     def _resolve_num_pages(self) -> int:
         """Enough pages for one max-length request at least; otherwise what the memory budget allows."""
         config = self.config
-        one_request = math.ceil(self.max_model_len / config.page_size)
+        one_request = self._pages_for_one_request()
         if config.num_kv_pages is not None:
             if config.num_kv_pages < one_request:
                 raise InvalidRequest(
@@ -211,23 +282,10 @@ class Executor:
                     f"{self.max_model_len} (needs {one_request} pages of {config.page_size})."
                 )
             return config.num_kv_pages
-        kv_heads, k_dim, v_dim = self.model_config.kv_cache_layout
-        per_page = PagedKVStorage.bytes_per_page(
-            num_layers=self.model_config.num_hidden_layers,
-            page_size=config.page_size,
-            num_kv_heads=kv_heads,
-            head_dim=k_dim,
-            v_head_dim=v_dim,
-            dtype=self.dtype,
-        )
-        if self.speculator is not None:
-            per_page += self.speculator.kv_bytes_per_page()
-        budget_pages = kv_cache_budget_bytes(config, self.device) // per_page
-        useful_pages = config.max_num_seqs * one_request + 1
-        num_pages = min(budget_pages, useful_pages)
+        num_pages = self._budget_num_pages()
         if num_pages < one_request:
             raise InvalidRequest(
-                f"The KV cache budget holds {budget_pages} pages but one request of max_model_len "
+                f"The KV cache budget holds {num_pages} pages but one request of max_model_len "
                 f"{self.max_model_len} needs {one_request}; lower max_model_len or raise the budget."
             )
         return int(num_pages)

@@ -13,6 +13,10 @@ replaced or wrapped without the core noticing:
   incremental (the executor keeps each running request's page table);
 - `collect(handle)`: wait for that step and return its `ExecutionResult`.
 
+An executor that holds device memory also has `close()`, which frees it
+(weights, KV pool, CUDA graphs); `EngineCore.shutdown()` calls it where it
+exists, so `LLM.shutdown()` gives the device back.
+
 Implementations: `Executor` (one device, `executor.py`) and the torch-free
 `SimulatedExecutor` (`scheduler/simulated_executor.py`, tests and the
 scheduler benchmark). A tensor-parallel executor broadcasts each plan to its

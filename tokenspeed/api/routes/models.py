@@ -13,8 +13,14 @@ router = APIRouter()
 
 
 def _card(state: ServerState, name: str) -> dict[str, Any]:
+    """OpenAI's model object, plus vLLM's `max_model_len` and the two vocabularies: the ids the model
+    can sample (`vocab_size`) and those the tokenizer can decode (`tokenizer_vocab_size`), so a
+    benchmark can tell when ids decode to no text (`bench serve` warns)."""
+    tokenizer = state.engine.tokenizer
     return {"id": name, "object": "model", "created": state.created, "owned_by": "tokenspeed",
-            "root": state.settings.model_name, "max_model_len": state.engine.max_model_len}
+            "root": state.settings.model_name, "max_model_len": state.engine.max_model_len,
+            "vocab_size": state.engine.vocab_size,
+            "tokenizer_vocab_size": None if tokenizer is None else len(tokenizer)}
 
 
 @router.get("/v1/models")

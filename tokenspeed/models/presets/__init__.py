@@ -36,12 +36,29 @@ def load_preset(name: str) -> ModelConfig:
     return ModelConfig.from_dict(preset_dict(name))
 
 
+PREFIX = "preset:"
+
+
 def preset_name(model: str | None) -> str | None:
-    """The preset a `--model` value names ("llama-3.1-8b" or "preset:llama-3.1-8b"), if any."""
+    """The preset a `--model` value names, if any: `preset:NAME`, or NAME exactly as listed.
+
+    A bare name must match exactly (lower case): `Qwen3-8B` is not the `qwen3-8b`
+    preset. Someone who types a real model's name means its weights, and
+    silently getting random ones of an 8B shape is the worst answer. The bare
+    lower-case names stay because they are ours (scripts and benchmarks use
+    them) and cannot be mistaken for a hub id, which is always `owner/name`.
+    """
     if not model:
         return None
-    key = model.strip().lower().removeprefix("preset:").removesuffix(".json")
-    return key if key in list_presets() else None
+    if model[: len(PREFIX)].lower() == PREFIX:
+        key = model[len(PREFIX) :].strip().lower().removesuffix(".json")
+        return key if key in list_presets() else None
+    return model if model in list_presets() else None
+
+
+def presets_help() -> str:
+    """The presets as a user may write them, for error messages and `--help`."""
+    return ", ".join(PREFIX + name for name in list_presets())
 
 
 def materialize_preset(name: str) -> Path:
