@@ -144,3 +144,21 @@ def test_merge_deltas_concatenates_per_stream():
     ]
     assert merged.deltas[0].logprobs == [{1: None}, {2: None}] and merged.deltas[0].stop_reason == "b"
     assert merged.finished and merged.num_cached_tokens == 16 and merged.prompt_logprobs == [None]
+
+
+def test_a_multi_token_step_is_cut_at_the_token_that_completes_a_stop_string(tokenizer):
+    """Speculative decoding brings several tokens a step: the tokens, logprobs and text kept are those
+    of one token a step, and the core is told to finish the stream."""
+    ids = tokenizer.encode(TEXT)
+    stop = "gamma"
+    one_by_one, _, _ = stream_text(tokenizer, [stop], last_finishes=False)
+    calls: list[tuple[str, str, str]] = []
+    processor = OutputProcessor(tokenizer, lambda *args: calls.append(args))
+    processor.add_request("r", None, tokenizer.encode("x ="), SamplingParams(stop=[stop], max_tokens=100, logprobs=0))
+    logprobs = [TokenLogprob(t, -0.5, 1, []) for t in ids]
+    outputs = processor.process([RequestUpdate("r", ids, new_logprobs=logprobs)])
+    (completion,) = outputs[0].outputs
+    kept = next(i for i in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:i]))
+    assert completion.token_ids == ids[:kept] and len(completion.logprobs) == kept
+    assert completion.text == joined(one_by_one) == TEXT[: TEXT.index(stop)]
+    assert completion.finish_reason == "stop" and calls == [("r", "stop", stop)]

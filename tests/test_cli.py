@@ -61,3 +61,19 @@ def test_kernels_on_the_cpu_and_bad_arguments():
     assert tokenspeed("kernels", "--family", "no-such-family").returncode == 2
     bad = tokenspeed("kernels", "--workload", "num_tokens")
     assert bad.returncode == 2 and "key=value" in bad.stderr
+
+
+def test_speculative_config_on_generate_and_bench_offline():
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'
+    plain = tokenspeed("generate", "x = 1\nx = 1\nx = 1\n", "--max-tokens", "12", "--json")
+    fast = tokenspeed("generate", "x = 1\nx = 1\nx = 1\n", "--max-tokens", "12", "--json", "--speculative-config", spec)
+    assert fast.returncode == 0, fast.stderr
+    assert json.loads(fast.stdout.splitlines()[-1])["token_ids"] == json.loads(plain.stdout.splitlines()[-1])["token_ids"]
+    result = tokenspeed("bench", "offline", "--num-prompts", "2", "--input-len", "16", "--output-len", "8",
+                        "--speculative-config", spec)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["spec_method"] == "ngram" and report["spec_num_drafts"] >= 0
+    assert 0.0 <= report["spec_acceptance_rate"] <= 1.0
+    bad = tokenspeed("generate", "x", "--speculative-config", '{"method": "magic"}')
+    assert bad.returncode == 2 and "speculative_config['method']" in bad.stderr and "Traceback" not in bad.stderr

@@ -26,11 +26,17 @@ from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything 
 from tokenspeed.executor.batch_builder import RowSpec, build_forward_batch
 from tokenspeed.kernels.activation.reference import silu_and_mul_reference
 from tokenspeed.kernels.activation.silu_triton import silu_and_mul_triton
-from tokenspeed.kernels.attention.decode_triton import choose_num_splits, decode_attention_triton
+from tokenspeed.kernels.attention.decode_triton import (
+    choose_fold,
+    choose_num_splits,
+    decode_attention_triton,
+    verify_attention_triton,
+)
 from tokenspeed.kernels.attention.extend_triton import extend_attention_triton
 from tokenspeed.kernels.attention.paged_reference import (
     decode_attention_reference,
     extend_attention_reference,
+    verify_attention_reference,
 )
 from tokenspeed.kernels.kvstore.reference import write_kv_reference
 from tokenspeed.kernels.kvstore.write_triton import write_kv_triton
@@ -116,6 +122,45 @@ def test_decode_attention_matches_reference(
     assert bool((out[1] == 0).all())
 
 
+# --- attention.verify: q_len tokens per row (speculative verification) ------------------------------
+
+VERIFY_CASES = [
+    # dtype, heads, kv_heads, q_len, num_splits, window, fold (None: the kernel's choice)
+    (torch.float32, 8, 2, 4, 1, None, None),  # GQA 4 x 4 tokens folded into one 16-row tile
+    (torch.float16, 8, 2, 5, 3, None, None),  # prime q_len: all 5 tokens folded (20 rows -> 32)
+    (torch.float32, 8, 1, 3, 4, 6, None),  # MQA, a window shorter than the verified tokens' span
+    (torch.float16, 16, 2, 6, 2, None, 1),  # folding off: one program per token
+    (torch.float32, 4, 4, 8, 2, 20, 4),  # MHA, two 4-token groups per row
+    (torch.float32, 8, 2, 1, 3, None, None),  # q_len 1 is plain decode
+]
+
+
+@interpreted
+@pytest.mark.parametrize(("dtype", "heads", "kv_heads", "q_len", "num_splits", "window", "fold"), VERIFY_CASES)
+def test_verify_attention_matches_reference(dtype: torch.dtype, heads: int, kv_heads: int, q_len: int,
+                                            num_splits: int, window: int | None, fold: int | None) -> None:
+    gen = torch.Generator().manual_seed(heads * 10 + q_len)
+    dim, page_size = 32, 4
+    lengths = [37, 0, q_len, 2, 70]  # ragged; 0 is padding; a row shorter than q_len sees nothing early on
+    k_cache, v_cache, table = _paged_kv(lengths, page_size, kv_heads, dim, dtype, gen)
+    q = torch.randn(len(lengths) * q_len, heads, dim, generator=gen).to(dtype)
+    args = (q, k_cache, v_cache, table, torch.tensor(lengths, dtype=torch.int32))
+    out = verify_attention_triton(*args, q_len=q_len, scale=dim**-0.5, sliding_window=window,
+                                  num_splits=num_splits, fold=fold)
+    expected = verify_attention_reference(*args, q_len=q_len, scale=dim**-0.5, sliding_window=window)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=TOL[dtype], atol=TOL[dtype])
+    assert bool((out[q_len : 2 * q_len] == 0).all())  # the padding row
+    if q_len == 1:
+        torch.testing.assert_close(out, decode_attention_triton(*args, scale=dim**-0.5, sliding_window=window,
+                                                                num_splits=num_splits), rtol=0, atol=0)
+
+
+def test_verify_fold_is_the_largest_divisor_within_the_tile() -> None:
+    assert [choose_fold(4, q) for q in (1, 2, 3, 4, 5, 8, 16, 17)] == [1, 2, 3, 4, 5, 8, 16, 1]
+    assert [choose_fold(8, q) for q in (4, 8, 9, 16)] == [4, 8, 3, 8]
+    assert choose_fold(64, 4) == 1 and choose_fold(128, 2) == 1  # one token's heads fill the tile
+
+
 @interpreted
 def test_decode_accepts_int64_tables_and_strided_queries() -> None:
     """The executor's tables are int64 today, and q is a view of the fused QKV output."""
@@ -188,12 +233,12 @@ def _backend(name: str) -> PagedAttentionBackend:
         return next(s for s in list_kernels(family) if s.mode == mode and s.name == name)
 
     return PagedAttentionBackend(
-        spec("kvstore", "write"), spec("attention", "decode"), spec("attention", "extend")
+        spec("kvstore", "write"), spec("attention", "decode"), spec("attention", "extend"), spec("attention", "verify")
     )
 
 
 @interpreted
-def test_backend_prefill_then_decode_matches_reference_backend() -> None:
+def test_backend_prefill_decode_and_verify_match_reference_backend() -> None:
     gen = torch.Generator().manual_seed(11)
     heads, kv_heads, dim, page_size = 4, 2, 16, 4
     reference = _backend("reference")
@@ -201,8 +246,9 @@ def test_backend_prefill_then_decode_matches_reference_backend() -> None:
     pages = [[3, 0, 5], [1, 4]]
     caches = [torch.zeros(6, page_size, kv_heads, dim) for _ in range(4)]
     for step_rows in (
-        [RowSpec([0] * 9, 0, pages[0]), RowSpec([0] * 6, 0, pages[1])],
-        [RowSpec([0], 9, pages[0]), RowSpec([0], 6, pages[1])],
+        [RowSpec([0] * 9, 0, pages[0]), RowSpec([0] * 5, 0, pages[1])],
+        [RowSpec([0], 9, pages[0]), RowSpec([0], 5, pages[1])],
+        [RowSpec([0] * 3, 9, pages[0]), RowSpec([0] * 3, 5, pages[1])],  # verify rows: a token and 2 drafts
     ):
         batch = build_forward_batch(step_rows, page_size, logits_indices=[])
         tokens = batch.num_tokens

@@ -1,4 +1,4 @@
-"""`RequestPageTables`: incremental plans give the page tables a from-scratch build would."""
+"""`RequestPageTables`: incremental plans (rollbacks included) give the page tables a from-scratch build would."""
 
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ def plans() -> list[tuple[ExecutionPlan, dict[str, list[int]]]]:
         (ExecutionPlan(2, [row("a", 2, [], 7), row("b", 1, [2], 3)]), {"a": [5, 6], "b": [9, 2]}),
         (ExecutionPlan(3, [row("b", 2, [], 4), row("a", 0, [7], 0, 2)], ["a"]), {"b": [9, 2], "a": [7]}),
         (ExecutionPlan(4, [row("c", 0, wide, 0, 4 * 70)], ["a", "b"]), {"c": wide}),
+        # Rolled back (rejected drafts): c is cut to 65 pages, and d gets two of the pages c gave up.
+        (ExecutionPlan(5, [row("c", 65, [300, 301], 4 * 66), row("d", 0, wide[66:68], 0, 5)]),
+         {"c": wide[:65] + [300, 301], "d": wide[66:68]}),
     ]
 
 
@@ -43,7 +46,7 @@ def test_gathered_tables_equal_tables_built_from_scratch() -> None:
         assert reference.page_table is not None
         assert torch.equal(batch.attn.page_table, torch.from_numpy(reference.page_table).to(torch.int32))
         assert np.array_equal(host.slot_mapping, reference.slot_mapping)
-    assert tables.num_requests == 1 and int(tables.lengths.sum()) == 70 + 1  # c and the scratch slot
+    assert tables.num_requests == 2 and int(tables.lengths.sum()) == 67 + 2 + 1  # c, d and the scratch slot
 
 
 def test_updates_that_do_not_follow_the_held_table_raise() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -60,6 +61,9 @@ class EngineConfig:
     # Forward the prefix cache's stored/evicted page records to the front end (a cache-aware
     # router subscribes to them through the gRPC service: tokenspeed/grpc/kv_events.py).
     enable_kv_cache_events: bool = False
+    # Speculative decoding, vLLM's option: {"method": "suffix" | "ngram" | "eagle" | "mtp" | "draft_model",
+    # "num_speculative_tokens": k, "model": ...} (`spec.config.SpeculativeConfig`); None: off.
+    speculative_config: dict[str, Any] | None = None
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

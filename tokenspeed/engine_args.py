@@ -9,6 +9,7 @@ import argparse
 
 from tokenspeed.config import EngineConfig
 from tokenspeed.models.presets import presets_help
+from tokenspeed.spec.config import speculative_config_dict
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +45,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="torch threads of the engine on the CPU (serve default: all cores but one)")
     group.add_argument("--kernel", action="append", default=[], metavar="FAMILY.MODE=NAME",
                        help="force a kernel, e.g. attention.decode=reference (repeatable)")
+    group.add_argument("--speculative-config", default=None, metavar="JSON",
+                       help='speculative decoding, vLLM\'s option: e.g. \'{"method": "suffix"}\', '
+                            '\'{"method": "ngram", "num_speculative_tokens": 4}\', \'{"method": "eagle", '
+                            '"model": "PATH", "num_speculative_tokens": 3}\', \'{"method": "mtp"}\' (default: off)')
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -67,4 +72,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         disable_overlap=args.disable_overlap,
         kernel_overrides=tuple(args.kernel),
         cpu_threads=args.cpu_threads,
+        speculative_config=speculative_config_dict(args.speculative_config),
     )

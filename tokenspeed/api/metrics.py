@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tokenspeed.api.engine_client import EngineClient
+from tokenspeed.engine.stream import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0)
@@ -54,6 +55,35 @@ class _EngineCollector(Collector):
                                   value=stats.cached_tokens_total)
         yield GaugeMetricFamily("tokenspeed_engine_healthy", "1 while the engine process is alive.",
                                 value=1.0 if self.engine.is_healthy() else 0.0)
+        if stats.spec_method:
+            yield from _speculation_metrics(stats)
+
+
+def _speculation_metrics(stats: EngineStats) -> Iterator[Metric]:
+    """vLLM's spec_decode counters (per drafter), plus the two ratios dashboards want."""
+    method = [stats.spec_method]
+    for name, text, value in (
+        ("num_drafts", "Verify rows that carried drafts.", stats.spec_num_drafts),
+        ("num_draft_tokens", "Draft tokens verified.", stats.spec_num_draft_tokens),
+        ("num_accepted_tokens", "Draft tokens accepted.", stats.spec_num_accepted_tokens),
+    ):
+        counter = CounterMetricFamily(f"tokenspeed_spec_decode_{name}", text, labels=["method"])
+        counter.add_metric(method, value)
+        yield counter
+    per_position = CounterMetricFamily("tokenspeed_spec_decode_num_accepted_tokens_per_pos",
+                                       "Draft tokens accepted at each draft position.", labels=["method", "position"])
+    for position, value in enumerate(stats.spec_accepted_per_position):
+        per_position.add_metric([stats.spec_method, str(position)], value)
+    yield per_position
+    drafted, accepted = stats.spec_num_draft_tokens, stats.spec_num_accepted_tokens
+    rate = GaugeMetricFamily("tokenspeed_spec_decode_acceptance_rate", "Accepted / drafted tokens since start.",
+                             labels=["method"])
+    rate.add_metric(method, accepted / drafted if drafted else 0.0)
+    yield rate
+    length = GaugeMetricFamily("tokenspeed_spec_decode_mean_accepted_length",
+                               "Tokens emitted per verify row (accepted drafts + 1) since start.", labels=["method"])
+    length.add_metric(method, 1.0 + accepted / stats.spec_num_drafts if stats.spec_num_drafts else 0.0)
+    yield length
 
 
 class ServerMetrics:

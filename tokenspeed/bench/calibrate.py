@@ -126,3 +126,54 @@ async def replica_cache_hit_rates(http: httpx.AsyncClient) -> dict[str, float] |
     except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
+
+
+_SPEC_PREFIXES = ("tokenspeed_spec_decode_", "vllm:spec_decode_")
+_SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+async def speculation_counters(http: httpx.AsyncClient) -> dict[str, dict[str, float]]:
+    """The server's speculative-decoding counters per drafter method (TokenSpeed's or vLLM's names in
+    `/metrics`): {method: {num_drafts, num_draft_tokens, num_accepted_tokens}}; empty when it has none."""
+    try:
+        response = await http.get("/metrics")
+        if response.status_code != 200:
+            return {}
+        text = response.text
+    except httpx.HTTPError:
+        return {}
+    counters: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        prefix = next((p for p in _SPEC_PREFIXES if line.startswith(p)), None)
+        if prefix is None:
+            continue
+        name, _, rest = line[len(prefix) :].partition("{")
+        labels, _, value = rest.rpartition("}")
+        name = name.removesuffix("_total")
+        if name not in _SPEC_COUNTERS or "position=" in labels:
+            continue
+        method = labels.partition('method="')[2].partition('"')[0] or "unknown"
+        try:
+            counters.setdefault(method, {})[name] = float(value.split()[0])
+        except (ValueError, IndexError):
+            continue
+    return counters
+
+
+def speculation_summary(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+                        ) -> dict[str, float | str]:
+    """Result-row fields for what the drafters did between two `speculation_counters` readings."""
+    out: dict[str, float | str] = {}
+    for method, now in after.items():
+        was = before.get(method, {})
+        delta = {k: now.get(k, 0.0) - was.get(k, 0.0) for k in _SPEC_COUNTERS}
+        drafts, drafted, accepted = delta["num_drafts"], delta["num_draft_tokens"], delta["num_accepted_tokens"]
+        out.update({
+            "spec_method": method,
+            "spec_num_drafts": drafts,
+            "spec_num_draft_tokens": drafted,
+            "spec_num_accepted_tokens": accepted,
+            "spec_acceptance_rate": accepted / drafted if drafted else 0.0,
+            "spec_mean_accepted_length": 1.0 + accepted / drafts if drafts else 0.0,
+        })
+    return out

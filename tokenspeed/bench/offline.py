@@ -2,8 +2,10 @@
 
 Prompts are random token ids (special tokens excluded) and generation ignores
 EOS, so every run does exactly `num_prompts x (input_len + output_len)` tokens
-of work and runs are comparable. Prints one JSON line on stdout; the progress
-bar of the timed run goes to stderr (`--disable-tqdm` turns it off).
+of work and runs are comparable. Prints one JSON line on stdout (with
+speculative decoding: the drafts, accepted tokens, acceptance rate and mean
+accepted length of the timed run); the progress bar of the timed run goes to
+stderr (`--disable-tqdm` turns it off).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True, detokenize=False)
 
     llm.generate(prompts[:1], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)  # warm-up
+    before = _speculation(llm)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
@@ -57,5 +60,26 @@ def run(args: argparse.Namespace) -> int:
         "output_tokens_per_s": round(output_tokens / elapsed, 2),
         "total_tokens_per_s": round((input_tokens + output_tokens) / elapsed, 2),
     }
+    after = _speculation(llm)
+    if after is not None and before is not None:
+        drafts, drafted, accepted = (after[k] - before[k] for k in ("num_drafts", "num_draft_tokens",
+                                                                     "num_accepted_tokens"))
+        result.update({
+            "spec_method": llm.core.speculative_config.method if llm.core.speculative_config else None,
+            "spec_num_drafts": drafts,
+            "spec_num_draft_tokens": drafted,
+            "spec_num_accepted_tokens": accepted,
+            "spec_acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
+            "spec_mean_accepted_length": round(1 + accepted / drafts, 4) if drafts else 0.0,
+        })
     print(json.dumps(result))
     return 0
+
+
+def _speculation(llm: object) -> dict[str, int] | None:
+    """The engine's draft counters so far (None without speculative decoding)."""
+    stats = llm.core.speculation_stats  # type: ignore[attr-defined]
+    if stats is None:
+        return None
+    return {"num_drafts": stats.num_drafts, "num_draft_tokens": stats.num_draft_tokens,
+            "num_accepted_tokens": stats.num_accepted_tokens}

@@ -22,7 +22,14 @@ from typing import Any
 import httpx
 
 from tokenspeed.bench.agentic import agentic_plan
-from tokenspeed.bench.calibrate import calibrate, replica_cache_hit_rates, server_info, vocabulary_warning
+from tokenspeed.bench.calibrate import (
+    calibrate,
+    replica_cache_hit_rates,
+    server_info,
+    speculation_counters,
+    speculation_summary,
+    vocabulary_warning,
+)
 from tokenspeed.bench.client import RequestOptions, RequestRecord, stream_request
 from tokenspeed.bench.conversation import TextRatios, system_text
 from tokenspeed.bench.fixed import SWE_SMITH_FIRST_TURN, SWE_SMITH_TURN_TOKENS, random_plan, swe_smith_plan
@@ -153,11 +160,13 @@ async def sweep(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[Po
                     tokens["err"] += 0 if record.ok else 1
                     progress.update(task, advance=1, status=f"{tokens['out']} out tok, {tokens['err']} err")
 
+                counters = await speculation_counters(http)
                 run = await run_point(http, options, spec, on_record)
                 # Turns a session skipped (cut or failed) never arrive: complete the bar.
                 progress.update(task, completed=total)
                 metrics = summarize(run.records, concurrency, len(sessions), run.duration_s, args.gpus)
                 row = {**metadata, **metrics.flat(), "sessions_cut": run.sessions_cut}
+                row.update(speculation_summary(counters, await speculation_counters(http)))
                 rates = await replica_cache_hit_rates(http)
                 if rates is not None:  # behind a gateway: does each session stay where its prefix is?
                     row["replica_cache_hit_rate"] = rates

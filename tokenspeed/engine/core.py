@@ -26,6 +26,13 @@ ones above: the matchers take the previous step's tokens, then the step's
 masks are filled (`ExecutionPlan.grammar_masks`) and it is launched (the mask
 of step N+1 depends on step N's token). Requests whose grammar fails to
 compile are reported by `take_failures()`.
+
+Speculative decoding (`speculative_config`, `spec/`): the scheduler drafts
+or asks the executor for drafts, and a step with drafts runs synchronously
+(its result decides how many tokens each row advances, so it cannot be
+advanced on placeholders). A host drafter (n-gram, suffix) reads the
+resolved history, so with one the step in flight is resolved before the
+next plan is built; device drafters read the last token on the device.
 """
 
 from __future__ import annotations
@@ -45,7 +52,10 @@ from tokenspeed.scheduler import Scheduler, SchedulerConfig
 from tokenspeed.scheduler.admission import check_admission
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
 from tokenspeed.scheduler.sampling_params import SamplingParams
+from tokenspeed.scheduler.speculation import SpeculationStats
 from tokenspeed.scheduler.updates import RequestUpdate
+from tokenspeed.spec.build import speculator_factory
+from tokenspeed.spec.config import SpeculativeConfig, parse_speculative_config
 
 if TYPE_CHECKING:
     from tokenspeed.grammar import RequestGrammars
@@ -63,6 +73,7 @@ class EngineCore:
         """The core of `config`'s model; `executor` replaces the one it would build (tests, simulations)."""
         config.validate()
         self.config = config
+        self.speculative_config: SpeculativeConfig | None = parse_speculative_config(config.speculative_config)
         self.model_folder: Path | None = None  # where the front end finds the tokenizer
         if executor is None:
             preset = is_preset(config.model)
@@ -70,9 +81,14 @@ class EngineCore:
             if preset:
                 logger.warning("%s is a preset: the model's shape with random weights; its text is not meaningful",
                                config.model)
-            executor = Executor(config, self.model_folder, dummy_weights=preset, progress=progress)
+            speculator = None
+            if self.speculative_config is not None:
+                speculator = speculator_factory(self.speculative_config, progress=progress)
+            executor = Executor(config, self.model_folder, dummy_weights=preset, progress=progress,
+                                speculator=speculator)
         self.executor = executor
         limits = executor.limits
+        spec = self.speculative_config
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -83,9 +99,12 @@ class EngineCore:
                 enable_prefix_caching=config.enable_prefix_caching,
                 seed=config.seed,
                 vocab_size=limits.vocab_size,
-            )
+                speculation=None if spec is None else spec.draft_policy(),
+            ),
+            None if spec is None else spec.make_drafter(),
         )
         self.overlap = not config.disable_overlap
+        self._host_drafts = spec is not None and not spec.drafts_on_device
         self._inflight: Any = None  # the executor's handle of the step launched, advanced on placeholders
         self._grammars: RequestGrammars | None = None  # built by the first constrained request
         self._failures: list[tuple[str, TokenSpeedError]] = []
@@ -145,6 +164,11 @@ class EngineCore:
         source = self.config.tokenizer or self.model_folder
         return None if source is None else load_tokenizer(source)
 
+    @property
+    def speculation_stats(self) -> SpeculationStats | None:
+        """Drafts, accepted tokens, acceptance rate and mean accepted length; None without speculation."""
+        return self.scheduler.speculation_stats
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None
 
@@ -203,20 +227,23 @@ class EngineCore:
     # ---- overlap scheduling (see the module docstring) ---------------------------------
 
     def _overlapped_step(self) -> list[RequestUpdate]:
+        # A host drafter drafts from the resolved history: nothing would be drafted on placeholders.
+        updates = self._resolve_inflight() if self._host_drafts else []
         plan = self.scheduler.next_plan()
         if plan.is_empty():
-            updates = self._resolve_inflight()
+            updates += self._resolve_inflight()
             if not updates:
                 self._wait_for_grammars()
             return updates
-        if needs_host_results(plan) or self._constrained(plan):
-            # Penalties read the (resolved) history, logprobs need host work, grammar masks need the
-            # previous token: this step runs synchronously, after the step in flight is resolved.
+        if needs_host_results(plan) or plan.has_drafts or self._constrained(plan):
+            # Penalties read the (resolved) history, logprobs need host work, verify rows advance by what
+            # was accepted, grammar masks need the previous token: this step runs synchronously, after the
+            # step in flight is resolved.
             previous = self._inflight
-            updates = self._resolve_inflight()
+            updates += self._resolve_inflight()
             return updates + self._run_and_advance(plan, previous)
         handle = self.executor.launch(plan, self._inflight)
-        updates = self._resolve_inflight()
+        updates += self._resolve_inflight()
         self.scheduler.advance_provisional(plan)
         self._inflight = handle
         return updates

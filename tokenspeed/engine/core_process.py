@@ -126,6 +126,7 @@ class CoreLoop:
     def stats(self) -> EngineStats:
         scheduler = self.core.scheduler
         kv = scheduler.kv.stats()
+        spec = scheduler.speculation_stats
         return EngineStats(
             num_running=scheduler.num_running,
             num_waiting=scheduler.num_waiting,
@@ -136,6 +137,11 @@ class CoreLoop:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             cached_tokens_total=self.cached_tokens_total,
+            spec_method="" if spec is None else spec.method,
+            spec_num_drafts=0 if spec is None else spec.num_drafts,
+            spec_num_draft_tokens=0 if spec is None else spec.num_draft_tokens,
+            spec_num_accepted_tokens=0 if spec is None else spec.num_accepted_tokens,
+            spec_accepted_per_position=[] if spec is None else list(spec.accepted_per_position),
         )
 
     def _send(self, message: ipc.Message) -> None:

@@ -30,6 +30,7 @@ from tokenspeed.engine.progress import GenerationProgress
 from tokenspeed.errors import EngineDead, InvalidRequest, TokenSpeedError
 from tokenspeed.models import ModelConfig
 from tokenspeed.scheduler.sampling_params import SamplingParams
+from tokenspeed.spec.config import speculative_config_dict
 
 PromptInput = str | dict[str, Any]
 
@@ -62,8 +63,12 @@ class LLM:
         disable_overlap: bool = False,
         kernel_overrides: tuple[str, ...] = (),
         cpu_threads: int | None = None,
+        speculative_config: dict[str, Any] | str | None = None,
         show_progress: bool = True,
     ) -> None:
+        """`speculative_config`: vLLM's option, a dict or its JSON (e.g. `{"method": "suffix"}`); see
+        `tokenspeed.spec.config`. Outputs are those of plain decoding (token for token; with a device
+        drafter at temperature > 0, in distribution)."""
         config = EngineConfig(
             model=model,
             tokenizer=tokenizer,
@@ -85,6 +90,7 @@ class LLM:
             disable_overlap=disable_overlap,
             kernel_overrides=tuple(kernel_overrides),
             cpu_threads=cpu_threads,
+            speculative_config=speculative_config_dict(speculative_config),
         )
         self.show_progress = show_progress
         self.core = EngineCore(config, progress=show_progress)

@@ -229,19 +229,27 @@ class OutputProcessor:
         out = stream.output
         if out.finish_reason is not None:
             return  # finished by a stop string already; late tokens of the same step are dropped
-        out.token_ids.extend(update.new_token_ids)
+        tokens = update.new_token_ids
+        match = None
+        if stream.detokenizer is not None:
+            # A step may bring several tokens (speculative decoding): the burst ends at the token that
+            # completes a stop string, as it would have one token at a time.
+            for end, token in enumerate(tokens, start=1):
+                match = stream.detokenizer.push([token])
+                if match is not None:
+                    tokens = tokens[:end]
+                    break
+            out.text = stream.detokenizer.text
+        out.token_ids.extend(tokens)
         if update.new_logprobs and out.logprobs is not None:
-            for entry in update.new_logprobs:
+            for entry in update.new_logprobs[: len(tokens)]:
                 out.logprobs.append(self._decode_logprobs(entry))
                 out.cumulative_logprob = (out.cumulative_logprob or 0.0) + entry.logprob
-        if stream.detokenizer is not None:
-            match = stream.detokenizer.push(update.new_token_ids)
-            out.text = stream.detokenizer.text
-            if match is not None:
-                out.finish_reason, out.stop_reason = "stop", match.stop
-                if not update.finished:
-                    self.finish_stream(update.request_id, "stop", match.stop)
-                return
+        if match is not None:
+            out.finish_reason, out.stop_reason = "stop", match.stop
+            if not update.finished:
+                self.finish_stream(update.request_id, "stop", match.stop)
+            return
         if update.finished:
             out.finish_reason, out.stop_reason = update.finish_reason, update.stop_reason
 

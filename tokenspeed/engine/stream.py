@@ -9,7 +9,7 @@ so a slow client costs one record, not one per step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenspeed.engine.outputs import PositionLogprobs
 
@@ -45,6 +45,12 @@ class EngineStats:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     cached_tokens_total: int = 0
+    # Speculative decoding (`SpeculationStats`), empty method when off.
+    spec_method: str = ""
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = field(default_factory=list)
 
 
 def merge_deltas(earlier: RequestDelta, later: RequestDelta) -> RequestDelta:

@@ -33,11 +33,15 @@ class RowSpec:
     """The minimum a batch row needs: new tokens, where they start, and the row's pages.
 
     `page_ids` is left empty when the pages come from the runner's `RequestPageTables`.
+    `padding`: the row's first tokens are filler (a verify row padded to the q_len of a CUDA
+    graph): they write their K/V to the scratch page and their outputs are never read; the
+    row's real tokens keep their positions at the end of the row, so attention is unchanged.
     """
 
     input_token_ids: Sequence[int]
     start_position: int
     page_ids: Sequence[int] = ()
+    padding: int = 0
 
 
 def build_host_batch(
@@ -50,11 +54,13 @@ def build_host_batch(
     scratch_page: int = 0,
     tables: RequestPageTables | None = None,
     table_slots: np.ndarray | None = None,
+    pad_row_tokens: int = 1,
 ) -> HostBatch:
     """Flatten rows into index arrays. Pure index arithmetic, vectorised with numpy.
 
-    `pad_rows_to` appends decode rows (one token at position 0, seq_len 1, page
-    table and slot on `scratch_page`) so a CUDA graph of that batch size can run.
+    `pad_rows_to` appends rows of `pad_row_tokens` tokens (positions 0.., page
+    table and slots on `scratch_page`) so a CUDA graph of that batch size can run;
+    a row's own `padding` tokens are filler written to `scratch_page` (see `RowSpec`).
     Placeholder tokens are looked up in `placeholder_source` by `row_ids[i]`.
     With `tables` the pages are not in the rows: row i's are slot `table_slots[i]`
     of `tables` (already updated for this plan), and no page table is built here.
@@ -88,15 +94,23 @@ def build_host_batch(
     total_rows = max(num_rows, pad_rows_to)
     max_pages = max(int(num_pages.max()) if num_rows else 1, 1)
     page_table: np.ndarray | None = None
+    if tables is None:
+        page_table = np.zeros((total_rows, max_pages), dtype=np.int64)
+        for i, row in enumerate(rows):
+            page_table[i, : len(row.page_ids)] = row.page_ids
+    padding = np.fromiter((r.padding for r in rows), dtype=np.int64, count=num_rows)
+    filler = None
+    if padding.any():  # filler tokens: real pages at clamped positions for the lookup, then the scratch slot
+        filler = np.arange(num_tokens, dtype=np.int64) - np.repeat(query_start[:-1], lens) < np.repeat(padding, lens)
+        positions = np.maximum(positions, 0)
     if tables is not None:
         assert table_slots is not None
         pages = tables.host[table_slots[token_row], positions // page_size]
     else:
-        page_table = np.zeros((total_rows, max_pages), dtype=np.int64)
-        for i, row in enumerate(rows):
-            page_table[i, : len(row.page_ids)] = row.page_ids
-        pages = page_table[token_row, positions // page_size]
+        pages = page_table[token_row, positions // page_size]  # type: ignore[index]
     slots = pages * page_size + positions % page_size
+    if filler is not None:
+        slots = np.where(filler, scratch_page * page_size, slots)
 
     sources: np.ndarray | None = None
     holes = np.nonzero(input_ids == PLACEHOLDER_TOKEN_ID)[0]
@@ -112,19 +126,22 @@ def build_host_batch(
 
     seq_lens = ends
     padded_slots = table_slots
-    if total_rows > num_rows:  # graph padding: one scratch token per padded row
+    if total_rows > num_rows:  # graph padding: rows of scratch tokens
         pad = total_rows - num_rows
+        extra = pad * pad_row_tokens
         if page_table is not None:
             page_table[num_rows:, 0] = scratch_page
         elif tables is not None and table_slots is not None:
             padded_slots = np.concatenate([table_slots, np.full(pad, tables.scratch_slot, dtype=np.int64)])
-        input_ids = np.concatenate([input_ids, np.zeros(pad, dtype=np.int64)])
-        positions = np.concatenate([positions, np.zeros(pad, dtype=np.int64)])
-        slots = np.concatenate([slots, np.full(pad, scratch_page * page_size, dtype=np.int64)])
-        seq_lens = np.concatenate([seq_lens, np.ones(pad, dtype=np.int64)])
-        query_start = np.concatenate([query_start, num_tokens + np.arange(1, pad + 1, dtype=np.int64)])
+        input_ids = np.concatenate([input_ids, np.zeros(extra, dtype=np.int64)])
+        positions = np.concatenate([positions, np.tile(np.arange(pad_row_tokens, dtype=np.int64), pad)])
+        slots = np.concatenate([slots, np.full(extra, scratch_page * page_size, dtype=np.int64)])
+        seq_lens = np.concatenate([seq_lens, np.full(pad, pad_row_tokens, dtype=np.int64)])
+        query_start = np.concatenate(
+            [query_start, num_tokens + pad_row_tokens * np.arange(1, pad + 1, dtype=np.int64)]
+        )
         if sources is not None:
-            sources = np.concatenate([sources, np.full(pad, -1, dtype=np.int64)])
+            sources = np.concatenate([sources, np.full(extra, -1, dtype=np.int64)])
     return HostBatch(
         input_ids=input_ids,
         positions=positions,

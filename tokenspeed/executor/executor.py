@@ -11,7 +11,9 @@ Construction order matters and is kept fixed: kernel overrides before the
 model is built (layers choose their kernels in their constructors), the torch
 seed before any weight is drawn, the memory check before anything is
 allocated (`memory_check.py`), the KV pool after the weights (on a GPU it
-takes what memory they leave), graphs last (they capture the pool).
+takes what memory they leave, after a speculative drafter's weights: its
+pages hold the target's K/V and the drafter's), graphs last (they capture
+the pool).
 
 `load_model` is a plain function of its arguments, so that a tensor-parallel
 worker can build its own copy on its own device with the same call.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,7 +41,9 @@ from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from tokenspeed.executor.memory_check import check_fits, weight_bytes
 from tokenspeed.executor.model_runner import ModelRunner, StepHandle
+from tokenspeed.executor.speculator import Speculator
 from tokenspeed.kernels import check_override_environment, set_kernel_override
+from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 from tokenspeed.models import CausalLM, ModelConfig, build_model, load_weights
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
 
@@ -77,12 +82,20 @@ def resolve_max_model_len(model_config: ModelConfig, wanted: int | None) -> int:
 
 class Executor:
     def __init__(
-        self, config: EngineConfig, model_folder: Path, *, dummy_weights: bool = False, progress: bool = False
+        self,
+        config: EngineConfig,
+        model_folder: Path,
+        *,
+        dummy_weights: bool = False,
+        progress: bool = False,
+        speculator: Callable[[Executor], Speculator] | None = None,
     ) -> None:
         """`model_folder` holds the model's config.json (and its weights unless `dummy_weights`, as for
-        a preset, or `config.load_format == "dummy"`)."""
+        a preset, or `config.load_format == "dummy"`). `speculator` builds speculative decoding's
+        verifier and drafter once the target is loaded (`spec.build.speculator_factory`)."""
         self.config = config
         self._closed = False
+        self.speculator: Speculator | None = None  # built once the target's weights are loaded
         self.model_config = ModelConfig.from_pretrained(model_folder)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device, self.model_config.torch_dtype)
@@ -118,7 +131,11 @@ class Executor:
             progress=progress,
         )
 
+        if speculator is not None:
+            self.speculator = speculator(self)
         num_pages = self._resolve_num_pages()
+        if self.speculator is not None:
+            self.speculator.allocate(num_pages + 1)  # the drafter's pages mirror the pool's, scratch included
         kv_heads, k_dim, v_dim = self.model_config.kv_cache_layout
         self.kv = PagedKVStorage(
             num_layers=self.model_config.num_hidden_layers,
@@ -139,6 +156,8 @@ class Executor:
             max_model_len=self.max_model_len,
             graph_sizes=graph_batch_sizes(self._graph_max_bs()),
         )
+        self.runner.speculation = self.speculator
+        self.runner.verify_query_len = self._verify_query_len()
         self._limits = ExecutorLimits(
             vocab_size=self.model_config.vocab_size,
             max_model_len=self.max_model_len,
@@ -185,6 +204,7 @@ class Executor:
         if self.runner.graphs is not None:
             self.runner.graphs.release()
         del self.runner, self.kv, self.model
+        self.speculator = None  # a drafter's weights and K/V go with the target's
         gc.collect()  # layers may sit in reference cycles; their tensors must go now, not later
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -199,9 +219,17 @@ class Executor:
     def _graph_max_bs(self) -> int:
         return min(self.config.cuda_graph_max_bs or _MAX_GRAPH_BS, self.config.max_num_seqs)
 
+    def _verify_query_len(self) -> int:
+        """k+1 of speculative decoding's verify batches, as graphs capture them (1: no speculation, or
+        the CPU, where padding rows to it would only cost)."""
+        if self.speculator is None or self.device.type != "cuda":
+            return 1
+        return min(self.speculator.max_draft_tokens + 1, VERIFY_MAX_QUERY_LEN)
+
     def _capture_graphs(self, *, scratch_page: int) -> DecodeGraphs | None:
         if self.device.type != "cuda" or self.config.enforce_eager:
             return None
+        q_len = self._verify_query_len()
         graphs = DecodeGraphs(
             self.model,
             self.kv,
@@ -209,6 +237,7 @@ class Executor:
             max_pages_per_seq=math.ceil(self.max_model_len / self.config.page_size),
             max_model_len=self.max_model_len,
             scratch_page=scratch_page,
+            verify_query_len=q_len if q_len > 1 else None,
         )
         return graphs if graphs.capture() else None
 
@@ -216,8 +245,10 @@ class Executor:
         return math.ceil(self.max_model_len / self.config.page_size)
 
     def _bytes_per_page(self) -> int:
+        """One page's K/V bytes: the target's, and a speculative drafter's own (on the same page ids)."""
         kv_heads, k_dim, v_dim = self.model_config.kv_cache_layout
-        return PagedKVStorage.bytes_per_page(
+        drafter = 0 if self.speculator is None else self.speculator.kv_bytes_per_page()
+        return drafter + PagedKVStorage.bytes_per_page(
             num_layers=self.model_config.num_hidden_layers,
             page_size=self.config.page_size,
             num_kv_heads=kv_heads,

@@ -71,16 +71,18 @@ class DeviceGrammarMasks:
     @classmethod
     def of(
         cls, masks: GrammarMasks, first_logits_row: Mapping[int, int], device: torch.device
-    ) -> DeviceGrammarMasks:
-        """Upload `masks`; `first_logits_row[plan row]` is the logits row of that plan row's sample
-        position 0 (position i is `first + i`, the verifier's layout)."""
-        n = len(masks.positions)
-        host = torch.frombuffer(bytearray(masks.bits), dtype=torch.int32).view(n, masks.num_words)
-        if device.type == "cuda":
-            bitmask = host.pin_memory().to(device, non_blocking=True)
-        else:
-            bitmask = host
-        rows = [first_logits_row[row] + position for row, position in masks.positions]
+    ) -> DeviceGrammarMasks | None:
+        """Upload the entries of `masks` whose plan row is in `first_logits_row` (None if there are none);
+        `first_logits_row[plan row]` is the logits row of that plan row's sample position 0 (position i
+        is `first + i`, the verifier's layout). The sampler and the verifier each pass their own rows."""
+        kept = [i for i, (row, _) in enumerate(masks.positions) if row in first_logits_row]
+        if not kept:
+            return None
+        host = torch.frombuffer(bytearray(masks.bits), dtype=torch.int32).view(len(masks.positions), masks.num_words)
+        if len(kept) < len(masks.positions):
+            host = host[kept]
+        bitmask = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+        rows = [first_logits_row[masks.positions[i][0]] + masks.positions[i][1] for i in kept]
         return cls(bitmask, upload(rows, torch.int64, device))
 
 

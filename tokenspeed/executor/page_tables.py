@@ -12,6 +12,13 @@ changed, never to the context length: a 128K-token row costs the host what a
 
 Entries past a slot's length are 0, as in a page table built from scratch, and
 one extra slot holds the scratch page that padded CUDA-graph rows read.
+
+Speculative decoding rolls back: after a verify row, the pages that held only
+rejected drafts go back to the scheduler, and the request's next row says so
+with a `first_new_page` below the held length. The slot is cut there (the
+dropped entries zeroed, on the device too) before the row's new pages are
+added; the scheduler may already have handed the dropped pages to another
+request of the same plan.
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ class RequestPageTables:
         return len(self._slot_of)
 
     def apply(self, plan: ExecutionPlan) -> np.ndarray:
-        """Drop the plan's released tables, add its rows' new pages; the slot of each row (int64)."""
+        """Drop the plan's released tables, cut rolled-back ones, add its rows' new pages; the slot of each
+        row (int64)."""
         for request_id in plan.released_request_ids:
             slot = self._slot_of.pop(request_id, None)
             if slot is None:
@@ -55,11 +63,13 @@ class RequestPageTables:
                     slot = self._take_slot(row.request_id)
                 else:
                     raise RuntimeError(f"{row.request_id!r} starts a fresh page table without releasing its old one")
-            elif slot is None or self.lengths[slot] != row.first_new_page:
+            elif slot is None or self.lengths[slot] < row.first_new_page:
                 held = None if slot is None else int(self.lengths[slot])
                 raise RuntimeError(
                     f"{row.request_id!r} adds pages at {row.first_new_page}, but {held} are held for it"
                 )
+            elif self.lengths[slot] > row.first_new_page:  # rejected drafts' pages were rolled back
+                self._cut(slot, row.first_new_page)
             if row.new_page_ids:
                 end = row.num_pages
                 self._fit(end)
@@ -106,11 +116,15 @@ class RequestPageTables:
         return slot
 
     def _clear(self, slot: int) -> None:
+        self._cut(slot, 0)
+
+    def _cut(self, slot: int, keep: int) -> None:
+        """Keep the slot's first `keep` pages; the dropped entries go back to 0 (on the device too)."""
         length = int(self.lengths[slot])
-        if length:
-            self.host[slot, :length] = 0
-            self._changed.append(slot * self.host.shape[1] + np.arange(length))
-            self.lengths[slot] = 0
+        if length > keep:
+            self.host[slot, keep:length] = 0
+            self._changed.append(slot * self.host.shape[1] + np.arange(keep, length))
+            self.lengths[slot] = keep
 
     def _fit(self, num_pages: int) -> None:
         width = self.host.shape[1]

@@ -34,9 +34,10 @@ Penalties need the token history on the host, which overlap scheduling
 leaves one token behind, and logprobs are host work: the engine runs such
 steps synchronously (`needs_host_results`).
 
-Extending it (several positions per row for speculative verification) means
-one more step between 2 and 5 above and a field in `SampleSpec`, not another
-sampler; logit bias and grammar masks are such steps (3).
+Extending it means one more step between 2 and 5 above and a field in
+`SampleSpec`, not another sampler; logit bias and grammar masks are such
+steps (3). Speculative verification reuses the steps before the draw
+(`process`) and the draw (`draw`) per verified position.
 """
 
 from __future__ import annotations
@@ -221,6 +222,19 @@ class Sampler:
     ) -> Draws:
         """Sample `logits` `[len(specs), vocab]` without waiting for the device; `grammar_masks` address
         rows of `logits`."""
+        processed, raw = self.process(logits, specs, grammar_masks)
+        return Draws(self.draw(processed, specs), specs, raw)
+
+    def process(
+        self, logits: torch.Tensor, specs: Sequence[SampleSpec], grammar_masks: DeviceGrammarMasks | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every step of the module docstring but the draw: (fp32 logits the draw reads, raw logprobs or None).
+
+        Speculative verification (`spec/`) runs every verified position through
+        this with a spec of its own (history + the drafts before it, sample
+        index + i) and the grammar mask of that position, so a drafted position
+        sees exactly what the plain sampler would have seen there.
+        """
         logits = logits.float()
         raw = torch.log_softmax(logits, dim=-1) if any(s.sampling.logprobs is not None for s in specs) else None
         penalties = any(s.sampling.needs_penalties for s in specs)
@@ -231,8 +245,11 @@ class Sampler:
         apply_logit_bias(logits, specs)
         if grammar_masks is not None:
             apply_grammar_masks(logits, grammar_masks)
-        processed = mask_stop_tokens_before_min(logits, specs)
-        return Draws(self._draw(processed, specs, row_by_row=penalties), specs, raw)
+        return mask_stop_tokens_before_min(logits, specs), raw
+
+    def draw(self, logits: torch.Tensor, specs: Sequence[SampleSpec]) -> torch.Tensor:
+        """The draw: one token per row of processed logits (`process`), on the device."""
+        return self._draw(logits, specs, row_by_row=any(s.sampling.needs_penalties for s in specs))
 
     def _draw(self, logits: torch.Tensor, specs: Sequence[SampleSpec], *, row_by_row: bool) -> torch.Tensor:
         random_rows = [i for i, s in enumerate(specs) if not s.sampling.greedy]

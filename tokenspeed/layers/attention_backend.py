@@ -1,11 +1,13 @@
 """`PagedAttentionBackend`: the three kernels one attention layer needs, chosen once at build time.
 
-A step stores its new K/V (`kvstore.write`) and then runs either the decode
-kernel (every row has one new token: the common step of a serving engine,
-memory-bound, split-KV) or the extend kernel (prefill chunks, possibly mixed
-with decodes, compute-bound). Which *implementations* serve those modes is
+A step stores its new K/V (`kvstore.write`) and then runs the decode kernel
+(every row has one new token: the common step of a serving engine,
+memory-bound, split-KV), the verify kernel (every row has the same few
+tokens: speculative decoding's last token and k drafts, still memory-bound),
+or the extend kernel (prefill chunks, possibly mixed with decodes,
+compute-bound). Which *implementations* serve those modes is
 decided here, when the model is built, from the registry; per call the only
-Python left is one integer comparison (`max_query_len == 1`). It is layer
+Python left is a comparison of shapes (`uniform_query_len`). It is layer
 glue, not a kernel, so it lives in `layers/` beside `MLABackend` (`mla.py`).
 
 Kernels take tensors only. The metadata should therefore carry device tensors
@@ -39,11 +41,23 @@ def int_tensor_field(attn: Any, name: str, device: torch.device) -> torch.Tensor
     return torch.tensor(value, dtype=torch.int32, device=device)
 
 
+# Verify batches (every row the same q_len = k+1 tokens, speculative decoding) up to this many tokens
+# a row take the multi-query decode kernel; longer rows are prefill-like and take the extend kernel.
+VERIFY_MAX_QUERY_LEN = 16
+
+
+def uniform_query_len(attn: AttentionMetadata, num_tokens: int, num_rows: int) -> int | None:
+    """The tokens every row has when all rows have the same number (1: decode), from shapes only."""
+    q_len = attn.max_query_len
+    return q_len if q_len >= 1 and num_tokens == num_rows * q_len else None
+
+
 @dataclass(frozen=True, slots=True)
 class PagedAttentionBackend:
     write: KernelSpec
     decode: KernelSpec
     extend: KernelSpec
+    verify: KernelSpec
 
     @classmethod
     def select(
@@ -55,6 +69,7 @@ class PagedAttentionBackend:
             write=select_kernel("kvstore", "write", platform=platform, dtype=dtype),
             decode=select_kernel("attention", "decode", platform=platform, dtype=dtype, traits=traits),
             extend=select_kernel("attention", "extend", platform=platform, dtype=dtype, traits=traits),
+            verify=select_kernel("attention", "verify", platform=platform, dtype=dtype, traits=traits),
         )
 
     def __call__(
@@ -72,13 +87,26 @@ class PagedAttentionBackend:
         """Store k/v `[tokens, kv_heads, head_dim]`, then attend q `[tokens, heads, head_dim]`."""
         self.write.impl(k, v, k_cache, v_cache, attn.slot_mapping)
         seq_lens = int_tensor_field(attn, "seq_lens", q.device)
-        if attn.max_query_len == 1 and q.shape[0] == seq_lens.shape[0]:
+        q_len = uniform_query_len(attn, q.shape[0], seq_lens.shape[0])
+        if q_len == 1:
             return self.decode.impl(
                 q,
                 k_cache,
                 v_cache,
                 attn.page_table,
                 seq_lens,
+                scale=scale,
+                sliding_window=sliding_window,
+                num_splits=getattr(attn, "num_kv_splits", None),
+            )
+        if q_len is not None and q_len <= VERIFY_MAX_QUERY_LEN:
+            return self.verify.impl(
+                q,
+                k_cache,
+                v_cache,
+                attn.page_table,
+                seq_lens,
+                q_len=q_len,
                 scale=scale,
                 sliding_window=sliding_window,
                 num_splits=getattr(attn, "num_kv_splits", None),
@@ -96,4 +124,5 @@ class PagedAttentionBackend:
         )
 
     def __repr__(self) -> str:
-        return f"PagedAttentionBackend(write={self.write.name}, decode={self.decode.name}, extend={self.extend.name})"
+        return (f"PagedAttentionBackend(write={self.write.name}, decode={self.decode.name}, "
+                f"extend={self.extend.name}, verify={self.verify.name})")

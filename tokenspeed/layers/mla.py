@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from tokenspeed.kernels.registry import KernelSpec, platform_of, select_kernel
-from tokenspeed.layers.attention_backend import int_tensor_field
+from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN, int_tensor_field, uniform_query_len
 from tokenspeed.layers.linear import Linear, MergedLinear
 from tokenspeed.layers.norm import RMSNorm
 from tokenspeed.layers.rope_scaling import RopeConfig, yarn_mscale
@@ -93,13 +93,14 @@ class MLABackend:
         """Store `[T, Dl+Dr]` rows, then attend q `[T, H, Dl+Dr]`; latent-space output `[T, H, Dl]`."""
         self.write.impl(latent_and_rope, cache, attn.slot_mapping)
         seq_lens = int_tensor_field(attn, "seq_lens", q.device)
-        if attn.max_query_len == 1 and q.shape[0] == seq_lens.shape[0]:
+        q_len = uniform_query_len(attn, q.shape[0], seq_lens.shape[0])
+        if q_len is not None and q_len <= VERIFY_MAX_QUERY_LEN:  # decode, or verify rows (q-head folding)
             return self.decode.impl(
                 q,
                 cache,
                 attn.page_table,
                 seq_lens,
-                q_len=1,
+                q_len=q_len,
                 scale=scale,
                 kv_lora_rank=kv_lora_rank,
                 num_splits=attn.num_kv_splits,

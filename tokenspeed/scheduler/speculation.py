@@ -151,6 +151,8 @@ class Speculation:
                 break
             if not policy.on_device and request.output_token_ids[-1] == PLACEHOLDER_TOKEN_ID:
                 continue
+            if policy.on_device and request.sampling.needs_grammar:
+                continue  # the host never sees device drafts, so it cannot mask them by the grammar
             remaining = request.max_output_tokens - len(request.output_token_ids)
             k = min(self.draft_length(request), budget - used, remaining - 1)
             k = min(k, _fits_in_free_pages(request, k, kv))

@@ -31,6 +31,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 
 from tokenspeed.errors import InvalidRequest
 from tokenspeed.scheduler.drafter import Drafter
@@ -97,6 +98,17 @@ class SpeculativeConfig:
                 max_corpus_documents=self.suffix_decoding_max_cached_requests,
             )
         return None
+
+
+def speculative_config_dict(value: object) -> dict[str, Any] | None:
+    """The option as `EngineConfig` keeps it (a JSON-friendly dict: it crosses to the engine process),
+    validated now so a mistake fails before any model is loaded."""
+    config = parse_speculative_config(value)
+    if config is None:
+        return None
+    keep = ("method", "num_speculative_tokens")
+    return {f.name: getattr(config, f.name) for f in fields(SpeculativeConfig)
+            if f.name in keep or getattr(config, f.name) != f.default}
 
 
 def parse_speculative_config(value: object) -> SpeculativeConfig | None:

@@ -1,4 +1,4 @@
-"""Triton paged decode attention: one query token per row, split-KV (flash-decoding).
+"""Triton paged decode attention: one query token per row (or q_len, verifying drafts), split-KV.
 
 Decode is bound by reading K/V, so the kernel is shaped around reading each
 cached byte once:
@@ -12,6 +12,13 @@ cached byte once:
   grid depends only on (rows, heads, num_splits): the launch is a fixed shape
   that a CUDA graph can capture once per batch bucket and replay for any
   lengths. Rows of length 0 (batch padding) produce zeros;
+- `attention.verify` (speculative decoding: the last token and k drafts
+  per row, q_len = k+1, causal inside the row) is the same kernel with the
+  row's tokens folded into the tile, as MLA decode folds them into its head
+  axis: F tokens x the group's heads share one program (F the largest
+  divisor of q_len with group x F <= 64), so the row's K/V is read once per
+  F tokens, and the tile rows a lone token leaves empty (group 4 of 16) are
+  used; each tile row masks keys past its own token;
 - both kernels launch with programmatic dependent launch on Hopper
   (`kernels/pdl.py`): at short contexts they are latency-bound, and the
   launch of each overlaps the kernel before it.
@@ -60,6 +67,7 @@ from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_powe
 LOG2E = 1.4426950408889634
 _MIN_TOKENS_PER_SPLIT = 128
 _MAX_SPLITS = 64
+_MAX_TILE_ROWS = 64  # query rows of one program: a group's heads, times the tokens folded in
 
 
 @triton.jit
@@ -76,6 +84,7 @@ def _decode_split_kernel(
     v_scale_ptr,
     scale_log2e,
     window,
+    q_len,
     stride_qb,
     stride_qh,
     stride_kp,
@@ -93,6 +102,9 @@ def _decode_split_kernel(
     PAGE_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     G_BLOCKS: tl.constexpr,
+    T_GROUPS: tl.constexpr,
+    FOLD: tl.constexpr,
+    F16_DOTS: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -101,32 +113,45 @@ def _decode_split_kernel(
     USE_PDL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     SCALE_STRIDE: tl.constexpr,
-    F16_DOTS: tl.constexpr,
 ):
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
         gdc_wait()
         gdc_launch_dependents()
     row = tl.program_id(0)
-    kv_head = tl.program_id(1) // G_BLOCKS
+    kv_head = tl.program_id(1) // (G_BLOCKS * T_GROUPS)
+    t_group = tl.program_id(1) % (G_BLOCKS * T_GROUPS) // G_BLOCKS
     g_block = tl.program_id(1) % G_BLOCKS
     split = tl.program_id(2)
 
+    # Tile rows: (query token j of the row, query head of this kv head). Unfolded, one token's heads
+    # (in blocks of BLOCK_G); folded, FOLD consecutive tokens x all GROUP heads.
+    offs_m = tl.arange(0, BLOCK_G)
+    if FOLD == 1:
+        offs_g = g_block * BLOCK_G + offs_m
+        j = t_group + offs_m * 0
+        m_mask = offs_g < GROUP
+    else:
+        offs_g = offs_m % GROUP
+        j = t_group * FOLD + offs_m // GROUP
+        m_mask = offs_m < FOLD * GROUP
+    heads = kv_head * GROUP + offs_g
     seq_len = tl.load(seq_lens_ptr + row)
+    token = (row * q_len + j).to(tl.int64)
+    q_pos = seq_len - q_len + j  # each token sees keys 0 .. q_pos (and the last `window` of them)
+    first_pos = seq_len - q_len + t_group * FOLD
     lo = seq_len * 0
     if HAS_WINDOW:
-        lo = tl.maximum(seq_len - window, 0)
-    split_len = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = tl.maximum(first_pos + 1 - window, 0)
+    kv_end = tl.maximum(tl.minimum(first_pos + FOLD, seq_len), lo)  # keys past the tile's last token: unseen
+    split_len = tl.cdiv(tl.cdiv(kv_end - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = lo + split * split_len
-    end = tl.minimum(start + split_len, seq_len)
+    end = tl.minimum(start + split_len, kv_end)
 
-    offs_g = g_block * BLOCK_G + tl.arange(0, BLOCK_G)
-    heads = kv_head * GROUP + offs_g
-    g_mask = offs_g < GROUP
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     q = tl.load(
-        q_ptr + row.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=g_mask[:, None] & d_mask[None, :],
+        q_ptr + token[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
     if F16_DOTS:  # an fp8 cache under a bf16 query: the dots run in fp16 (module docstring)
@@ -146,7 +171,10 @@ def _decode_split_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = gather_kv_tile(k_cache_ptr, page, slot, kv_head, stride_kp, stride_ks, stride_kh, offs_d, kv_mask)
         scores = dot(q, tl.trans(widen_fp8(k, q.dtype, False)), IEEE)
-        scores = tl.where(n_mask[None, :], scores * scale_log2e, float("-inf"))
+        visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (pos[None, :] > q_pos[:, None] - window)
+        scores = tl.where(visible, scores * scale_log2e, float("-inf"))
         v = gather_kv_tile(v_cache_ptr, page, slot, kv_head, stride_vp, stride_vs, stride_vh, offs_d, kv_mask)
         m_i, l_i, acc = online_softmax_step(scores, widen_fp8(v, q.dtype, True), m_i, l_i, acc, IEEE)
     if HAS_SCALE:
@@ -154,11 +182,11 @@ def _decode_split_kernel(
 
     if NUM_SPLITS == 1:
         result = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        dst = out_ptr + row.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-        tl.store(dst, result.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+        dst = out_ptr + token[:, None] * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(dst, result.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
     else:
-        part = (row.to(tl.int64) * NUM_HEADS + heads) * NUM_SPLITS + split
-        store_split_partial(part_out_ptr, part_lse_ptr, part, g_mask, acc, m_i, l_i, offs_d, d_mask, HEAD_DIM)
+        part = (token * NUM_HEADS + heads) * NUM_SPLITS + split
+        store_split_partial(part_out_ptr, part_lse_ptr, part, m_mask, acc, m_i, l_i, offs_d, d_mask, HEAD_DIM)
 
 
 @triton.jit
@@ -178,39 +206,21 @@ def _decode_reduce_kernel(
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
         gdc_wait()
         gdc_launch_dependents()
-    row = tl.program_id(0)
+    token = tl.program_id(0)  # a row's query token (the row itself at one token per row)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
-    base = (row.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS
+    base = (token.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS
     merged = merge_split_partials(part_out_ptr, part_lse_ptr, base, offs_s, s_mask, offs_d, d_mask, HEAD_DIM)
-    dst = out_ptr + row.to(tl.int64) * stride_ob + head * stride_oh + offs_d
+    dst = out_ptr + token.to(tl.int64) * stride_ob + head * stride_oh + offs_d
     tl.store(dst, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 def positions_per_step(block_d: int, cache_element_size: int) -> int:
     """Cached positions per loop step: 64 (32 for head dims over 128), doubled for 1-byte fp8 caches."""
     return (64 if block_d <= 128 else 32) * max(1, 2 // cache_element_size)
-
-
-@dataclass(frozen=True, slots=True)
-class SplitLaunch:
-    """Cached positions per loop step and pipeline stages of `_decode_split_kernel`."""
-
-    block_n: int
-    num_stages: int
-
-
-def fp8_launch_candidates(key: tuple[Any, ...]) -> list[SplitLaunch]:
-    """Launches an fp8 cache may take (`LaunchTuner`; the first is the default): key = (head_dim, ...)."""
-    per_step = positions_per_step(max(16, next_power_of_2(key[0])), 1)
-    return [SplitLaunch(per_step, 2), SplitLaunch(per_step, 3), SplitLaunch(per_step // 2, 3)]
-
-
-# Tuned once per model shape (not per batch or table width, which may change every eager step).
-_FP8_TUNER: LaunchTuner[SplitLaunch] = LaunchTuner("attention.decode fp8 launch", fp8_launch_candidates)
 
 
 def choose_num_splits(
@@ -231,6 +241,34 @@ def choose_num_splits(
     wanted = -(-32 * sm_count_of(torch.device(device)) // programs)
     by_length = max(1, max_seq_len // _MIN_TOKENS_PER_SPLIT)
     return max(1, min(wanted, by_length, _MAX_SPLITS))
+
+
+@dataclass(frozen=True, slots=True)
+class SplitLaunch:
+    """Cached positions per loop step and pipeline stages of `_decode_split_kernel`."""
+
+    block_n: int
+    num_stages: int
+
+
+def fp8_launch_candidates(key: tuple[Any, ...]) -> list[SplitLaunch]:
+    """Launches an fp8 cache may take (`LaunchTuner`; the first is the default): key = (head_dim, ...)."""
+    per_step = positions_per_step(max(16, next_power_of_2(key[0])), 1)
+    return [SplitLaunch(per_step, 2), SplitLaunch(per_step, 3), SplitLaunch(per_step // 2, 3)]
+
+
+# Tuned once per model shape (not per batch or table width, which may change every eager step).
+_FP8_TUNER: LaunchTuner[SplitLaunch] = LaunchTuner("attention.decode fp8 launch", fp8_launch_candidates)
+
+
+def choose_fold(group: int, q_len: int, block: int = _MAX_TILE_ROWS) -> int:
+    """Query tokens one program serves: the largest divisor F of q_len with group * F <= `block` rows.
+
+    Folding reads a row's K/V once for F tokens instead of once per token, and
+    the tile's rows (group x F, padded to 16 for the MMA) are mostly free: a
+    decode tile of group 4 leaves 12 of its 16 rows empty.
+    """
+    return max(f for f in range(1, q_len + 1) if q_len % f == 0 and (f == 1 or group * f <= block))
 
 
 @register_kernel(
@@ -258,38 +296,96 @@ def decode_attention_triton(
     fp8 e4m3 take `k_scale` / `v_scale` (fp32 `[kv_heads]` or `[1]`; None: 1.0).
     `launch` None: the default for a bf16 cache, the tuned one for an fp8 cache.
     """
-    rows, num_heads, head_dim = q.shape
+    return _paged_decode(q, k_cache, v_cache, page_table, seq_lens, q_len=1, scale=scale,
+                         sliding_window=sliding_window, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale,
+                         launch=launch)
+
+
+@register_kernel(
+    "attention", "verify", name="triton", band=Band.PORTABLE, platforms=("cuda",), dtypes=FLOAT_DTYPES
+)
+def verify_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    q_len: int,
+    scale: float,
+    sliding_window: int | None = None,
+    num_splits: int | None = None,
+    fold: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`q_len` query tokens per row (speculative verification: the last token and k drafts), q
+    `[rows * q_len, heads, head_dim]`, at the last q_len of each row's `seq_lens` positions, causal.
+
+    The decode kernel with the row's tokens folded into the tile (`choose_fold`; `fold=1` turns it
+    off): one program reads the row's K/V once for F tokens. Launch shape depends only on (rows,
+    q_len, heads, num_splits), so a verify batch of one q_len is CUDA-graph capturable.
+    """
+    return _paged_decode(q, k_cache, v_cache, page_table, seq_lens, q_len=q_len, scale=scale,
+                         sliding_window=sliding_window, num_splits=num_splits, fold=fold, k_scale=k_scale,
+                         v_scale=v_scale)
+
+
+def _paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    q_len: int,
+    scale: float,
+    sliding_window: int | None,
+    num_splits: int | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    fold: int | None = None,
+    launch: SplitLaunch | None = None,
+) -> torch.Tensor:
+    tokens, num_heads, head_dim = q.shape
+    rows = seq_lens.shape[0]
     num_kv_heads = k_cache.shape[2]
     page_size = k_cache.shape[1]
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads do not group evenly over {num_kv_heads} kv heads")
+    if tokens != rows * q_len:
+        raise ValueError(f"q has {tokens} tokens, expected rows * q_len = {rows} * {q_len}")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("q and the kv caches must be contiguous along head_dim")
     out = torch.empty_like(q)
     if rows == 0:
         return out
+    group = num_heads // num_kv_heads
+    fold = choose_fold(group, q_len) if fold is None else fold
+    if q_len % fold or (fold > 1 and group * fold > _MAX_TILE_ROWS):
+        raise ValueError(f"fold {fold} must divide q_len {q_len} and keep group * fold <= {_MAX_TILE_ROWS}")
+    t_groups = q_len // fold
     if num_splits is None:
-        num_splits = choose_num_splits(rows, num_kv_heads, page_table.shape[1] * page_size, q.device)
+        num_splits = choose_num_splits(rows * t_groups, num_kv_heads, page_table.shape[1] * page_size, q.device)
     k_scale_arg, v_scale_arg, has_scale, scale_stride = kv_scale_args(k_scale, v_scale, k_cache, num_kv_heads)
+    block_g = max(16, min(_MAX_TILE_ROWS, next_power_of_2(group * fold)))
+    g_blocks = -(-group // block_g) if fold == 1 else 1
     block_d = max(16, next_power_of_2(head_dim))
     if launch is None and k_cache.dtype == FP8_DTYPE and q.dtype != torch.float32:
         run = partial(
-            decode_attention_triton, q, k_cache, v_cache, page_table, seq_lens, scale=scale,
-            sliding_window=sliding_window, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale,
+            _paged_decode, q, k_cache, v_cache, page_table, seq_lens, q_len=q_len, scale=scale,
+            sliding_window=sliding_window, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale, fold=fold,
         )  # fmt: skip
-        key = (head_dim, num_heads, num_kv_heads, page_size, q.dtype)
+        key = (head_dim, num_heads, num_kv_heads, page_size, q.dtype, q_len, fold)
         launch = _FP8_TUNER.choose(key, q.device, lambda chosen: run(launch=chosen))
     launch = launch or SplitLaunch(positions_per_step(block_d, k_cache.element_size()), 2)
-    group = num_heads // num_kv_heads
-    block_g = max(16, min(64, next_power_of_2(group)))
-    g_blocks = -(-group // block_g)
     pdl = pdl_enabled(q.device)
     if num_splits > 1:
-        part_out = torch.empty(rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(rows, num_heads, num_splits, dtype=torch.float32, device=q.device)
+        part_out = torch.empty(tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused by the kernel when there is one split
-    for_tensor(_decode_split_kernel, q)[(rows, num_kv_heads * g_blocks, num_splits)](
+    for_tensor(_decode_split_kernel, q)[(rows, num_kv_heads * g_blocks * t_groups, num_splits)](
         q,
         k_cache,
         v_cache,
@@ -302,6 +398,7 @@ def decode_attention_triton(
         v_scale_arg,
         scale * LOG2E,
         sliding_window or 0,
+        q_len,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -319,6 +416,8 @@ def decode_attention_triton(
         PAGE_SIZE=page_size,
         NUM_SPLITS=num_splits,
         G_BLOCKS=g_blocks,
+        T_GROUPS=t_groups,
+        FOLD=fold,
         BLOCK_G=block_g,
         BLOCK_D=block_d,
         BLOCK_N=launch.block_n,
@@ -332,7 +431,7 @@ def decode_attention_triton(
         **pdl_launch_options(pdl),
     )
     if num_splits > 1:
-        for_tensor(_decode_reduce_kernel, q)[(rows, num_heads)](
+        for_tensor(_decode_reduce_kernel, q)[(tokens, num_heads)](
             part_out,
             part_lse,
             out,

@@ -8,9 +8,10 @@ and computes in fp32; clarity matters more than speed here.
 Masking follows Hugging Face: key j is visible to query i iff j <= i and, with
 a sliding window w, i - j < w.
 
-Two registered modes share one row routine, so they agree to the last bit:
-`attention.extend` (any number of new tokens per row) and `attention.decode`
-(one per row; the fast kernels for it differ, hence its own mode).
+Three registered modes share one row routine, so they agree to the last bit:
+`attention.extend` (any number of new tokens per row), `attention.decode`
+(one per row; the fast kernels for it differ, hence its own mode) and
+`attention.verify` (q_len tokens in every row: speculative verification).
 `paged_attention_reference` (store this step's K/V, then extend) is the
 whole-layer oracle of the tests; no layer selects it, so it is not registered.
 
@@ -149,6 +150,39 @@ def decode_attention_reference(
         out[row] = _attend_row(
             q[row : row + 1], k_cache, v_cache, page_table[row], seq_len, scale, sliding_window, k_scale, v_scale
         )[0]
+    return out
+
+
+@register_kernel("attention", "verify", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"))
+def verify_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    q_len: int,
+    scale: float,
+    sliding_window: int | None = None,
+    num_splits: int | None = None,
+    fold: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`q_len` query tokens per row (q `[rows * q_len, heads, head_dim]`, speculative verification) at
+    the last q_len of each row's `seq_lens[row]` positions, causal. A token at a position below 0
+    (batch padding shorter than q_len) sees no key and yields zeros. `num_splits` and `fold` only steer
+    fast kernels."""
+    del num_splits, fold
+    out = torch.zeros_like(q)
+    for row, seq_len in enumerate(seq_lens.tolist()):
+        seen = min(q_len, seq_len)  # tokens at positions >= 0
+        if seen:
+            end = (row + 1) * q_len
+            out[end - seen : end] = _attend_row(
+                q[end - seen : end], k_cache, v_cache, page_table[row], seq_len, scale, sliding_window, k_scale,
+                v_scale,
+            )
     return out
 
 
