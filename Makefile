@@ -46,10 +46,11 @@ test: lint typecheck unit
 
 # GPU tests. On the device machine (no venv, no index) it runs the image's python3 on the
 # working tree, with the wheels of scripts/fetch_device_wheels.sh installed first when .whl/ is there.
+WHEELS ?= .whl
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 test-gpu:
-	@if [ ! -x "$(PY)" ] && ls .whl/*.whl >/dev/null 2>&1; then \
-	  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; fi
+	@if [ ! -x "$(PY)" ] && ls $(WHEELS)/*.whl >/dev/null 2>&1; then \
+	  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $(WHEELS)/*.whl; fi
 	PYTHONPATH=/tmp/site:$(CURDIR):$$PYTHONPATH HF_HUB_OFFLINE=1 $(GPU_PY) -m pytest -m gpu $(PYTEST_ARGS)
 
 clean:

@@ -13,7 +13,10 @@
 # package is installed there. Versions follow the local venv when it has them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DEST=.whl
+# DEST=.whl_gpu SKIP=smg: the set without the gateway (smg is ~36 MB), which fits the
+# device run's 64 MiB carry beside the working tree; `make test-gpu WHEELS=.whl_gpu` uses it.
+DEST=${DEST:-.whl}
+SKIP=" ${SKIP:-} "
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 
@@ -48,7 +51,7 @@ for f in "$DEST.tmp"/*.whl; do
   name=$(basename "$f" | cut -d- -f1 | tr '_A-Z' '-a-z')
   # The image's torch brings its CUDA libraries: never carry another copy of them (GBs).
   case "$name" in nvidia-*|cuda-*|torch|triton|networkx|mpmath) continue ;; esac
-  if [[ " $(echo $PRESENT) " == *" $name "* ]]; then continue; fi
+  if [[ " $(echo $PRESENT) " == *" $name "* || "$SKIP" == *" $name "* ]]; then continue; fi
   mv "$f" "$DEST/"
 done
 rm -rf "$DEST.tmp"

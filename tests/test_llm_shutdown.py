@@ -73,20 +73,22 @@ def _gpu_engine() -> LLM:
 def test_gpu_memory_returns_to_where_it_started():
     """Shutdown, leaving a `with` block and `del` each give the device back: three such engines
     are built one after another in this process (the second could not fit beside the first), the
-    allocator returns to where it started after each, and each gets the same KV pool. The slack
-    is for the cuBLAS workspaces torch keeps per stream."""
+    allocator returns to where it started after each, and each gets the same KV pool (to within the
+    slack). The slack is for the cuBLAS workspaces torch keeps per stream."""
     slack = 256 << 20
     torch.cuda.synchronize()
     gc.collect()
     torch.cuda.empty_cache()
     reserved, free = torch.cuda.memory_reserved(), torch.cuda.mem_get_info()[0]
-    pools = []
+    pools: list[int] = []
+    page_bytes: list[int] = []
 
     def use(llm: LLM) -> None:
         assert llm.core.executor.cuda_graphs_enabled
         outputs = llm.generate([PROMPT] * 4, PARAMS)
         assert [len(o.outputs[0].token_ids) for o in outputs] == [8] * 4
         pools.append(llm.core.limits.num_pages)
+        page_bytes.append(llm.core.executor._bytes_per_page())
         assert torch.cuda.memory_reserved() > reserved + (50 << 30)  # weights + a pool filling the device
 
     def returned() -> None:
@@ -104,4 +106,5 @@ def test_gpu_memory_returns_to_where_it_started():
     use(llm)
     del llm
     returned()
-    assert pools[0] == pools[1] == pools[2]
+    # each pool fills what is free at its start: equal but for what stays within the slack
+    assert max(pools) - min(pools) <= slack // page_bytes[0]

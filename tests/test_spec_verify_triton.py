@@ -65,9 +65,11 @@ def test_rejection_sampling_on_the_gpu_draws_what_the_cpu_draws() -> None:
     gen = torch.Generator().manual_seed(5)
     rows, k, vocab = 32, 4, 32000
     params = [torch.full((rows * (k + 1),), v) for v in (0.9, 50.0, 0.95, 0.0)]
-    target = filtered_probs(torch.randn(rows * (k + 1), vocab, generator=gen) * 4, params[0],
-                            params[1].long(), params[2], params[3]).reshape(rows, k + 1, vocab)
-    draft_probs = torch.softmax(torch.randn(rows, k, vocab, generator=gen) * 4, dim=-1)
+    logits = torch.randn(rows, k + 1, vocab, generator=gen) * 4
+    target = filtered_probs(logits.reshape(-1, vocab), params[0], params[1].long(), params[2],
+                            params[3]).reshape(rows, k + 1, vocab)
+    # a draft model that roughly agrees with the target, so some drafts are accepted and some are not
+    draft_probs = torch.softmax(logits[:, :k] + torch.randn(rows, k, vocab, generator=gen) * 2, dim=-1)
     drafts = torch.multinomial(draft_probs.reshape(-1, vocab), 1, generator=gen).reshape(rows, k)
     num_drafts = torch.randint(0, k + 1, (rows,), generator=gen)
     seeds, indices = torch.arange(rows) * 977 + 3, torch.randint(0, 1000, (rows,), generator=gen)

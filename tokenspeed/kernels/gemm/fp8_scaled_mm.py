@@ -14,7 +14,9 @@ so the formats cuBLAS takes on Hopper go to it:
   quantised per token (`quant.per_token`), then rowwise x rowwise scaling.
 Registered for bf16 activations and used for bf16 outputs. Other layouts
 (row blocks narrower than 128, as fused projections with unaligned parts
-produce; dimensions not multiples of 128 / 16; fp32 logits) run the
+produce; dimensions not multiples of 128 / 16; block-scaled K not a multiple
+of 512, whose scales cuBLAS reads with a leading dimension rounded up to 4
+blocks; fp32 logits) run the
 Triton GEMM, as does a format this torch build or device refuses or
 computes differently: each format is tried once per device on a small
 product checked against the reference (`probe_cublas`: a different scale
@@ -65,8 +67,8 @@ def cublas_format(n: int, k: int, block_size: BlockSize, out_dtype: torch.dtype)
         return None
     if block_size[1] >= k:
         return ROWWISE
-    if tuple(block_size) == WEIGHT_BLOCK and n % 128 == 0 and k % 128 == 0:
-        return BLOCKWISE
+    if tuple(block_size) == WEIGHT_BLOCK and n % 128 == 0 and k % 512 == 0:
+        return BLOCKWISE  # cuBLAS reads the weight scales with a leading dimension rounded up to 4 K blocks
     return None
 
 
@@ -94,15 +96,15 @@ def _per_row(weight_scale: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def probe_cublas(fmt: str, device: torch.device) -> bool:
-    """Whether `torch._scaled_mm` computes `fmt` right here: a 16 x 256 x 256 product against the reference.
+    """Whether `torch._scaled_mm` computes `fmt` right here: a 16 x 512 x 256 product against the reference.
 
     Every row of x, K group and weight block has its own scale, so a scale
     layout cuBLAS reads differently from ours fails (relative error > 1e-2).
     """
     block_size = WEIGHT_BLOCK if fmt == BLOCKWISE else PER_CHANNEL_BLOCK
     rows = torch.arange(1, 17, device=device, dtype=torch.float32)[:, None]
-    x = (rows * torch.linspace(0.5, 2.0, 256, device=device)).to(torch.bfloat16)
-    w8, scale = quantize_weight_block(torch.linspace(-1.0, 1.0, 256 * 256, device=device).view(256, 256), block_size)
+    x = (rows * torch.linspace(0.5, 2.0, 512, device=device)).to(torch.bfloat16)
+    w8, scale = quantize_weight_block(torch.linspace(-1.0, 1.0, 256 * 512, device=device).view(256, 512), block_size)
     if fmt == BLOCKWISE:
         x_seen = dequantize_per_token_group(*quantize_per_token_group(x))
     else:

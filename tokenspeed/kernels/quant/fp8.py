@@ -58,8 +58,14 @@ def cast_to_fp8(x: torch.Tensor) -> torch.Tensor:
 
 
 def scale_of(amax: torch.Tensor) -> torch.Tensor:
-    """The fp32 scale mapping `amax` onto the largest fp8 value (amax / 448, at least MIN_AMAX / 448)."""
-    return amax.float().clamp(min=MIN_AMAX) / FP8_MAX
+    """The fp32 scale mapping `amax` onto the largest fp8 value (amax / 448, at least MIN_AMAX / 448).
+
+    Divided by a tensor, not a Python number: torch's CUDA division by a
+    scalar multiplies by its rounded reciprocal, one ulp off the correctly
+    rounded quotient the CPU and the Triton kernels compute.
+    """
+    amax = amax.float().clamp(min=MIN_AMAX)
+    return amax / torch.full_like(amax, FP8_MAX)
 
 
 def _groups(x: torch.Tensor, group_size: int) -> torch.Tensor:
