@@ -110,6 +110,35 @@ def decode_run(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[lis
     return outputs, seconds, tokens
 
 
+def first_divergence(off_llm: LLM, prompts: list[list[int]], off: list[list[int]], spec: list[list[int]]
+                     ) -> list[dict[str, Any]]:
+    """Per prompt whose speculative tokens differ from off's: the first divergent position, both tokens, and
+    the off model's top-2 logprob margin there (re-scored by one off step over the prompt and off's tokens
+    before it). A margin near 0 is a bf16 near-tie (verify and decode round differently); a large margin
+    is a bug. The margin equals the top-2 logit margin (log-softmax shifts both by the same amount)."""
+    found = []
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=2, detokenize=False)
+    for i, (prompt, a, b) in enumerate(zip(prompts, off, spec)):
+        if a == b:
+            continue
+        position = next((p for p, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        entry: dict[str, Any] = {"prompt": i, "position": position,
+                                 "off_token": a[position] if position < len(a) else None,
+                                 "spec_token": b[position] if position < len(b) else None}
+        core = off_llm.core
+        core.add_request(f"diverge-{i}", list(prompt) + a[:position], params)
+        top: list[tuple[int, float]] = []
+        while core.has_unfinished():
+            for update in core.step():
+                if update.new_logprobs:
+                    top = update.new_logprobs[0].top
+        if len(top) >= 2:
+            entry["off_top2"] = [top[0][0], top[1][0]]
+            entry["off_top2_logprob_margin"] = round(top[0][1] - top[1][1], 5)
+        found.append(entry)
+    return found
+
+
 def bs1_section(smoke: bool, out: Path, command: str) -> None:
     prompts = agent_prompts(lines=12 if smoke else 90, count=1 if smoke else 4)
     max_tokens = 16 if smoke else 256
@@ -125,6 +154,7 @@ def bs1_section(smoke: bool, out: Path, command: str) -> None:
     section: dict[str, Any] = RESULTS.setdefault("bs1", {})
     for model, runs in cases.items():
         base: dict[str, tuple[list[list[int]], float]] = {}
+        off_llm: LLM | None = None  # kept to re-score divergent positions
         for name, spec in runs:
             llm = LLM(model, speculative_config=spec, max_model_len=4096, show_progress=False, max_num_seqs=8)
             decode_run(llm, prompts["edit"][:1], 4)  # warm-up (Triton compiles, graphs)
@@ -138,6 +168,8 @@ def bs1_section(smoke: bool, out: Path, command: str) -> None:
                 else:
                     row["speedup"] = round(row["decode_tokens_per_s"] / base[workload][1], 3)
                     row["same_tokens_as_off"] = outputs == base[workload][0]
+                    if not row["same_tokens_as_off"] and off_llm is not None:
+                        row["divergence"] = first_divergence(off_llm, batch, base[workload][0], outputs)
                     assert stats is not None
                     drafts, drafted, accepted = (stats.num_drafts - before[0], stats.num_draft_tokens - before[1],
                                                  stats.num_accepted_tokens - before[2])
@@ -146,8 +178,11 @@ def bs1_section(smoke: bool, out: Path, command: str) -> None:
                     row["num_speculative_tokens"] = spec["num_speculative_tokens"]
                 section[f"{model}/{name}/{workload}"] = row
                 log(f"bs1 {model} {name} {workload}: {row}")
+            if spec is None:
+                off_llm = llm
             del llm
             save(out, command)
+        del off_llm
     for name, key in (("suffix", "embedded/suffix/edit"), ("eagle", "embedded/eagle/edit"),
                       ("mtp", "embedded-moe/mtp/edit")):
         RESULTS[f"{name}_bs1_speedup"] = section.get(key, {}).get("speedup")

@@ -151,3 +151,38 @@ def test_mla_verify_takes_the_folded_decode_kernel(folders: dict[str, Path]) -> 
     verify_calls = {call for call in seen if call[0] > 1}
     report({"test": "mla_verify_kernel", "calls": sorted(verify_calls)})
     assert (5, choose_fold(4, 5)) in verify_calls  # the tiny DeepSeek has 4 heads: all 5 tokens fold
+
+
+@pytest.mark.parametrize("name", ["eagle", "mtp"])
+def test_drafter_graphs_replay_and_give_the_tokens_of_eager_drafting(folders: dict[str, Path], name: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32: EAGLE/MTP drafting replayed from the drafter's CUDA graphs (`spec/draft_graphs.py`) gives the
+    tokens of speculation off and of `draft_cuda_graphs: false`; the graphs are captured and replayed."""
+    from tokenspeed.spec.draft_graphs import DraftGraphs
+
+    model, spec, prompts = _cases(folders)[name]
+    replays = {"propose": 0, "observe": 0}
+    propose, observe = DraftGraphs.propose, DraftGraphs.observe
+
+    def counted_propose(self: DraftGraphs, *args: Any) -> Any:
+        out = propose(self, *args)
+        replays["propose"] += out is not None
+        return out
+
+    def counted_observe(self: DraftGraphs, *args: Any) -> Any:
+        out = observe(self, *args)
+        replays["observe"] += out is not None
+        return out
+
+    monkeypatch.setattr(DraftGraphs, "propose", counted_propose)
+    monkeypatch.setattr(DraftGraphs, "observe", counted_observe)
+    base, _ = _run(model, None, prompts, GREEDY)
+    graphs, llm = _run(model, spec, prompts, GREEDY)
+    drafter = llm.core.executor.speculator.drafter  # type: ignore[attr-defined]
+    captured = 0 if drafter.graphs is None else len(drafter.graphs._propose) + len(drafter.graphs._observe)
+    eager, _ = _run(model, {**spec, "draft_cuda_graphs": False}, prompts, GREEDY)
+    report({"test": "spec_drafter_graphs", "case": name, "captured": captured, **replays})
+    assert graphs == base and eager == base
+    assert captured > 0 and replays["propose"] > 0 and replays["observe"] > 0
+    del llm
+    free_cuda()

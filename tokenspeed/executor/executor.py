@@ -158,6 +158,8 @@ class Executor:
         )
         self.runner.speculation = self.speculator
         self.runner.verify_query_len = self._verify_query_len()
+        if self.speculator is not None and self.runner.graphs is not None:
+            self.speculator.capture_graphs(self.runner.graphs)  # a device drafter's own graphs
         self._limits = ExecutorLimits(
             vocab_size=self.model_config.vocab_size,
             max_model_len=self.max_model_len,
@@ -201,6 +203,8 @@ class Executor:
         if self._closed:
             return
         self._closed = True
+        if self.speculator is not None:
+            self.speculator.release_graphs()
         if self.runner.graphs is not None:
             self.runner.graphs.release()
         del self.runner, self.kv, self.model

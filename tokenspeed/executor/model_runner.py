@@ -187,7 +187,8 @@ class ModelRunner:
             self._verify(plan, logits, layout, proposed, handle)
         self._publish_last_tokens(plan, layout, handle)
         if self.speculation is not None and self.speculation.observes:
-            self._observe(layout, batch, hidden, table_slots, handle)
+            replayed = None if bucket is None else (bucket, q_len, batch.attn.num_kv_splits)
+            self._observe(layout, batch, hidden, table_slots, handle, replayed)
         return handle
 
     def _sample(self, plan: ExecutionPlan, logits: torch.Tensor, layout: StepLayout, handle: StepHandle) -> None:
@@ -268,7 +269,7 @@ class ModelRunner:
 
     def _observe(
         self, layout: StepLayout, batch: ForwardBatch, hidden: torch.Tensor, table_slots: np.ndarray,
-        handle: StepHandle,
+        handle: StepHandle, replayed: tuple[int, int, int | None] | None = None,
     ) -> None:
         """Hand the step to a drafter that catches up on it: every position with the token after it.
 
@@ -290,7 +291,7 @@ class ModelRunner:
         if handle.sampled is not None:
             next_ids = next_ids.index_copy(0, last_index, handle.sampled)
         host_slots = [int(table_slots[i]) for i in sampling_rows]
-        tail = StepTail(next_ids, last_index, self._upload(host_slots), max(host_slots, default=-1))
+        tail = StepTail(next_ids, last_index, self._upload(host_slots), max(host_slots, default=-1), replayed)
         self.speculation.observe(batch, hidden, tail)
 
     def _rows_of(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:

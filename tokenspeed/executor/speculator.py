@@ -43,6 +43,7 @@ import torch
 
 if TYPE_CHECKING:
     from tokenspeed.batch.forward_batch import ForwardBatch
+    from tokenspeed.executor.cuda_graphs import DecodeGraphs
     from tokenspeed.executor.sampler import Sampler, SampleSpec
 
 
@@ -94,6 +95,7 @@ class StepTail:
     last_index: torch.Tensor  # [n] flat index of each sampling row's last accepted position
     slots: torch.Tensor  # [n] the page-table slot of each sampling row
     max_slot: int  # the largest of them (-1: none), known on the host
+    graph: tuple[int, int, int | None] | None = None  # the target graph the step replayed (bucket, q_len, splits)
 
 
 class Speculator(Protocol):
@@ -126,4 +128,12 @@ class Speculator(Protocol):
 
     def observe(self, batch: ForwardBatch, hidden: torch.Tensor, tail: StepTail) -> None:
         """Catch up on the step's positions (hidden `[tokens, hidden]`: the target's final hidden states)."""
+        ...
+
+    def capture_graphs(self, graphs: DecodeGraphs) -> None:
+        """Capture the drafter's own CUDA graphs beside the target's `graphs` (no-op without a device drafter)."""
+        ...
+
+    def release_graphs(self) -> None:
+        """Destroy what `capture_graphs` captured."""
         ...

@@ -49,7 +49,8 @@ def verify_batch(
     drafts = drafts.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else drafts
     probs = None
     if proposed is not None:
-        index = torch.tensor(layout.device_drafted, dtype=torch.int64).to(device)
+        index = torch.tensor(layout.device_drafted, dtype=torch.int64)
+        index = index.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else index
         short = width - proposed.token_ids.shape[1]  # > 0 only if host-drafted rows drafted more
         device_drafts = torch.nn.functional.pad(proposed.token_ids, (0, short))[:, :width]
         drafts = drafts.index_copy(0, index, device_drafts)

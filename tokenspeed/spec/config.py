@@ -17,10 +17,12 @@ other when one is given); suffix decoding speculates up to its tree depth
 (24) unless `num_speculative_tokens` is given, with spec factor 1.0 and
 minimum token probability 0.1; MTP drafts 1 token.
 
-Two keys are ours (vLLM has no equivalent): `adaptive_draft_length`
+Three keys are ours (vLLM has no equivalent): `adaptive_draft_length`
 (default true: per-request draft length from recent acceptance, down to 0;
-false always drafts the maximum) and `draft_token_cost` (one draft
-position's cost relative to a decode row, the adaptive length's price).
+false always drafts the maximum), `draft_token_cost` (one draft
+position's cost relative to a decode row, the adaptive length's price) and
+`draft_cuda_graphs` (default true: an EAGLE/MTP drafter's forwards replay
+CUDA graphs when the target's do; false runs them eagerly).
 
 Torch-free.
 """
@@ -65,6 +67,7 @@ class SpeculativeConfig:
     disable_by_batch_size: int | None = None
     adaptive_draft_length: bool = True
     draft_token_cost: float = 0.1
+    draft_cuda_graphs: bool = True
 
     @property
     def drafts_on_device(self) -> bool:
@@ -140,9 +143,9 @@ def parse_speculative_config(value: object) -> SpeculativeConfig | None:
         _check_float("suffix_decoding_min_token_prob", value["suffix_decoding_min_token_prob"], 0.0, 1.0)
     if value.get("disable_by_batch_size") is not None:
         _check_int("disable_by_batch_size", value["disable_by_batch_size"], 1, 1 << 30)
-    if "adaptive_draft_length" in value and not isinstance(value["adaptive_draft_length"], bool):
-        raise InvalidRequest(f"speculative_config['adaptive_draft_length'] must be true or false, "
-                             f"got {value['adaptive_draft_length']!r}.")
+    for key in ("adaptive_draft_length", "draft_cuda_graphs"):
+        if key in value and not isinstance(value[key], bool):
+            raise InvalidRequest(f"speculative_config[{key!r}] must be true or false, got {value[key]!r}.")
     if "draft_token_cost" in value:
         _check_float("draft_token_cost", value["draft_token_cost"], 0.0, 100.0)
     model = value.get("model")

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tokenspeed.batch.forward_batch import AttentionMetadata, ForwardBatch
+from tokenspeed.batch.forward_batch import AttentionMetadata, ForwardBatch, GraphGuardList
 from tokenspeed.executor.sampler import SampleSpec
 from tokenspeed.executor.speculator import DraftRows
 from tokenspeed.spec.verify import DRAFT_STREAM, filtered_probs, keyed_categorical
@@ -51,70 +51,91 @@ class SlotStates:
 
 
 class DraftChain:
-    """The one-token batches of a chain over `rows` of the step's `batch`."""
+    """The one-token batches of a chain over `rows` of the step's `batch`.
 
-    def __init__(self, batch: ForwardBatch, rows: DraftRows, scratch_page: int) -> None:
-        self.rows = rows
-        self.page_size = batch.attn.page_size
-        self.page_table = batch.attn.page_table.index_select(0, rows.batch_rows.to(batch.attn.page_table.device))
-        self.device = batch.input_ids.device
-        self.scratch_slot = scratch_page * self.page_size
-        self.max_draft_tokens = max(rows.num_draft_tokens)
+    Every per-step value (positions, K/V slots, sequence lengths) is computed on the device from
+    the rows' start positions and draft lengths, so a chain runs inside a CUDA graph
+    (`draft_graphs.py`) as well as eagerly. Eagerly it also fills the metadata's host lists (the
+    torch reference attention reads them); in a graph they are `GraphGuardList`s."""
 
-    def input_tokens(self, batch: ForwardBatch) -> torch.Tensor:
-        """Each row's input token (the last emitted one, resolved on the device)."""
-        return batch.input_ids.index_select(0, self.rows.token_index)
+    def __init__(self, page_table: torch.Tensor, start: torch.Tensor, num_draft_tokens: torch.Tensor, *,
+                 page_size: int, scratch_page: int, host: tuple[list[int], list[int]] | None,
+                 max_seq_len: int) -> None:
+        """`page_table` `[rows, pages]`, `start` / `num_draft_tokens` `[rows]` int64 on the device; `host`:
+        the same start positions and draft lengths as lists (None inside a graph); `max_seq_len`: a bound
+        of the rows' lengths (used only when `host` is None)."""
+        self.page_table = page_table
+        self.start = start
+        self.num_draft_tokens = num_draft_tokens
+        self.page_size = page_size
+        self.scratch_slot = scratch_page * page_size
+        self.host = host
+        self.max_seq_len = max_seq_len
+        self.device = page_table.device
+
+    @classmethod
+    def of_rows(cls, batch: ForwardBatch, rows: DraftRows, scratch_page: int) -> DraftChain:
+        """The chain of `rows` of an eager step."""
+        device = batch.input_ids.device
+        page_table = batch.attn.page_table.index_select(0, rows.batch_rows.to(batch.attn.page_table.device))
+        return cls(page_table, upload(rows.start_positions, device), upload(rows.num_draft_tokens, device),
+                   page_size=batch.attn.page_size, scratch_page=scratch_page,
+                   host=(rows.start_positions, rows.num_draft_tokens), max_seq_len=0)
 
     def step(self, tokens: torch.Tensor, offset: int, active_below: int) -> ForwardBatch:
         """`tokens` `[rows]`, one per row at position `start + offset`. A row with
         k <= `active_below` has drafted enough: it runs at its start position, writing to the scratch page."""
-        rows = self.rows
-        positions = [start + offset for start in rows.start_positions]
-        active = [k > active_below for k in rows.num_draft_tokens]
-        positions = [p if a else start for p, a, start in zip(positions, active, rows.start_positions)]
-        count = len(positions)
-        pos = _tensor(positions, self.device)
+        count = tokens.shape[0]
+        active = self.num_draft_tokens > active_below
+        pos = torch.where(active, self.start + offset, self.start)
         pages = self.page_table.gather(1, (pos // self.page_size)[:, None]).squeeze(1).to(torch.int64)
-        slots = torch.where(_tensor(active, self.device, torch.bool), pages * self.page_size + pos % self.page_size,
-                            self.scratch_slot)
-        seq_lens = [p + 1 for p in positions]
+        slots = torch.where(active, pages * self.page_size + pos % self.page_size, self.scratch_slot)
+        if self.host is not None:
+            starts, lengths = self.host
+            seq_lens: list[int] = [(s + offset if k > active_below else s) + 1 for s, k in zip(starts, lengths)]
+            query_start: list[int] = list(range(count + 1))
+            max_seq_len = max(seq_lens)
+        else:
+            seq_lens, query_start = GraphGuardList([0] * count), GraphGuardList([0] * (count + 1))
+            max_seq_len = self.max_seq_len
         attn = AttentionMetadata(
             page_size=self.page_size,
-            query_start=list(range(count + 1)),
+            query_start=query_start,
             seq_lens=seq_lens,
             page_table=self.page_table,
             slot_mapping=slots,
             max_query_len=1,
-            max_seq_len=max(seq_lens),
-            seq_lens_tensor=_tensor(seq_lens, self.device, torch.int32),
+            max_seq_len=max_seq_len,
+            seq_lens_tensor=(pos + 1).to(torch.int32),
             query_start_tensor=torch.arange(count + 1, dtype=torch.int32, device=self.device),
         )
         return ForwardBatch(input_ids=tokens, positions=pos, attn=attn,
                             logits_indices=torch.arange(count, device=self.device))
 
 
-def draw_drafts(logits: torch.Tensor, specs: Sequence[SampleSpec], draft_index: int
+def draw_drafts(logits: torch.Tensor, specs: Sequence[SampleSpec] | None, draft_index: int
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(draft tokens `[rows]`, the distributions sampled rows drew from `[rows, vocab]` or None)."""
+    """(draft tokens `[rows]`, the distributions sampled rows drew from `[rows, vocab]` or None);
+    `specs` None: every row is greedy (a captured chain)."""
     greedy = torch.argmax(logits, dim=-1)
-    if all(s.sampling.greedy for s in specs):
+    if specs is None or all(s.sampling.greedy for s in specs):
         return greedy, None
     device = logits.device
     params = [s.sampling for s in specs]
     probs = filtered_probs(
         logits,
-        _tensor([p.temperature for p in params], device, torch.float32),
-        _tensor([p.top_k for p in params], device),
-        _tensor([p.top_p for p in params], device, torch.float32),
-        _tensor([p.min_p for p in params], device, torch.float32),
+        upload([p.temperature for p in params], device, torch.float32),
+        upload([p.top_k for p in params], device),
+        upload([p.top_p for p in params], device, torch.float32),
+        upload([p.min_p for p in params], device, torch.float32),
     )
     drawn = keyed_categorical(
         probs[:, None, :],
-        _tensor([s.seed for s in specs], device),
-        _tensor([s.sample_index + draft_index for s in specs], device)[:, None],
+        upload([s.seed for s in specs], device),
+        upload([s.sample_index + draft_index for s in specs], device)[:, None],
         DRAFT_STREAM,
     )[:, 0]
-    sampled = _tensor([not p.greedy for p in params], device, torch.bool)
+    sampled = upload([not p.greedy for p in params], device, torch.bool)
     return torch.where(sampled, drawn, greedy), probs
 
 
@@ -125,7 +146,8 @@ def stack_drafts(tokens: list[torch.Tensor], probs: list[torch.Tensor | None]) -
     return stacked, torch.stack([p for p in probs if p is not None], dim=1)
 
 
-def _tensor(values: Sequence[int] | Sequence[float] | Sequence[bool], device: torch.device,
-            dtype: torch.dtype = torch.int64) -> torch.Tensor:
+def upload(values: Sequence[int] | Sequence[float] | Sequence[bool], device: torch.device,
+           dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Host values on the device without a synchronisation (pinned, non-blocking on CUDA)."""
     tensor = torch.tensor(list(values), dtype=dtype)
     return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor

@@ -70,11 +70,11 @@ class DraftModelDrafter:
 
     def propose(self, batch: ForwardBatch, rows: DraftRows) -> ProposedDrafts:
         assert self.kv is not None, "allocate() first"
-        chain = DraftChain(batch, rows, self.scratch_page)
-        token = chain.input_tokens(batch)
+        chain = DraftChain.of_rows(batch, rows, self.scratch_page)
+        token = batch.input_ids.index_select(0, rows.token_index)
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor | None] = []
-        for j in range(chain.max_draft_tokens):
+        for j in range(max(rows.num_draft_tokens)):
             step = chain.step(token, j, active_below=j)  # draft j + 1 from the token at position p + j
             logits = self.model.compute_logits(self.model(step, self.kv))
             if logits.shape[-1] < self.vocab_size:

@@ -36,6 +36,7 @@ from tokenspeed.spec.verify import accept_drafts, filtered_probs, rejection_samp
 
 if TYPE_CHECKING:
     from tokenspeed.batch.forward_batch import ForwardBatch
+    from tokenspeed.executor.cuda_graphs import DecodeGraphs
     from tokenspeed.executor.sampler import Sampler
 
 
@@ -52,10 +53,13 @@ class DeviceDrafter(Protocol):
 
 
 class SpeculativeDecoder:
-    def __init__(self, max_draft_tokens: int, drafter: DeviceDrafter | None = None) -> None:
-        """`drafter`: the device drafter; None for host drafters (their drafts come in the plan)."""
+    def __init__(self, max_draft_tokens: int, drafter: DeviceDrafter | None = None, *,
+                 draft_cuda_graphs: bool = True) -> None:
+        """`drafter`: the device drafter; None for host drafters (their drafts come in the plan).
+        `draft_cuda_graphs`: capture the drafter's forwards in CUDA graphs when the target has graphs."""
         self.max_draft_tokens = max_draft_tokens
         self.drafter = drafter
+        self.draft_cuda_graphs = draft_cuda_graphs
 
     @property
     def observes(self) -> bool:
@@ -76,6 +80,16 @@ class SpeculativeDecoder:
     def observe(self, batch: ForwardBatch, hidden: torch.Tensor, tail: StepTail) -> None:
         if self.drafter is not None:
             self.drafter.observe(batch, hidden, tail)
+
+    def capture_graphs(self, graphs: DecodeGraphs) -> None:
+        capture = getattr(self.drafter, "capture_graphs", None)  # feature drafters (EAGLE, MTP) have graphs
+        if self.draft_cuda_graphs and capture is not None:
+            capture(graphs, self.max_draft_tokens)
+
+    def release_graphs(self) -> None:
+        release = getattr(self.drafter, "release_graphs", None)
+        if release is not None:
+            release()
 
     def verify(self, logits: torch.Tensor, batch: VerifyBatch, sampler: Sampler) -> VerifyOutcome:
         device = logits.device
