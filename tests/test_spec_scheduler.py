@@ -339,3 +339,39 @@ def test_the_blind_executor_verifies_too(on_device: bool) -> None:
     outputs = run(s, blind, PROMPTS, SamplingParams(temperature=0.0, max_tokens=20))
     stats = s.speculation_stats
     assert stats is not None and stats.num_drafts > 0 and all(len(o) == 20 for o in outputs.values())
+
+
+def test_padded_verify_steps_draft_only_when_the_whole_step_pays() -> None:
+    """With verify rows padded to k_max (a GPU's verify graphs), every row pays for k_max positions: a step
+    drafts only when its expected tokens beat R * (1 + c * k_max). At c = 0.3 each row alone would draft 2
+    (prior acceptance 0.7: 2.19 tokens for a cost of 1.6), but padded to 8 the step costs 3.4 a row: nothing
+    is proposed or allocated, and the tokens stay the same. Padded to 3 at a low cost, the step drafts."""
+    cheap, ex = make(OracleDrafter, k=3, adaptive=True, verify_pad_length=3, draft_token_cost=0.05)
+    assert run(cheap, ex, PROMPTS) == baseline()
+    assert cheap.speculation_stats is not None and cheap.speculation_stats.num_drafts > 0
+    unpadded, ex = make(OracleDrafter, k=3, adaptive=True, draft_token_cost=0.3)
+    assert run(unpadded, ex, PROMPTS) == baseline()
+    assert unpadded.speculation_stats is not None and unpadded.speculation_stats.num_drafts > 0
+    dear, ex = make(OracleDrafter, k=3, adaptive=True, verify_pad_length=8, draft_token_cost=0.3)
+    assert run(dear, ex, PROMPTS) == baseline()
+    assert dear.speculation_stats is not None and dear.speculation_stats.num_drafts == 0
+    assert dear.speculation is not None and dear.speculation.drafter.calls == []  # type: ignore[union-attr]
+
+
+def test_no_drafts_when_the_padded_verify_step_would_leave_its_graph() -> None:
+    """rows * (k_max + 1) above `max_verify_tokens`: plain decode steps (three rows of 4 tokens > 8), and
+    drafts again once two rows are left."""
+    plans: list[ExecutionPlan] = []
+    params = {r: SamplingParams(temperature=0.0, max_tokens=n) for r, n in (("a", 4), ("b", 20), ("c", 20))}
+    s, ex = make(OracleDrafter, k=3, verify_pad_length=3, max_verify_tokens=8)
+    s_base, ex_base = make(speculation=False)
+    assert run(s, ex, PROMPTS, params, on_plan=plans.append) == run(s_base, ex_base, PROMPTS, params)
+    decoding = [p for p in plans if all(r.sample for r in p.rows)]
+    assert any(len(p.rows) == 3 for p in decoding)
+    assert not any(p.has_drafts for p in decoding if len(p.rows) == 3)
+    assert any(p.has_drafts for p in decoding if len(p.rows) == 2)
+    for request_id, prompt in PROMPTS.items():
+        s.submit(request_id, list(prompt), GREEDY)
+    assert s.num_running == 0 and s.may_draft()  # waiting requests are not rows yet
+    s.advance(plan := s.next_plan(), ex.run(plan))
+    assert s.num_running == 3 and not s.may_draft()  # the engine core then keeps the step overlapped

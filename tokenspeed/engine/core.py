@@ -89,6 +89,10 @@ class EngineCore:
         self.executor = executor
         limits = executor.limits
         spec = self.speculative_config
+        policy = None if spec is None else spec.draft_policy()
+        verify_shape = getattr(executor, "verify_shape", None)  # padded verify rows (a GPU): priced per step
+        if policy is not None and verify_shape is not None:
+            policy = dataclasses.replace(policy, verify_pad_length=verify_shape[0], max_verify_tokens=verify_shape[1])
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -99,7 +103,7 @@ class EngineCore:
                 enable_prefix_caching=config.enable_prefix_caching,
                 seed=config.seed,
                 vocab_size=limits.vocab_size,
-                speculation=None if spec is None else spec.draft_policy(),
+                speculation=policy,
             ),
             None if spec is None else spec.make_drafter(),
         )
@@ -228,7 +232,8 @@ class EngineCore:
 
     def _overlapped_step(self) -> list[RequestUpdate]:
         # A host drafter drafts from the resolved history: nothing would be drafted on placeholders.
-        updates = self._resolve_inflight() if self._host_drafts else []
+        # (When the batch is too large to draft, the step stays overlapped, as without speculation.)
+        updates = self._resolve_inflight() if self._host_drafts and self.scheduler.may_draft() else []
         plan = self.scheduler.next_plan()
         if plan.is_empty():
             updates += self._resolve_inflight()

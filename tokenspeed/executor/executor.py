@@ -220,6 +220,18 @@ class Executor:
     def cuda_graphs_enabled(self) -> bool:
         return self.runner.graphs is not None
 
+    @property
+    def verify_shape(self) -> tuple[int, int | None] | None:
+        """(drafts every verify row is padded to, the most tokens a verify step replays from a graph: None
+        without verify graphs), or None where verify rows run unpadded (the CPU, or no speculation). The
+        scheduler prices a drafting step by it (`scheduler/speculation.py`)."""
+        q_len = self.runner.verify_query_len
+        if q_len <= 1:
+            return None
+        graphs = self.runner.graphs
+        tokens = max(graphs.verify_sizes) * q_len if graphs is not None and graphs.verify_sizes else None
+        return q_len - 1, tokens
+
     def _graph_max_bs(self) -> int:
         return min(self.config.cuda_graph_max_bs or _MAX_GRAPH_BS, self.config.max_num_seqs)
 

@@ -16,6 +16,21 @@ against `max_num_batched_tokens` like any other. A row's draft length is
 
 No drafts at all in a step with `disable_by_batch_size` decode rows or more.
 
+The step as a whole must pay too (adaptive only). On a GPU the verify step
+pads every row to the same length (`verify_pad_length`, k_max: one CUDA
+graph serves every draft length), so each of the R rows pays for k_max
+draft positions, those that draft little or nothing included: the step
+drafts only when its expected tokens, sum over rows of 1 + a + ... + a^k
+(a row without drafts: 1), exceed R * (1 + c * f * k_max). f is the step's
+fill of the largest verify graph, R * (k_max + 1) / `max_verify_tokens`: a
+small step is launch- and memory-bound (its extra positions nearly free, so
+one user at bs1 still drafts 15), a full one pays c per position (c: the
+cost measured at a full graph). When R * (k_max + 1) exceeds the largest
+verify graph the step would run eagerly at many times a decode step's cost:
+no drafts. Host
+drafts are proposed before the step gate and pages are allocated after it,
+so a step that does not pay allocates nothing.
+
 Adaptive length: acceptance of a request's drafts is modelled as
 independent per position with rate a, estimated from its recent verify rows
 (exponentially decayed counts of accepted positions over verified positions:
@@ -63,6 +78,8 @@ class DraftPolicy:
     disable_by_batch_size: int | None = None
     probe_interval: int = 16
     decay: float = 0.8  # weight of a request's older acceptance history per verify row
+    verify_pad_length: int | None = None  # the executor pads verify rows to this many drafts (None: no padding)
+    max_verify_tokens: int | None = None  # the largest verify step the executor runs as a graph (None: no limit)
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 1:
@@ -144,20 +161,26 @@ class Speculation:
         policy = self.policy
         planned: dict[int, RowDrafts] = {}
         used = 0
-        if policy.disable_by_batch_size is not None and len(decoders) >= policy.disable_by_batch_size:
+        rows = len(decoders)
+        if not self.may_draft(rows):
             return planned, used
+        wanted: list[tuple[Request, int]] = []
         for request in decoders:
-            if used >= budget:
-                break
             if not policy.on_device and request.output_token_ids[-1] == PLACEHOLDER_TOKEN_ID:
                 continue
             if policy.on_device and request.sampling.needs_grammar:
                 continue  # the host never sees device drafts, so it cannot mask them by the grammar
             remaining = request.max_output_tokens - len(request.output_token_ids)
-            k = min(self.draft_length(request), budget - used, remaining - 1)
-            k = min(k, _fits_in_free_pages(request, k, kv))
-            if k <= 0:
-                continue
+            k = min(self.draft_length(request), remaining - 1)
+            if k > 0:
+                wanted.append((request, k))
+        if not self._step_pays(rows, wanted):  # even the longest drafts would not pay: propose nothing
+            return planned, used
+        proposed: list[tuple[Request, list[int], int]] = []
+        for request, k in wanted:
+            if used >= budget:
+                break
+            k = min(k, budget - used)
             drafts: list[int] = []
             if self.drafter is not None:
                 drafts = self.drafter.propose(request.request_id, request.prompt_token_ids,
@@ -165,12 +188,44 @@ class Speculation:
                 k = len(drafts)
                 if k == 0:
                     continue
+            proposed.append((request, drafts, k))
+            used += k
+        if not self._step_pays(rows, [(request, k) for request, _, k in proposed]):
+            return {}, 0
+        used = 0
+        for request, drafts, k in proposed:
+            k = min(k, _fits_in_free_pages(request, k, kv))
+            if k <= 0:
+                continue
             grow = kv.pages_for(request.num_computed_tokens + 1 + k) - len(request.table)
             if grow > 0:
                 kv.allocate(request.table, grow)
-            planned[id(request)] = RowDrafts(k, drafts)
+            planned[id(request)] = RowDrafts(k, drafts[:k])
             used += k
         return planned, used
+
+    def may_draft(self, rows: int) -> bool:
+        """Whether a step of `rows` decode rows may carry drafts at all: below `disable_by_batch_size`, and
+        its padded verify step within the largest verify graph (module docstring)."""
+        policy = self.policy
+        if policy.disable_by_batch_size is not None and rows >= policy.disable_by_batch_size:
+            return False
+        pad = policy.verify_pad_length
+        return pad is None or policy.max_verify_tokens is None or rows * (pad + 1) <= policy.max_verify_tokens
+
+    def _step_pays(self, rows: int, drafted: Sequence[tuple[Request, int]]) -> bool:
+        """Whether a step of `rows` decode rows, these drafting k each, beats a plain decode step: expected
+        tokens against the step's cost, every row padded to `verify_pad_length` (module docstring). Unpadded
+        rows pay for their own drafts only, which each row's adaptive length already weighed."""
+        policy = self.policy
+        if not drafted:
+            return False
+        if not policy.adaptive or policy.verify_pad_length is None:
+            return True
+        pad = max(policy.verify_pad_length, max(k for _, k in drafted))
+        fill = 1.0 if policy.max_verify_tokens is None else min(1.0, rows * (pad + 1) / policy.max_verify_tokens)
+        expected = rows - len(drafted) + sum(_expected_tokens(_state(r).acceptance, k) for r, k in drafted)
+        return expected > rows * (1.0 + policy.draft_token_cost * fill * pad)
 
     def draft_length(self, request: Request) -> int:
         """The adaptive draft length of `request` (module docstring)."""
@@ -222,6 +277,11 @@ def _state(request: Request) -> DraftState:
     if request.draft_state is None:
         request.draft_state = DraftState()
     return request.draft_state
+
+
+def _expected_tokens(rate: float, k: int) -> float:
+    """1 + a + ... + a^k: tokens a verify row of k drafts emits, acceptance independent per position at rate a."""
+    return float(k + 1) if rate >= 1.0 else (1.0 - rate ** (k + 1)) / (1.0 - rate)
 
 
 def _fits_in_free_pages(request: Request, k: int, kv: KVCache) -> int:
