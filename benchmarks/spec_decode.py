@@ -157,6 +157,8 @@ def bs1_section(smoke: bool, out: Path, command: str) -> None:
         off_llm: LLM | None = None  # kept to re-score divergent positions
         for name, spec in runs:
             llm = LLM(model, speculative_config=spec, max_model_len=4096, show_progress=False, max_num_seqs=8)
+            drafter = getattr(getattr(llm.core.executor, "speculator", None), "drafter", None)
+            graphs = getattr(drafter, "graphs", None)  # EAGLE/MTP: their own CUDA graphs (spec/draft_graphs.py)
             decode_run(llm, prompts["edit"][:1], 4)  # warm-up (Triton compiles, graphs)
             for workload, batch in prompts.items():
                 stats = llm.core.speculation_stats
@@ -176,6 +178,8 @@ def bs1_section(smoke: bool, out: Path, command: str) -> None:
                     row["acceptance_rate"] = round(accepted / drafted, 3) if drafted else 0.0
                     row["mean_accepted_length"] = round(1 + accepted / drafts, 3) if drafts else 0.0
                     row["num_speculative_tokens"] = spec["num_speculative_tokens"]
+                    if drafter is not None:
+                        row["drafter_cuda_graphs"] = 0 if graphs is None else len(graphs._propose) + len(graphs._observe)
                 section[f"{model}/{name}/{workload}"] = row
                 log(f"bs1 {model} {name} {workload}: {row}")
             if spec is None:

@@ -363,7 +363,7 @@ def test_no_drafts_when_the_padded_verify_step_would_leave_its_graph() -> None:
     drafts again once two rows are left."""
     plans: list[ExecutionPlan] = []
     params = {r: SamplingParams(temperature=0.0, max_tokens=n) for r, n in (("a", 4), ("b", 20), ("c", 20))}
-    s, ex = make(OracleDrafter, k=3, verify_pad_length=3, max_verify_tokens=8)
+    s, ex = make(OracleDrafter, k=3, adaptive=True, verify_pad_length=3, max_verify_tokens=8)
     s_base, ex_base = make(speculation=False)
     assert run(s, ex, PROMPTS, params, on_plan=plans.append) == run(s_base, ex_base, PROMPTS, params)
     decoding = [p for p in plans if all(r.sample for r in p.rows)]
@@ -375,3 +375,5 @@ def test_no_drafts_when_the_padded_verify_step_would_leave_its_graph() -> None:
     assert s.num_running == 0 and s.may_draft()  # waiting requests are not rows yet
     s.advance(plan := s.next_plan(), ex.run(plan))
     assert s.num_running == 3 and not s.may_draft()  # the engine core then keeps the step overlapped
+    always, _ = make(OracleDrafter, k=3, adaptive=False, verify_pad_length=3, max_verify_tokens=8)
+    assert always.speculation is not None and always.speculation.may_draft(3)  # the off switch

@@ -40,7 +40,7 @@ accepted drafts, plus the first rejected one). Drafting k then yields
 the length maximising their ratio is taken, down to 0 when drafting does not
 pay. A request held at 0 probes with one draft every `probe_interval` steps
 so its estimate can recover. `adaptive=False` always drafts the maximum (the
-off switch).
+off switch, of the step pricing below too).
 
 Metrics (`SpeculationStats`): drafts, draft tokens, accepted tokens,
 acceptance rate, mean accepted length and acceptance per position, counted
@@ -206,10 +206,12 @@ class Speculation:
 
     def may_draft(self, rows: int) -> bool:
         """Whether a step of `rows` decode rows may carry drafts at all: below `disable_by_batch_size`, and
-        its padded verify step within the largest verify graph (module docstring)."""
+        its padded verify step within the largest verify graph (module docstring; adaptive only)."""
         policy = self.policy
         if policy.disable_by_batch_size is not None and rows >= policy.disable_by_batch_size:
             return False
+        if not policy.adaptive:
+            return True
         pad = policy.verify_pad_length
         return pad is None or policy.max_verify_tokens is None or rows * (pad + 1) <= policy.max_verify_tokens
 
