@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="... and its largest verify graph (tokens); the H200 engine: 512")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    pricing = {"verify_pad_length": args.verify_pad_length, "max_verify_tokens": args.max_verify_tokens}
+    pricing = {key: value for key, value in (("verify_pad_length", args.verify_pad_length),
+                                             ("max_verify_tokens", args.max_verify_tokens)) if value is not None}
     every = workloads(Tokenizer.from_file(str(TOKENIZER)))
     jobs = [job for name in ("edit", "tool_json") for session in every[name] for job in session]
     metrics: dict[str, Any] = {}
