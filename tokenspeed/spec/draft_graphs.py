@@ -31,8 +31,10 @@ probe stays eager. The off switch is `speculative_config`'s
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -47,6 +49,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tokenspeed.spec")
 
 _TargetKey = tuple[int, int, int | None]  # a target graph: (row bucket, tokens a row, split count)
+
+
+class Replayable(Protocol):
+    """A recorded computation (`torch.cuda.CUDAGraph`) that rewrites its outputs in place."""
+
+    def replay(self) -> None: ...
+
+    def reset(self) -> None: ...
 
 
 class DraftGraphs:
@@ -66,8 +76,8 @@ class DraftGraphs:
         tokens = target.input_ids.shape[0]
         self.next_ids = torch.zeros(tokens, dtype=torch.int64, device=device)
         self.hidden = torch.zeros(tokens, width, dtype=drafter.dtype, device=device)
-        self._propose: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._observe: dict[_TargetKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._propose: dict[tuple[int, int], tuple[Replayable, torch.Tensor]] = {}
+        self._observe: dict[_TargetKey, tuple[Replayable, torch.Tensor]] = {}
         self.pool: Any = None  # the graphs' shared memory pool
 
     # ---- the captured computations -----------------------------------------------------------------
@@ -114,8 +124,7 @@ class DraftGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
 
-        def record(run: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-            assert callable(run)
+        def record(run: Callable[[], torch.Tensor]) -> tuple[Replayable, torch.Tensor]:
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
                 run()  # warm-up on the capture stream
@@ -125,15 +134,19 @@ class DraftGraphs:
                 out = run()
             return graph, out
 
-        for bs in sorted(self.sizes, reverse=True):
-            for steps in range(self.max_draft_tokens, 0, -1):
-                self._propose[(bs, steps)] = record(lambda b=bs, s=steps: self._chain(b, s))
-        for key in sorted(self.target._graphs, key=lambda k: k[0] * k[1], reverse=True):
-            self._observe[key] = record(lambda k=key: self._catch_up(k))
+        self.record_all(record)
         torch.cuda.synchronize(device)
         logger.info("captured %d drafter CUDA graphs (propose: row buckets %s, chains of 1..%d; observe: %d)",
                     len(self._propose) + len(self._observe), self.sizes, self.max_draft_tokens, len(self._observe))
         return True
+
+    def record_all(self, record: Callable[[Callable[[], torch.Tensor]], tuple[Replayable, torch.Tensor]]) -> None:
+        """Record every graph with `record` (a CUDA capture; tests on the CPU pass a recorder that re-runs)."""
+        for bs in sorted(self.sizes, reverse=True):
+            for steps in range(self.max_draft_tokens, 0, -1):
+                self._propose[(bs, steps)] = record(functools.partial(self._chain, bs, steps))
+        for key in sorted(self.target._graphs, key=lambda k: k[0] * k[1], reverse=True):
+            self._observe[key] = record(functools.partial(self._catch_up, key))
 
     def release(self) -> None:
         for graph, _ in [*self._propose.values(), *self._observe.values()]:
