@@ -356,6 +356,15 @@ def test_padded_verify_steps_draft_only_when_the_whole_step_pays() -> None:
     assert run(dear, ex, PROMPTS) == baseline()
     assert dear.speculation_stats is not None and dear.speculation_stats.num_drafts == 0
     assert dear.speculation is not None and dear.speculation.drafter.calls == []  # type: ignore[union-attr]
+    for scheduler, pays in ((make(OracleDrafter, k=3, adaptive=True, verify_pad_length=8, draft_token_cost=0.3)[0],
+                             False),
+                            (make(OracleDrafter, k=3, adaptive=True, verify_pad_length=3, draft_token_cost=0.05)[0],
+                             True)):
+        for request_id, prompt in PROMPTS.items():
+            scheduler.submit(request_id, list(prompt), GREEDY)
+        scheduler.next_plan()
+        # What the engine core asks before resolving the step in flight: no = stay overlapped.
+        assert scheduler.num_running == 3 and scheduler.may_draft() is pays
 
 
 def test_no_drafts_when_the_padded_verify_step_would_leave_its_graph() -> None:
@@ -372,7 +381,6 @@ def test_no_drafts_when_the_padded_verify_step_would_leave_its_graph() -> None:
     assert any(p.has_drafts for p in decoding if len(p.rows) == 2)
     for request_id, prompt in PROMPTS.items():
         s.submit(request_id, list(prompt), GREEDY)
-    assert s.num_running == 0 and s.may_draft()  # waiting requests are not rows yet
     s.advance(plan := s.next_plan(), ex.run(plan))
     assert s.num_running == 3 and not s.may_draft()  # the engine core then keeps the step overlapped
     always, _ = make(OracleDrafter, k=3, adaptive=False, verify_pad_length=3, max_verify_tokens=8)

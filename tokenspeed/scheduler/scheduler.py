@@ -138,7 +138,7 @@ class Scheduler:
     def may_draft(self) -> bool:
         """Whether the next step may carry drafts (speculation on, and the running requests few enough):
         the engine core resolves the step in flight first only then, so a host drafter sees real tokens."""
-        return self.speculation is not None and self.speculation.may_draft(self.num_running)
+        return self.speculation is not None and self.speculation.may_draft(self.num_running, self._running)
 
     @property
     def speculation_stats(self) -> SpeculationStats | None:

@@ -204,16 +204,42 @@ class Speculation:
             used += k
         return planned, used
 
-    def may_draft(self, rows: int) -> bool:
-        """Whether a step of `rows` decode rows may carry drafts at all: below `disable_by_batch_size`, and
-        its padded verify step within the largest verify graph (module docstring; adaptive only)."""
+    def may_draft(self, rows: int, running: Sequence[Request] | None = None) -> bool:
+        """Whether a step of `rows` decode rows may carry drafts at all: below `disable_by_batch_size`, its
+        padded verify step within the largest verify graph and, given the `running` requests, paying as a
+        whole with each one's adaptive length (module docstring; adaptive only).
+
+        Called once a step with `running` (the engine core keeps a step overlapped when it says no, and a
+        host drafter then sees no resolved tokens): a request held at 0 counts that step towards its probe,
+        as `draft_length` would have."""
         policy = self.policy
         if policy.disable_by_batch_size is not None and rows >= policy.disable_by_batch_size:
             return False
         if not policy.adaptive:
             return True
         pad = policy.verify_pad_length
-        return pad is None or policy.max_verify_tokens is None or rows * (pad + 1) <= policy.max_verify_tokens
+        if pad is None:
+            return True
+        if policy.max_verify_tokens is not None and rows * (pad + 1) > policy.max_verify_tokens:
+            return False
+        if running is None:
+            return True
+        wanted: list[tuple[Request, int]] = []
+        held: list[DraftState] = []
+        for request in running:
+            state = _state(request)
+            k = self._best_length(state)
+            if k == 0 and state.idle_steps + 1 >= policy.probe_interval:
+                k = 1  # due to probe: let `draft_length` do it
+            if k == 0:
+                held.append(state)
+            else:
+                wanted.append((request, k))
+        if self._step_pays(rows, wanted):
+            return True
+        for state in held:
+            state.idle_steps += 1
+        return False
 
     def _step_pays(self, rows: int, drafted: Sequence[tuple[Request, int]]) -> bool:
         """Whether a step of `rows` decode rows, these drafting k each, beats a plain decode step: expected
@@ -235,6 +261,17 @@ class Speculation:
         if not policy.adaptive:
             return policy.num_speculative_tokens
         state = _state(request)
+        best = self._best_length(state)
+        if best == 0:
+            state.idle_steps += 1
+            if state.idle_steps >= policy.probe_interval:
+                state.idle_steps = 0
+                return 1
+        return best
+
+    def _best_length(self, state: DraftState) -> int:
+        """The k maximising (1 + a + ... + a^k) / (1 + c k) for the state's acceptance a (0: none pays)."""
+        policy = self.policy
         rate, cost = state.acceptance, policy.draft_token_cost
         best, best_ratio = 0, 1.0
         expected, reach = 1.0, 1.0
@@ -244,11 +281,6 @@ class Speculation:
             ratio = expected / (1.0 + cost * k)
             if ratio > best_ratio * (1.0 + 1e-9):
                 best, best_ratio = k, ratio
-        if best == 0:
-            state.idle_steps += 1
-            if state.idle_steps >= policy.probe_interval:
-                state.idle_steps = 0
-                return 1
         return best
 
     def record(self, request: Request, num_draft_tokens: int, num_emitted: int) -> None:
