@@ -43,10 +43,13 @@ class Fp8Config:
     def skips(self, checkpoint_module: str) -> bool:
         """Whether a module (HF name, e.g. `model.layers.0.mlp.gate_proj`) stays unquantised.
 
-        transformers' rule: an entry matches a module whose name contains it
-        (`"lm_head"`, `"model.layers.0.self_attn"`, `"mlp.gate"`).
+        An entry matches a module whose name contains it as whole path components
+        (`"lm_head"`, `"model.layers.0.self_attn"`, `"mlp.gate"`): transformers'
+        substring rule, except that `mlp.gate` (a router) does not also match
+        `mlp.gate_proj`, nor `layers.1` match `layers.10`.
         """
-        return any(entry and entry in checkpoint_module for entry in self.modules_to_not_convert)
+        name = f".{checkpoint_module}."
+        return any(entry and f".{entry.strip('.')}." in name for entry in self.modules_to_not_convert)
 
 
 def resolve_quantization(raw: Mapping[str, Any], quantization: str | None) -> Fp8Config | None:
