@@ -49,6 +49,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help='speculative decoding, vLLM\'s option: e.g. \'{"method": "suffix"}\', '
                             '\'{"method": "ngram", "num_speculative_tokens": 4}\', \'{"method": "eagle", '
                             '"model": "PATH", "num_speculative_tokens": 3}\', \'{"method": "mtp"}\' (default: off)')
+    group.add_argument("--quantization", "-q", default=None, choices=["fp8"],
+                       help="fp8: quantise the weights at load (per output channel); FP8 checkpoints "
+                            "(quantization_config) load as they are without it (default: the checkpoint's)")
+    group.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
+                       help="KV cache storage: auto (the model dtype) or fp8 (e4m3, half the bytes of bf16) "
+                            "(default: %(default)s)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -73,4 +79,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kernel_overrides=tuple(args.kernel),
         cpu_threads=args.cpu_threads,
         speculative_config=speculative_config_dict(args.speculative_config),
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )

@@ -64,6 +64,8 @@ class LLM:
         kernel_overrides: tuple[str, ...] = (),
         cpu_threads: int | None = None,
         speculative_config: dict[str, Any] | str | None = None,
+        quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
         show_progress: bool = True,
     ) -> None:
         """`speculative_config`: vLLM's option, a dict or its JSON (e.g. `{"method": "suffix"}`); see
@@ -91,6 +93,8 @@ class LLM:
             kernel_overrides=tuple(kernel_overrides),
             cpu_threads=cpu_threads,
             speculative_config=speculative_config_dict(speculative_config),
+            quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
         )
         self.show_progress = show_progress
         self.core = EngineCore(config, progress=show_progress)

@@ -36,6 +36,7 @@ from tokenspeed.config import (
     parse_kernel_override,
     resolve_device,
     resolve_dtype,
+    resolve_kv_cache_dtype,
 )
 from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
@@ -45,6 +46,8 @@ from tokenspeed.executor.speculator import Speculator
 from tokenspeed.kernels import check_override_environment, set_kernel_override
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 from tokenspeed.models import CausalLM, ModelConfig, build_model, load_weights
+from tokenspeed.models.fp8_model import finish_fp8, prepare_fp8
+from tokenspeed.models.quant_config import Fp8Config, resolve_quantization
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
 
 logger = logging.getLogger("tokenspeed.executor")
@@ -61,11 +64,15 @@ def load_model(
     device: torch.device,
     seed: int = 0,
     progress: bool = False,
+    fp8: Fp8Config | None = None,
 ) -> CausalLM:
     """The model of `model_config` on `device`, in eval mode, with its weights: read from the
-    checkpoint folder `weights`, or seeded random ones when `load_format == "dummy"`."""
+    checkpoint folder `weights`, or seeded random ones when `load_format == "dummy"`; FP8 layers
+    as `fp8` says (`models/fp8_model.py`)."""
     model = build_model(model_config, dtype=dtype, device=device)
+    prepare_fp8(model, fp8)
     load_weights(model, weights, load_format=load_format, seed=seed, progress=progress)
+    finish_fp8(model, fp8)
     model.eval()
     return model
 
@@ -100,6 +107,8 @@ class Executor:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device, self.model_config.torch_dtype)
         self.max_model_len = resolve_max_model_len(self.model_config, config.max_model_len)
+        self.fp8 = resolve_quantization(self.model_config.raw, config.quantization)
+        self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
 
         check_override_environment()
         for item in config.kernel_overrides:
@@ -112,7 +121,7 @@ class Executor:
         one_request = self._pages_for_one_request()
         planned_pages = self._planned_num_pages()
         check_fits(
-            weights=weight_bytes(self.model_config, self.dtype),
+            weights=weight_bytes(self.model_config, self.dtype, fp8=self.fp8),
             kv_cache=(max(planned_pages or 0, one_request) + 1) * self._bytes_per_page(),
             kv_what="the KV cache" if (planned_pages or 0) > one_request
             else f"the KV cache of one request of max_model_len {self.max_model_len}",
@@ -129,6 +138,7 @@ class Executor:
             device=self.device,
             seed=config.seed,
             progress=progress,
+            fp8=self.fp8,
         )
 
         if speculator is not None:
@@ -144,7 +154,7 @@ class Executor:
             num_kv_heads=kv_heads,
             head_dim=k_dim,
             v_head_dim=v_dim,
-            dtype=self.dtype,
+            dtype=self.kv_dtype,
             device=self.device,
         )
         self.runner = ModelRunner(
@@ -167,10 +177,12 @@ class Executor:
             dtype=str(self.dtype).removeprefix("torch."),
         )
         logger.info(
-            "executor ready: %s on %s (%s), %d KV pages of %d tokens, max_model_len %d, CUDA graphs %s",
+            "executor ready: %s on %s (%s%s, KV %s), %d KV pages of %d tokens, max_model_len %d, CUDA graphs %s",
             self.model_config.architecture,
             self.device,
             self.dtype,
+            "" if self.fp8 is None else ", fp8 weights",
+            self.kv_dtype,
             num_pages,
             config.page_size,
             self.max_model_len,
@@ -254,7 +266,7 @@ class Executor:
             num_kv_heads=kv_heads,
             head_dim=k_dim,
             v_head_dim=v_dim,
-            dtype=self.dtype,
+            dtype=self.kv_dtype,
         )
 
     def _budget_num_pages(self) -> int:
