@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tokenspeed.kvcache import CopyOp
+from tokenspeed.kvcache import CopyOp, KVLayout
 from tokenspeed.scheduler.sampling_params import SamplingParams
 
 # A sampled id that is not known yet (overlap scheduling, see `scheduler/provisional.py`).
@@ -206,3 +206,5 @@ class ExecutorLimits:
     page_size: int
     device: str = "cpu"
     dtype: str = "float32"
+    kv_layout: KVLayout | None = None  # what a KV page's bytes are (None: not real bytes, e.g. simulated)
+    host_kv_cache_bytes: int = 0  # the host tier the executor allocated (whole slots of kv_layout pages)

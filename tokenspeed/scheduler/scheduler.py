@@ -293,11 +293,15 @@ class Scheduler:
 
     def _reserve(self, request: Request, chunk: int, step: _Step) -> bool:
         """Pages for `request`'s next `chunk` tokens, preempting the newest unscheduled requests if
-        needed; False if `request` itself was preempted."""
+        needed; False if `request` itself was preempted, or waits a step for pages that tier copies
+        still hold (a retraction's drained pages, write-back sources: free once their copies land)."""
         end = request.num_computed_tokens + chunk
         grow = self.kv.pages_for(end) - len(request.table)
         if grow > 0:  # most decode steps need no page
             while not self.kv.can_allocate(grow):
+                if self.kv.can_allocate_soon(grow):  # copies in flight hold the pages: wait a step for them
+                    step.preempted = True  # and admit nobody into them meanwhile
+                    return False
                 victim = next(r for r in reversed(self._running) if id(r) not in step.scheduled)
                 if self.retract_on_preempt:
                     self._retract(victim)
@@ -429,6 +433,8 @@ class Scheduler:
         publish(request, self.kv)
         computed = request.num_computed_tokens
         self._release(request.apply(Retract(lambda table: self.kv.retract(table, computed))))
+        if self.config.writeback_pages_per_step:  # its published pages, now evictable: to the host before they go
+            self.kv.writeback(self.config.writeback_pages_per_step)
         self._release_executor_table(request)
         request.num_computed_tokens = 0
         self._running.remove(request)
