@@ -25,7 +25,8 @@ copies (`executor/kv_tiers.py`) on the preset's page layout, and their ratio.
 
 Presets: `cpu` (the embedded model, 2K contexts, minutes on 2 cores) and
 `h200` (the Qwen3-8B preset with dummy weights, sessions grown to 60K+
-tokens). `--budget-s` bounds the whole run: each configuration gets an equal
+tokens). The agentic plan is shrunk from its native 128K window to the
+preset's max context, so sessions reach it only over many turns (`--turns`). `--budget-s` bounds the whole run: each configuration gets an equal
 share and a bench that overruns it is stopped and reported as timed out.
 Results: `kv_tiers.json` = {"command", "device", "date", "preset", "metrics"}.
 """
@@ -54,11 +55,11 @@ from tokenspeed.executor.kv_tiers import HostKVTier
 from tokenspeed.kvcache import CopyKind, CopyOp, KVLayout
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "cpu": dict(model=None, max_context=2048, page_size=16, concurrency=4, sessions=4, turns=6, time_scale=0.02,
+    "cpu": dict(model=None, max_context=2048, page_size=16, concurrency=4, sessions=4, turns=36, time_scale=0.02,
                 host_bytes=1 << 30, session_ttl=300, budget_s=1200, dtype="float32", extra=["--cpu-threads", "1"],
                 layout=dict(layers=4, kv_heads=2, head_dim=32), copy_pages=256),
-    "h200": dict(model="qwen3-8b", max_context=65536, page_size=16, concurrency=8, sessions=8, turns=12,
-                 time_scale=0.02, host_bytes=48 << 30, session_ttl=300, budget_s=290, dtype="bfloat16", extra=[],
+    "h200": dict(model="qwen3-8b", max_context=65536, page_size=16, concurrency=8, sessions=8, turns=30,
+                 time_scale=0.01, host_bytes=48 << 30, session_ttl=300, budget_s=290, dtype="bfloat16", extra=[],
                  layout=dict(layers=36, kv_heads=8, head_dim=128), copy_pages=512),
 }
 CONFIGS: list[tuple[str, bool, bool, str]] = [  # name, host tier, retention, preemption mode
@@ -252,9 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--budget-s", type=float, default=None, help="bound of the whole run (default: the preset's)")
     parser.add_argument("--configs", default=",".join(c[0] for c in CONFIGS), help="comma-separated subset")
+    parser.add_argument("--turns", type=int, default=None, help="turns per session (default: the preset's)")
+    parser.add_argument("--concurrency", type=int, default=None, help="concurrent sessions (default: the preset's)")
     args = parser.parse_args(argv)
     command = " ".join(["python", "benchmarks/kv_tiers.py", *(argv if argv is not None else sys.argv[1:])])
-    preset = PRESETS[args.preset]
+    preset = dict(PRESETS[args.preset])
+    if args.turns is not None:
+        preset["turns"] = args.turns
+    if args.concurrency is not None:
+        preset["concurrency"] = preset["sessions"] = args.concurrency
     out = args.output_dir / "kv_tiers.json"
     budget = args.budget_s or preset["budget_s"]
     started = time.monotonic()
