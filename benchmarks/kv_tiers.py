@@ -26,7 +26,10 @@ copies (`executor/kv_tiers.py`) on the preset's page layout, and their ratio.
 Presets: `cpu` (the embedded model, 2K contexts, minutes on 2 cores) and
 `h200` (the Qwen3-8B preset with dummy weights, sessions grown to 60K+
 tokens). The agentic plan is shrunk from its native 128K window to the
-preset's max context, so sessions reach it only over many turns (`--turns`). `--budget-s` bounds the whole run: each configuration gets an equal
+preset's max context, so sessions reach it only over many turns (`--turns`).
+On the H200 the LRU baseline re-prefills whole sessions, so split the run:
+`--configs lru,host` then `--configs host+retention,host+retention+retract`
+into the same `--output-dir` (results merge into one file). `--budget-s` bounds the whole run: each configuration gets an equal
 share and a bench that overruns it is stopped and reported as timed out.
 Results: `kv_tiers.json` = {"command", "device", "date", "preset", "metrics"}.
 """
@@ -39,6 +42,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -58,8 +62,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu": dict(model=None, max_context=2048, page_size=16, concurrency=4, sessions=4, turns=36, time_scale=0.02,
                 host_bytes=1 << 30, session_ttl=300, budget_s=1200, dtype="float32", extra=["--cpu-threads", "1"],
                 layout=dict(layers=4, kv_heads=2, head_dim=32), copy_pages=256),
-    "h200": dict(model="qwen3-8b", max_context=65536, page_size=16, concurrency=8, sessions=8, turns=30,
-                 time_scale=0.01, host_bytes=48 << 30, session_ttl=300, budget_s=290, dtype="bfloat16", extra=[],
+    "h200": dict(model="qwen3-8b", yarn_context=131072, max_context=131072, page_size=16, concurrency=4, sessions=4,
+                 turns=16, time_scale=0.01, host_bytes=48 << 30, session_ttl=300, budget_s=290, dtype="bfloat16", extra=[],
                  layout=dict(layers=36, kv_heads=8, head_dim=128), copy_pages=512),
 }
 CONFIGS: list[tuple[str, bool, bool, str]] = [  # name, host tier, retention, preemption mode
@@ -161,6 +165,24 @@ def _wait_ready(url: str, server: subprocess.Popen[bytes], log_path: Path, timeo
     raise RuntimeError("server did not start")
 
 
+def long_context_preset(name: str, context: int, folder: Path) -> Path:
+    """The preset's folder with Qwen's documented YaRN rope scaling to `context` (Qwen3-8B is 40K natively;
+    its model card extends it to 128K this way): the sessions must reach 60K+ tokens."""
+    from tokenspeed.engine.model_files import resolve_model_folder
+
+    source = resolve_model_folder(name)
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        if item.is_file():
+            shutil.copy(item, folder / item.name)
+    config = json.loads((source / "config.json").read_text())
+    native = min(config["max_position_embeddings"], 32768)
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": context / native, "original_max_position_embeddings": native}
+    config["max_position_embeddings"] = context
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
 def num_kv_pages(preset: dict[str, Any]) -> int:
     """A quarter of the concurrent sessions' working set, and at least one max-length request."""
     size = preset["page_size"]
@@ -205,6 +227,8 @@ def run_config(name: str, host: bool, retention: bool, mode: str, preset: dict[s
             "--uvicorn-log-level", "warning", *preset["extra"]]
     if preset["model"]:
         args += ["--model", preset["model"]]
+    if preset.get("load_format"):
+        args += ["--load-format", preset["load_format"]]
     folder = out_dir / name.replace("+", "_")
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / "serve.log"
@@ -255,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=",".join(c[0] for c in CONFIGS), help="comma-separated subset")
     parser.add_argument("--turns", type=int, default=None, help="turns per session (default: the preset's)")
     parser.add_argument("--concurrency", type=int, default=None, help="concurrent sessions (default: the preset's)")
+    parser.add_argument("--host-bytes", type=int, default=None, help="host tier bytes (default: the preset's)")
     args = parser.parse_args(argv)
     command = " ".join(["python", "benchmarks/kv_tiers.py", *(argv if argv is not None else sys.argv[1:])])
     preset = dict(PRESETS[args.preset])
@@ -262,9 +287,19 @@ def main(argv: list[str] | None = None) -> int:
         preset["turns"] = args.turns
     if args.concurrency is not None:
         preset["concurrency"] = preset["sessions"] = args.concurrency
+    if args.host_bytes is not None:
+        preset["host_bytes"] = args.host_bytes
     out = args.output_dir / "kv_tiers.json"
+    if out.exists():  # a run split over several commands (--configs) adds to one file
+        previous = json.loads(out.read_text())
+        if previous.get("preset") == args.preset:
+            RESULTS.update(previous["metrics"])
     budget = args.budget_s or preset["budget_s"]
     started = time.monotonic()
+    if preset.get("yarn_context"):
+        preset["model"] = str(long_context_preset(preset["model"], preset["yarn_context"],
+                                                  args.output_dir / "model"))
+        preset["load_format"] = "dummy"
     RESULTS["setup"] = {k: v for k, v in preset.items() if k != "extra"} | {"num_kv_pages": num_kv_pages(preset)}
     RESULTS["bandwidth"] = bandwidth_section(preset)
     log(f"bandwidth: {RESULTS['bandwidth']}")
