@@ -74,6 +74,11 @@ def load_model(
     load_weights(model, weights, load_format=load_format, seed=seed, progress=progress)
     finish_fp8(model, fp8)
     model.eval()
+    if fp8 is not None and device.type == "cuda":
+        # the unquantised weights the fp8 ones replaced sit in the allocator's cache: give them back,
+        # or the KV pool (sized from the free memory) would not get them
+        gc.collect()
+        torch.cuda.empty_cache()
     return model
 
 

@@ -13,7 +13,8 @@ Two moments around the weight load (`loader.load_weights`):
   (`layers/mla.py`), is kept in the model dtype.
 
 What stays unquantised: the embedding, the LM head and MoE routers (not
-`Linear`s: they are bf16 in every FP8 checkpoint), modules the checkpoint's
+`Linear`s: they are bf16 in every FP8 checkpoint), DeepSeek's MTP `eh_proj`
+(bf16 in V3's checkpoint, as vLLM reads it), modules the checkpoint's
 `modules_to_not_convert` names (HF names, transformers' substring rule; a
 fused projection must be skipped whole or not at all), and, online, `kv_b_proj`.
 Layers whose fused bf16 decode kernels read the weight directly lose those
@@ -35,6 +36,8 @@ from tokenspeed.models.quant_config import Fp8Config
 
 # Linears whose weight a layer reads itself (absorbed into other products), never through a GEMM.
 _ABSORBED = ("kv_b_proj",)
+# Linears FP8 checkpoints keep in bf16 without listing them: DeepSeek-V3's MTP input projection.
+_NEVER = ("eh_proj",)
 
 
 def _hf_names(model: nn.Module, path: str, module: nn.Module) -> list[str]:
@@ -60,7 +63,8 @@ def _targets(model: nn.Module, config: Fp8Config) -> Iterator[tuple[str, nn.Modu
             continue
         if type(module).__module__.endswith("parallel_linear"):
             raise ModelNotSupported("fp8 weights are not supported with tensor parallelism yet")
-        if not config.serialized and path.rpartition(".")[2] in _ABSORBED:
+        leaf = path.rpartition(".")[2]
+        if leaf in _NEVER or (not config.serialized and leaf in _ABSORBED):
             continue
         skipped = [config.skips(name) for name in _hf_names(model, path, module)]
         if all(skipped):
