@@ -124,14 +124,16 @@ def decode_step_s(llm: Any, batch: int, prompt_len: int, new_tokens: int, rng: r
 
     vocab = llm.core.executor.model_config.vocab_size
 
-    def timed(tokens: int) -> float:
+    def timed(tokens: int, rows: int = batch) -> float:
         params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, detokenize=False)
-        prompts = _prompts(rng, batch, prompt_len, vocab)
+        prompts = _prompts(rng, rows, prompt_len, vocab)
         t = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - t
 
-    timed(4)  # warm-up: kernels compile, tuners settle
+    # Warm-up at the same context and (up to 64K prompt tokens) the same batch, so that prefill chunks
+    # and decode steps of the measured shapes have compiled their kernels and settled their tuners.
+    timed(4, rows=max(1, min(batch, (1 << 16) // prompt_len)))
     return (timed(1 + new_tokens) - timed(1)) / new_tokens
 
 
