@@ -117,7 +117,7 @@ def test_fp8_kv_with_mtp_verify_graphs_on_and_off() -> None:
 def test_fp8_presets_start_and_decode(preset: str) -> None:
     llm = LLM(preset, load_format="dummy", dtype="bfloat16", device="cuda", skip_tokenizer_init=True,
               show_progress=False, max_model_len=4096, max_num_seqs=4, kv_cache_dtype="fp8")
-    out = llm.generate([{"prompt_token_ids": list(range(100, 400))}], SamplingParams(temperature=0.0, max_tokens=16))
+    out = llm.generate([{"prompt_token_ids": list(range(100, 400))}], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 16
     report({"test": "fp8_preset", "preset": preset, "kv_pages": llm.core.executor.limits.num_pages,  # type: ignore[attr-defined]
             "allocated_gb": round(torch.cuda.memory_allocated() / 1e9, 1)})
