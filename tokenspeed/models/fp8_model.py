@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from torch import nn
 
 from tokenspeed.errors import ModelNotSupported
-from tokenspeed.layers.fp8_weights import dequantize_in_place, online_block, stored_block
+from tokenspeed.layers.fp8_weights import dequantize_in_place, online_block, restore_dtype, stored_block
 from tokenspeed.layers.linear import Linear, MergedLinear
 from tokenspeed.layers.mlp import GatedMLP
 from tokenspeed.layers.moe import SparseMoE
@@ -104,11 +104,22 @@ def _drop_bf16_decode_paths(model: nn.Module) -> None:
 
 
 def prepare_fp8(model: nn.Module, config: Fp8Config | None) -> None:
-    """Before loading a serialized FP8 checkpoint: fp8 storage and scales for every quantised layer."""
+    """Before loading a serialized FP8 checkpoint: fp8 storage and scales for every quantised layer.
+
+    The model was built under `fp8_weight_allocation` (`executor.load_model`), so every projection
+    weight is fp8 already; those that stay unquantised get their model-dtype storage back here.
+    """
     if config is None or not config.serialized:
         return
-    for _, module in list(_targets(model, config)):
-        _use_fp8(module, config)
+    targets = dict(_targets(model, config))
+    for path, module in model.named_modules():
+        if path in targets:
+            _use_fp8(module, config)
+        elif isinstance(module, Linear):
+            restore_dtype(module, "weight", module._dtype)
+        elif isinstance(module, SparseMoE):
+            for attr in ("w13", "w2"):
+                restore_dtype(module.experts, attr, module.experts.dtype)
     _drop_bf16_decode_paths(model)
 
 
