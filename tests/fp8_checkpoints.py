@@ -42,7 +42,7 @@ def to_block_fp8(
     """Write `folder`: `source` with its projections in block FP8; returns {name: dequantised fp32 weight}."""
     folder.mkdir(parents=True, exist_ok=True)
     for item in source.iterdir():
-        if not item.name.endswith(".safetensors") and item.name != "model.safetensors.index.json":
+        if item.is_file() and not item.name.endswith(".safetensors") and item.name != "model.safetensors.index.json":
             shutil.copy(item, folder / item.name)
     tensors: dict[str, torch.Tensor] = {}
     for path in sorted(source.glob("*.safetensors")):

@@ -163,6 +163,7 @@ def test_malformed_expert_scale(sources: dict[str, Path], tmp_path: Path) -> Non
         ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}, "format 'e5m2'"),
         ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]}, "static"),
         ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "per-tensor weight scales"),
+        ({"quant_method": "fp8", "weight_block_size": [128, 64]}, "multiple of 128"),
     ],
 )
 def test_unsupported_quantization_config_is_refused(

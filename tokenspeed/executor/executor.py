@@ -47,6 +47,7 @@ from tokenspeed.executor.speculator import Speculator
 from tokenspeed.kernels import check_override_environment, set_kernel_override
 from tokenspeed.kvcache import KVLayout
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
+from tokenspeed.layers.fp8_weights import fp8_weight_allocation
 from tokenspeed.models import CausalLM, ModelConfig, build_model, load_weights
 from tokenspeed.models.fp8_model import finish_fp8, prepare_fp8
 from tokenspeed.models.quant_config import Fp8Config, resolve_quantization
@@ -71,11 +72,17 @@ def load_model(
     """The model of `model_config` on `device`, in eval mode, with its weights: read from the
     checkpoint folder `weights`, or seeded random ones when `load_format == "dummy"`; FP8 layers
     as `fp8` says (`models/fp8_model.py`)."""
-    model = build_model(model_config, dtype=dtype, device=device)
+    with fp8_weight_allocation(fp8 is not None and fp8.serialized):
+        model = build_model(model_config, dtype=dtype, device=device)
     prepare_fp8(model, fp8)
     load_weights(model, weights, load_format=load_format, seed=seed, progress=progress)
     finish_fp8(model, fp8)
     model.eval()
+    if fp8 is not None and device.type == "cuda":
+        # the unquantised weights the fp8 ones replaced sit in the allocator's cache: give them back,
+        # or the KV pool (sized from the free memory) would not get them
+        gc.collect()
+        torch.cuda.empty_cache()
     return model
 
 

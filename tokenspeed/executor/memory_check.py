@@ -50,7 +50,7 @@ def weight_bytes(model_config: ModelConfig, dtype: torch.dtype, *, fp8: Fp8Confi
         module, _, _ = t.name.rpartition(".")
         leaf = module.rpartition(".")[2]
         quantized = (
-            fp8 is not None and fp8.serialized and len(t.shape) == 2 and leaf != "kv_b_proj"
+            fp8 is not None and fp8.serialized and len(t.shape) == 2 and leaf not in ("kv_b_proj", "eh_proj")
             and ("_proj" in leaf or leaf in ("w1", "w2", "w3")) and not fp8.skips(module)
         )
         total += t.numel * (1 if quantized else element)

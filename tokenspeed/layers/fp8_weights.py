@@ -16,6 +16,10 @@ models, 576-row MLA parts in the middle) the scales are stored per output row
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from torch import nn
 
@@ -28,6 +32,32 @@ from tokenspeed.kernels.quant.fp8 import (
 )
 
 SCALE_SUFFIX = "_scale_inv"
+
+# While a model for a serialized FP8 checkpoint is built, its projection weights are allocated in fp8:
+# a bf16 copy first would need twice the weights' memory at once (122 GB for deepseek-v3-fp8-8l).
+_BUILDING_FP8: ContextVar[bool] = ContextVar("building_fp8", default=False)
+
+
+@contextmanager
+def fp8_weight_allocation(enabled: bool) -> Iterator[None]:
+    """Within it (enabled), `weight_dtype` gives fp8: layers allocate their big weights at one byte."""
+    token = _BUILDING_FP8.set(enabled)
+    try:
+        yield
+    finally:
+        _BUILDING_FP8.reset(token)
+
+
+def weight_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a `Linear` / stacked experts weight is allocated in (see `fp8_weight_allocation`)."""
+    return FP8_DTYPE if _BUILDING_FP8.get() else dtype
+
+
+def restore_dtype(module: nn.Module, attr: str, dtype: torch.dtype) -> None:
+    """A weight allocated in fp8 at build that stays unquantised: allocate it again in `dtype`."""
+    weight = getattr(module, attr)
+    if weight.dtype == FP8_DTYPE and dtype != FP8_DTYPE:
+        module.register_parameter(attr, _param(torch.empty(weight.shape, dtype=dtype, device=weight.device)))
 
 
 def stored_block(part_sizes: list[int], checkpoint_block: BlockSize) -> BlockSize:

@@ -32,7 +32,7 @@ from tokenspeed.kernels.gemm import DECODE_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_dispatch import Fp8GemmByBatch, select_fp8_gemm_by_batch
 from tokenspeed.kernels.quant.fp8 import BlockSize
 from tokenspeed.kernels.registry import Band, platform_of, select_kernel
-from tokenspeed.layers.fp8_weights import load_scale_part, make_fp8_storage, quantize_in_place
+from tokenspeed.layers.fp8_weights import load_scale_part, make_fp8_storage, quantize_in_place, weight_dtype
 
 DecodeGemm = Callable[..., torch.Tensor]
 
@@ -76,7 +76,7 @@ class Linear(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = _param(out_features, in_features, dtype=dtype, device=device)
+        self.weight = _param(out_features, in_features, dtype=weight_dtype(dtype), device=device)
         self.bias = _param(out_features, dtype=dtype, device=device) if bias else None
         self._decode_gemm, self._decode_max_tokens = select_decode_gemm("decode", device=device, dtype=dtype)
         self.register_parameter("weight_scale_inv", None)

@@ -44,7 +44,13 @@ from torch import nn
 from tokenspeed.kernels.moe.experts_dispatch import select_experts_by_batch
 from tokenspeed.kernels.quant.fp8 import BlockSize
 from tokenspeed.kernels.registry import platform_of, select_kernel
-from tokenspeed.layers.fp8_weights import SCALE_SUFFIX, load_scale_part, make_fp8_storage, quantize_in_place
+from tokenspeed.layers.fp8_weights import (
+    SCALE_SUFFIX,
+    load_scale_part,
+    make_fp8_storage,
+    quantize_in_place,
+    weight_dtype,
+)
 from tokenspeed.layers.mlp import GatedMLP
 
 if TYPE_CHECKING:
@@ -108,12 +114,13 @@ class StackedExperts(nn.Module):
         self.num_experts = num_experts
         self.intermediate_size = intermediate_size
         self.names = names
+        self.dtype = dtype  # of the weights when they are not fp8
         self.w13 = nn.Parameter(
-            torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype, device=device),
+            torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=weight_dtype(dtype), device=device),
             requires_grad=False,
         )
         self.w2 = nn.Parameter(
-            torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype, device=device),
+            torch.empty(num_experts, hidden_size, intermediate_size, dtype=weight_dtype(dtype), device=device),
             requires_grad=False,
         )
         self._part_of = {names.gate: "gate", names.up: "up", names.down: "down"}

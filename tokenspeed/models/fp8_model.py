@@ -13,7 +13,8 @@ Two moments around the weight load (`loader.load_weights`):
   (`layers/mla.py`), is kept in the model dtype.
 
 What stays unquantised: the embedding, the LM head and MoE routers (not
-`Linear`s: they are bf16 in every FP8 checkpoint), modules the checkpoint's
+`Linear`s: they are bf16 in every FP8 checkpoint), DeepSeek's MTP `eh_proj`
+(bf16 in V3's checkpoint, as vLLM reads it), modules the checkpoint's
 `modules_to_not_convert` names (HF names, transformers' substring rule; a
 fused projection must be skipped whole or not at all), and, online, `kv_b_proj`.
 Layers whose fused bf16 decode kernels read the weight directly lose those
@@ -27,7 +28,7 @@ from collections.abc import Iterator
 from torch import nn
 
 from tokenspeed.errors import ModelNotSupported
-from tokenspeed.layers.fp8_weights import dequantize_in_place, online_block, stored_block
+from tokenspeed.layers.fp8_weights import dequantize_in_place, online_block, restore_dtype, stored_block
 from tokenspeed.layers.linear import Linear, MergedLinear
 from tokenspeed.layers.mlp import GatedMLP
 from tokenspeed.layers.moe import SparseMoE
@@ -35,6 +36,8 @@ from tokenspeed.models.quant_config import Fp8Config
 
 # Linears whose weight a layer reads itself (absorbed into other products), never through a GEMM.
 _ABSORBED = ("kv_b_proj",)
+# Linears FP8 checkpoints keep in bf16 without listing them: DeepSeek-V3's MTP input projection.
+_NEVER = ("eh_proj",)
 
 
 def _hf_names(model: nn.Module, path: str, module: nn.Module) -> list[str]:
@@ -60,7 +63,8 @@ def _targets(model: nn.Module, config: Fp8Config) -> Iterator[tuple[str, nn.Modu
             continue
         if type(module).__module__.endswith("parallel_linear"):
             raise ModelNotSupported("fp8 weights are not supported with tensor parallelism yet")
-        if not config.serialized and path.rpartition(".")[2] in _ABSORBED:
+        leaf = path.rpartition(".")[2]
+        if leaf in _NEVER or (not config.serialized and leaf in _ABSORBED):
             continue
         skipped = [config.skips(name) for name in _hf_names(model, path, module)]
         if all(skipped):
@@ -100,11 +104,22 @@ def _drop_bf16_decode_paths(model: nn.Module) -> None:
 
 
 def prepare_fp8(model: nn.Module, config: Fp8Config | None) -> None:
-    """Before loading a serialized FP8 checkpoint: fp8 storage and scales for every quantised layer."""
+    """Before loading a serialized FP8 checkpoint: fp8 storage and scales for every quantised layer.
+
+    The model was built under `fp8_weight_allocation` (`executor.load_model`), so every projection
+    weight is fp8 already; those that stay unquantised get their model-dtype storage back here.
+    """
     if config is None or not config.serialized:
         return
-    for _, module in list(_targets(model, config)):
-        _use_fp8(module, config)
+    targets = dict(_targets(model, config))
+    for path, module in model.named_modules():
+        if path in targets:
+            _use_fp8(module, config)
+        elif isinstance(module, Linear):
+            restore_dtype(module, "weight", module._dtype)
+        elif isinstance(module, SparseMoE):
+            for attr in ("w13", "w2"):
+                restore_dtype(module.experts, attr, module.experts.dtype)
     _drop_bf16_decode_paths(model)
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenspeed.errors import ModelNotSupported
+from tokenspeed.kernels.quant.fp8 import GROUP_SIZE
 
 QUANTIZATION_METHODS = ("fp8",)
 # vLLM's spellings; "fp8" is e4m3 (the attention kernels read e4m3 only).
@@ -85,6 +86,10 @@ def resolve_quantization(raw: Mapping[str, Any], quantization: str | None) -> Fp
         )
     if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
         raise ModelNotSupported(f"weight_block_size must be two positive integers, got {block!r}")
+    if block[1] % GROUP_SIZE:
+        raise ModelNotSupported(
+            f"weight_block_size {block}: the K block must be a multiple of {GROUP_SIZE} (the activation group)"
+        )
     skipped = section.get("modules_to_not_convert") or section.get("ignored_layers") or ()
     return Fp8Config(serialized=True, block_size=(block[0], block[1]), modules_to_not_convert=tuple(skipped))
 
