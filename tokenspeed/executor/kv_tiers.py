@@ -3,8 +3,11 @@
 The scheduler's `kvcache/` decides which device page goes to which host slot
 or file (`CopyOp`s on each plan); this runs them. A host slot holds one
 device page of every layer (K then V per layer, as raw bytes) in one row of
-a host tensor, pinned on a GPU so the copies are true DMA. A plan's copies
-run before its rows, in two batches:
+a host tensor, pinned on a GPU so the copies are true DMA. The rows live in
+chunks of about 1 GiB allocated on first use: the default host tier on a GPU
+is a quarter of the host's memory, and an engine that never spills (a test,
+a short benchmark) must not pay for pinning all of it. A plan's copies run
+before its rows, in two batches:
 
 * device -> host (retraction of private pages, write-back of cached pages):
   the pages are gathered on the device into one staging buffer, then each
@@ -44,6 +47,7 @@ from tokenspeed.kvcache.page_file import DirectoryStore, decode_page, encode_hea
 logger = logging.getLogger("tokenspeed.executor")
 
 _HOST_MEMORY_FRACTION = 0.25  # of the host's available memory, the default host tier on a GPU
+_CHUNK_BYTES = 1 << 30  # host rows are allocated (and pinned) this much at a time, on first use
 
 
 def default_host_kv_cache_bytes(device: torch.device) -> int:
@@ -72,6 +76,7 @@ class HostKVTier:
         num_slots: int,
         device: torch.device,
         kv_cache_dir: str | None = None,
+        chunk_bytes: int = _CHUNK_BYTES,
     ) -> None:
         self.storage = storage
         self.layout = layout
@@ -81,9 +86,10 @@ class HostKVTier:
         self._widths = [t.shape[1] for t in self._tensors]
         if sum(self._widths) != layout.bytes_per_page:
             raise ValueError(f"KV layout says {layout.bytes_per_page} bytes per page, the storage {sum(self._widths)}")
-        pin = device.type == "cuda"
-        self.host = torch.empty((num_slots, layout.bytes_per_page), dtype=torch.uint8, pin_memory=pin)
-        self._stream = torch.cuda.Stream(device) if pin else None
+        self._pin = device.type == "cuda"
+        self._chunk_slots = max(1, chunk_bytes // layout.bytes_per_page)
+        self._chunks: list[torch.Tensor | None] = [None] * -(-num_slots // self._chunk_slots)
+        self._stream = torch.cuda.Stream(device) if self._pin else None
         self._batches: deque[_Batch] = deque()
         self._disk_store = None
         if kv_cache_dir is not None:
@@ -144,6 +150,22 @@ class HostKVTier:
     def close(self) -> None:
         self._io.shutdown(wait=True, cancel_futures=False)
 
+    def rows(self, slot: int, count: int = 1) -> torch.Tensor:
+        """Host slots `slot .. slot + count - 1` (one chunk) as a `[count, bytes_per_page]` view."""
+        index, offset = divmod(slot, self._chunk_slots)
+        if offset + count > self._chunk_slots or slot + count > self.num_slots:
+            raise IndexError(f"host slots {slot}..{slot + count - 1} are not in one chunk")
+        chunk = self._chunks[index]
+        if chunk is None:
+            size = min(self._chunk_slots, self.num_slots - index * self._chunk_slots)
+            chunk = torch.empty((size, self.layout.bytes_per_page), dtype=torch.uint8, pin_memory=self._pin)
+            self._chunks[index] = chunk
+        return chunk[offset : offset + count]
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(c.numel() for c in self._chunks if c is not None)
+
     # ---- device <-> host ------------------------------------------------------------------------
 
     def _to_host(self, ops: list[CopyOp]) -> None:
@@ -152,24 +174,17 @@ class HostKVTier:
         pages = torch.tensor([op.device_page for op in ops], dtype=torch.long, device=self.device)
         staging = torch.cat([t.index_select(0, pages) for t in self._tensors], dim=1)
         slots = [op.host_slot for op in ops]
-        if self._stream is None:
-            self.host.index_copy_(0, torch.tensor(slots, dtype=torch.long), staging)
-        else:
-            for start, end in _runs(slots):
-                self.host[slots[start] : slots[start] + end - start].copy_(staging[start:end], non_blocking=True)
-            staging.record_stream(self._stream)
+        for start, end in _runs(slots, self._chunk_slots):
+            self.rows(slots[start], end - start).copy_(staging[start:end], non_blocking=self._pin)
         self.bytes_copied += staging.numel()
 
     def _to_device(self, ops: list[CopyOp]) -> None:
         if not ops:
             return
         slots = [op.host_slot for op in ops]
-        if self._stream is None:
-            staging = self.host.index_select(0, torch.tensor(slots, dtype=torch.long))
-        else:
-            staging = torch.empty((len(ops), self.layout.bytes_per_page), dtype=torch.uint8, device=self.device)
-            for start, end in _runs(slots):
-                staging[start:end].copy_(self.host[slots[start] : slots[start] + end - start], non_blocking=True)
+        staging = torch.empty((len(ops), self.layout.bytes_per_page), dtype=torch.uint8, device=self.device)
+        for start, end in _runs(slots, self._chunk_slots):
+            staging[start:end].copy_(self.rows(slots[start], end - start), non_blocking=self._pin)
         pages = torch.tensor([op.device_page for op in ops], dtype=torch.long, device=self.device)
         offset = 0
         for tensor, width in zip(self._tensors, self._widths, strict=True):
@@ -183,7 +198,7 @@ class HostKVTier:
         """One disk copy; False if the file could not be written or read back intact (a miss)."""
         store = self._disk_store
         assert store is not None and op.file_name is not None and op.page_hash is not None, "a disk copy without a disk"
-        row = self.host[op.host_slot]
+        row = self.rows(op.host_slot)[0]
         try:
             if op.kind is CopyKind.HOST_TO_DISK:
                 payload = row.numpy().tobytes()
@@ -200,12 +215,12 @@ class HostKVTier:
             return False
 
 
-def _runs(slots: list[int]) -> list[tuple[int, int]]:
-    """[start, end) index ranges of `slots` whose values are consecutive (one copy each)."""
+def _runs(slots: list[int], chunk_slots: int) -> list[tuple[int, int]]:
+    """[start, end) index ranges of `slots` whose values are consecutive within one chunk (one copy each)."""
     runs: list[tuple[int, int]] = []
     start = 0
     for i in range(1, len(slots) + 1):
-        if i == len(slots) or slots[i] != slots[i - 1] + 1:
+        if i == len(slots) or slots[i] != slots[i - 1] + 1 or slots[i] % chunk_slots == 0:
             runs.append((start, i))
             start = i
     return runs
