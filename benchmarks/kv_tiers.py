@@ -59,8 +59,8 @@ from tokenspeed.executor.kv_tiers import HostKVTier
 from tokenspeed.kvcache import CopyKind, CopyOp, KVLayout
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "cpu": dict(model=None, max_context=2048, page_size=16, concurrency=4, sessions=4, turns=36, time_scale=0.02,
-                host_bytes=1 << 30, session_ttl=300, budget_s=1200, dtype="float32", extra=["--cpu-threads", "1"],
+    "cpu": dict(model=None, max_context=2048, page_size=16, concurrency=6, sessions=6, turns=36, time_scale=0.02,
+                host_bytes=1 << 30, session_ttl=300, budget_s=1800, dtype="float32", extra=["--cpu-threads", "1"],
                 layout=dict(layers=4, kv_heads=2, head_dim=32), copy_pages=256),
     "h200": dict(model="qwen3-8b", yarn_context=131072, max_context=131072, page_size=16, concurrency=4, sessions=4,
                  turns=16, time_scale=0.01, host_bytes=48 << 30, session_ttl=300, budget_s=290, dtype="bfloat16", extra=[],
