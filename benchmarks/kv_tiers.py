@@ -28,8 +28,8 @@ Presets: `cpu` (the embedded model, 2K contexts, minutes on 2 cores) and
 tokens). The agentic plan is shrunk from its native 128K window to the
 preset's max context, so sessions reach it only over many turns (`--turns`).
 On the H200 the LRU baseline re-prefills whole sessions, so split the run:
-`--configs lru,host` then `--configs host+retention,host+retention+retract`
-into the same `--output-dir` (results merge into one file). `--budget-s` bounds the whole run: each configuration gets an equal
+`--configs lru`, then the other three with `--merge-from` the first part's
+kv_tiers.json (or the same `--output-dir`): the results merge into one file. `--budget-s` bounds the whole run: each configuration gets an equal
 share and a bench that overruns it is stopped and reported as timed out.
 Results: `kv_tiers.json` = {"command", "device", "date", "preset", "metrics"}.
 """
@@ -280,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=None, help="turns per session (default: the preset's)")
     parser.add_argument("--concurrency", type=int, default=None, help="concurrent sessions (default: the preset's)")
     parser.add_argument("--host-bytes", type=int, default=None, help="host tier bytes (default: the preset's)")
+    parser.add_argument("--merge-from", type=Path, default=None,
+                        help="a kv_tiers.json of an earlier part of a split run, whose configurations are kept")
     args = parser.parse_args(argv)
     command = " ".join(["python", "benchmarks/kv_tiers.py", *(argv if argv is not None else sys.argv[1:])])
     preset = dict(PRESETS[args.preset])
@@ -290,10 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.host_bytes is not None:
         preset["host_bytes"] = args.host_bytes
     out = args.output_dir / "kv_tiers.json"
-    if out.exists():  # a run split over several commands (--configs) adds to one file
-        previous = json.loads(out.read_text())
-        if previous.get("preset") == args.preset:
-            RESULTS.update(previous["metrics"])
+    for earlier in (args.merge_from, out):  # a run split over several commands (--configs) adds to one file
+        if earlier is not None and earlier.exists():
+            previous = json.loads(earlier.read_text())
+            if previous.get("preset") == args.preset:
+                RESULTS.update(previous["metrics"])
     budget = args.budget_s or preset["budget_s"]
     started = time.monotonic()
     if preset.get("yarn_context"):
