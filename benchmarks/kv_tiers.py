@@ -63,7 +63,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                 host_bytes=1 << 30, session_ttl=300, budget_s=1800, dtype="float32", extra=["--cpu-threads", "1"],
                 layout=dict(layers=4, kv_heads=2, head_dim=32), copy_pages=256),
     "h200": dict(model="qwen3-8b", yarn_context=131072, max_context=131072, page_size=16, concurrency=4, sessions=4,
-                 turns=16, time_scale=0.01, host_bytes=48 << 30, session_ttl=300, budget_s=290, dtype="bfloat16", extra=[],
+                 turns=20, time_scale=0.01, host_bytes=48 << 30, session_ttl=300, budget_s=290, dtype="bfloat16",
+                 extra=["--max-num-seqs", "16", "--cuda-graph-max-bs", "16"],
                  layout=dict(layers=36, kv_heads=8, head_dim=128), copy_pages=512),
 }
 CONFIGS: list[tuple[str, bool, bool, str]] = [  # name, host tier, retention, preemption mode

@@ -4,9 +4,10 @@ The scheduler's `kvcache/` decides which device page goes to which host slot
 or file (`CopyOp`s on each plan); this runs them. A host slot holds one
 device page of every layer (K then V per layer, as raw bytes) in one row of
 a host tensor, pinned on a GPU so the copies are true DMA. The rows live in
-chunks of about 1 GiB allocated on first use: the default host tier on a GPU
-is a quarter of the host's memory, and an engine that never spills (a test,
-a short benchmark) must not pay for pinning all of it. A plan's copies run
+chunks of about 1 GiB: allocated up front when the size was asked for
+(`--host-kv-cache-bytes`), on first use for the default (a quarter of the
+host's memory on a GPU, which an engine that never spills, such as a test,
+must not pay for pinning). A plan's copies run
 before its rows, in two batches:
 
 * device -> host (retraction of private pages, write-back of cached pages):
@@ -77,7 +78,10 @@ class HostKVTier:
         device: torch.device,
         kv_cache_dir: str | None = None,
         chunk_bytes: int = _CHUNK_BYTES,
+        eager: bool = False,
     ) -> None:
+        """`eager`: allocate (pin) every row now, as a server given an explicit host size wants: no
+        allocation stalls while it serves. Otherwise rows are allocated chunk by chunk on first use."""
         self.storage = storage
         self.layout = layout
         self.device = device
@@ -90,6 +94,9 @@ class HostKVTier:
         self._chunk_slots = max(1, chunk_bytes // layout.bytes_per_page)
         self._chunks: list[torch.Tensor | None] = [None] * -(-num_slots // self._chunk_slots)
         self._stream = torch.cuda.Stream(device) if self._pin else None
+        if eager:
+            for index in range(len(self._chunks)):
+                self.rows(index * self._chunk_slots)
         self._batches: deque[_Batch] = deque()
         self._disk_store = None
         if kv_cache_dir is not None:
