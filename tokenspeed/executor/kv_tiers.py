@@ -114,6 +114,7 @@ class HostKVTier:
         to_device = [op for op in copies if op.kind is CopyKind.HOST_TO_DEVICE]
         for op in copies:
             if op.kind is CopyKind.HOST_TO_DISK or op.kind is CopyKind.DISK_TO_HOST:
+                self.rows(op.host_slot)  # the chunk exists before the IO thread touches it (no racing allocation)
                 self._disk_jobs[op.op_id] = self._io.submit(self._disk_copy, op)
         if not to_host and not to_device:
             return
