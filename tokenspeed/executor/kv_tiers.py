@@ -86,10 +86,15 @@ class HostKVTier:
         self.layout = layout
         self.device = device
         self.num_slots = num_slots
-        self._tensors = [t.view(torch.uint8).view(t.shape[0], -1) for t in [*storage.k, *storage.v]]
+        # Every tensor indexed by page id holds part of a page: K and V per layer, and whatever else a
+        # storage keeps per page (e.g. FP8 scales) if it lists its tensors in `page_tensors()`.
+        listed = getattr(storage, "page_tensors", None)
+        tensors = list(listed()) if callable(listed) else [*storage.k, *storage.v]
+        self._tensors = [t.view(torch.uint8).view(t.shape[0], -1) for t in tensors]
         self._widths = [t.shape[1] for t in self._tensors]
         if sum(self._widths) != layout.bytes_per_page:
-            raise ValueError(f"KV layout says {layout.bytes_per_page} bytes per page, the storage {sum(self._widths)}")
+            raise ValueError(f"KV layout says {layout.bytes_per_page} bytes per page, the storage's tensors "
+                             f"{sum(self._widths)}: a per-page tensor is not copied (see page_tensors)")
         self._pin = device.type == "cuda"
         self._chunk_slots = max(1, chunk_bytes // layout.bytes_per_page)
         self._chunks: list[torch.Tensor | None] = [None] * -(-num_slots // self._chunk_slots)
