@@ -10,16 +10,17 @@ host's memory on a GPU, which an engine that never spills, such as a test,
 must not pay for pinning). A plan's copies run
 before its rows, in two batches:
 
+* host -> device (restore, host hits): the rows are copied into a staging
+  buffer, then scattered into every layer's pages;
 * device -> host (retraction of private pages, write-back of cached pages):
   the pages are gathered on the device into one staging buffer, then each
-  run of consecutive slots is one async copy into the pinned rows;
-* host -> device (restore, host hits): the rows are copied into a staging
-  buffer, then scattered into every layer's pages.
+  run of consecutive slots is one async copy into the pinned rows.
 
-On a GPU both run on a side stream that first waits for the compute stream
-(the sources hold what earlier steps wrote) and the compute stream waits
-only for the host -> device batch (this plan's rows read those pages); the
-write-back of one step thus overlaps the next step's compute. A copy is
+The two never touch the same page or slot (kvcache/copy_ops.py), so their
+order is free: loads go first. On a GPU both run on a side stream that
+first waits for the compute stream (the sources hold what earlier steps
+wrote); the compute stream waits only for the loads (this plan's rows read
+those pages), so the write-back overlaps the step's compute. A copy is
 confirmed (`ExecutionResult.completed_copies`) once its stream event has
 passed: the copies of a plan are confirmed when that plan is collected, so
 a retraction is restorable one step later. Until then `kvcache/` keeps both
@@ -129,14 +130,17 @@ class HostKVTier:
             self._to_device(to_device)
             self._batches.append(_Batch(step_id, [op.op_id for op in to_host + to_device], None))
             return
-        stream.wait_stream(torch.cuda.current_stream(self.device))
+        compute = torch.cuda.current_stream(self.device)
+        stream.wait_stream(compute)
         with torch.cuda.stream(stream):
+            self._to_device(to_device)  # loads first: this plan's rows wait for them, not for the write-back
+            if to_device:
+                loaded = torch.cuda.Event()
+                loaded.record(stream)
+                compute.wait_event(loaded)
             self._to_host(to_host)
-            self._to_device(to_device)
             done = torch.cuda.Event()
             done.record(stream)
-        if to_device:  # this plan's rows read the loaded pages
-            torch.cuda.current_stream(self.device).wait_event(done)
         self._batches.append(_Batch(step_id, [op.op_id for op in to_host + to_device], done))
 
     def finished(self, step_id: int, wait_all: bool = False) -> list[tuple[int, bool]]:
