@@ -306,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         preset["load_format"] = "dummy"
     RESULTS["setup"] = {k: v for k, v in preset.items() if k != "extra"} | {"num_kv_pages": num_kv_pages(preset)}
     RESULTS["bandwidth"] = bandwidth_section(preset)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the servers started next get the device's memory
     log(f"bandwidth: {RESULTS['bandwidth']}")
     save(out, command, args.preset)
     wanted = args.configs.split(",")
