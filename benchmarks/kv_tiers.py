@@ -28,8 +28,8 @@ Presets: `cpu` (the embedded model, 2K contexts, minutes on 2 cores) and
 tokens). The agentic plan is shrunk from its native 128K window to the
 preset's max context, so sessions reach it only over many turns (`--turns`).
 On the H200 the LRU baseline re-prefills whole sessions, so split the run:
-`--configs lru,host` then `--configs host+retention,host+retention+retract`
-into the same `--output-dir` (results merge into one file). `--budget-s` bounds the whole run: each configuration gets an equal
+`--configs lru`, then the other three with `--merge-from` the first part's
+kv_tiers.json (or the same `--output-dir`): the results merge into one file. `--budget-s` bounds the whole run: each configuration gets an equal
 share and a bench that overruns it is stopped and reported as timed out.
 Results: `kv_tiers.json` = {"command", "device", "date", "preset", "metrics"}.
 """
@@ -59,11 +59,12 @@ from tokenspeed.executor.kv_tiers import HostKVTier
 from tokenspeed.kvcache import CopyKind, CopyOp, KVLayout
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "cpu": dict(model=None, max_context=2048, page_size=16, concurrency=4, sessions=4, turns=36, time_scale=0.02,
-                host_bytes=1 << 30, session_ttl=300, budget_s=1200, dtype="float32", extra=["--cpu-threads", "1"],
+    "cpu": dict(model=None, max_context=2048, page_size=16, concurrency=6, sessions=6, turns=36, time_scale=0.02,
+                host_bytes=1 << 30, session_ttl=300, budget_s=1800, dtype="float32", extra=["--cpu-threads", "1"],
                 layout=dict(layers=4, kv_heads=2, head_dim=32), copy_pages=256),
     "h200": dict(model="qwen3-8b", yarn_context=131072, max_context=131072, page_size=16, concurrency=4, sessions=4,
-                 turns=16, time_scale=0.01, host_bytes=48 << 30, session_ttl=300, budget_s=290, dtype="bfloat16", extra=[],
+                 turns=20, time_scale=0.01, host_bytes=48 << 30, session_ttl=300, budget_s=290, dtype="bfloat16",
+                 extra=["--max-num-seqs", "16", "--cuda-graph-max-bs", "16"],
                  layout=dict(layers=36, kv_heads=8, head_dim=128), copy_pages=512),
 }
 CONFIGS: list[tuple[str, bool, bool, str]] = [  # name, host tier, retention, preemption mode
@@ -280,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=None, help="turns per session (default: the preset's)")
     parser.add_argument("--concurrency", type=int, default=None, help="concurrent sessions (default: the preset's)")
     parser.add_argument("--host-bytes", type=int, default=None, help="host tier bytes (default: the preset's)")
+    parser.add_argument("--merge-from", type=Path, default=None,
+                        help="a kv_tiers.json of an earlier part of a split run, whose configurations are kept")
     args = parser.parse_args(argv)
     command = " ".join(["python", "benchmarks/kv_tiers.py", *(argv if argv is not None else sys.argv[1:])])
     preset = dict(PRESETS[args.preset])
@@ -290,10 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.host_bytes is not None:
         preset["host_bytes"] = args.host_bytes
     out = args.output_dir / "kv_tiers.json"
-    if out.exists():  # a run split over several commands (--configs) adds to one file
-        previous = json.loads(out.read_text())
-        if previous.get("preset") == args.preset:
-            RESULTS.update(previous["metrics"])
+    for earlier in (args.merge_from, out):  # a run split over several commands (--configs) adds to one file
+        if earlier is not None and earlier.exists():
+            previous = json.loads(earlier.read_text())
+            if previous.get("preset") == args.preset:
+                RESULTS.update(previous["metrics"])
     budget = args.budget_s or preset["budget_s"]
     started = time.monotonic()
     if preset.get("yarn_context"):
@@ -302,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         preset["load_format"] = "dummy"
     RESULTS["setup"] = {k: v for k, v in preset.items() if k != "extra"} | {"num_kv_pages": num_kv_pages(preset)}
     RESULTS["bandwidth"] = bandwidth_section(preset)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the servers started next get the device's memory
     log(f"bandwidth: {RESULTS['bandwidth']}")
     save(out, command, args.preset)
     wanted = args.configs.split(",")

@@ -78,3 +78,16 @@ def test_a_session_turn_reports_cached_tokens_and_the_tiers_show(server: str) ->
     tiers = debug["kv_tiers"]
     assert tiers["host"]["total"] > 0 and tiers["device"]["total"] == 80 and tiers["disk"] is None
     assert tiers["page_size"] == 16
+
+
+def test_anthropic_cache_control_reports_cache_reads_and_writes(server: str) -> None:
+    system = [{"type": "text", "text": "You are a coding agent with many tools. " * 20,
+               "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    body = {"model": "embedded", "max_tokens": 4, "system": system,
+            "messages": [{"role": "user", "content": "Run the tests."}]}
+    first = httpx2.post(server + "/v1/messages", json=body, timeout=120).json()["usage"]
+    second = httpx2.post(server + "/v1/messages", json=body, timeout=120).json()["usage"]
+    assert first["cache_creation_input_tokens"] > 0 and first["input_tokens"] == 0
+    assert second["cache_read_input_tokens"] >= 16 * 8
+    assert second["cache_read_input_tokens"] + second["cache_creation_input_tokens"] == (
+        first["cache_read_input_tokens"] + first["cache_creation_input_tokens"])

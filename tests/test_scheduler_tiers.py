@@ -168,3 +168,62 @@ def test_a_retained_session_outlives_unprotected_pages_until_its_ttl(session: st
     assert cached == 8 if session is not None else cached < 8
     clock.now += 31.0  # expired: the session's pages are plain LRU pages again
     assert s.kv.pool.num_retained == 0
+
+
+def test_retracted_state_events_are_checked_and_handles_move() -> None:
+    from tests.kv_tier_sim import tiered_cache
+    from tokenspeed.scheduler.fsm import (
+        Admit,
+        ChunkDone,
+        Decoding,
+        Finish,
+        Finished,
+        IllegalTransition,
+        Preempt,
+        PrefillDone,
+        Prefilling,
+        Restore,
+        Retract,
+        Waiting,
+        transition,
+    )
+
+    kv = tiered_cache(num_pages=8, page_size=2, host_slots=4)
+
+    def save(table):  # type: ignore[no-untyped-def]
+        return kv.retract(table, 0)
+
+    states = {
+        "waiting": lambda: Waiting(),
+        "prefilling": lambda: Prefilling(kv.new_block_table()),
+        "decoding": lambda: Decoding(kv.new_block_table()),
+        "retracted": lambda: Retracted(save(kv.new_block_table())),
+        "finished": lambda: Finished("stop"),
+    }
+    events = {
+        "admit": lambda: Admit(kv.new_block_table()), "chunk": ChunkDone, "prefill_done": PrefillDone,
+        "preempt": Preempt, "retract": lambda: Retract(save), "restore": lambda: Restore(kv.new_block_table()),
+        "finish": lambda: Finish("abort"),
+    }
+    legal = {("prefilling", "retract"): Retracted, ("decoding", "retract"): Retracted,
+             ("retracted", "restore"): Prefilling, ("retracted", "finish"): Finished}
+    for state_name, make_state in states.items():
+        for event_name, make_event in events.items():
+            if event_name not in ("retract", "restore") and state_name != "retracted":
+                continue  # the plain pairs: tests/test_scheduler.py
+            state, event = make_state(), make_event()
+            expected = legal.get((state_name, event_name))
+            if expected is None:
+                with pytest.raises(IllegalTransition, match=type(state).__name__):
+                    transition(state, event)  # type: ignore[arg-type]
+                continue
+            result = transition(state, event)  # type: ignore[arg-type]
+            assert type(result.state) is expected, (state_name, event_name)
+            assert (result.retraction is not None) == (event_name == "finish")
+            if result.retraction is not None:
+                result.retraction.discard()
+            if isinstance(result.state, Retracted):
+                result.state.retraction.discard()
+    for table in kv.pool.live_holders():  # handles of states/events not consumed above
+        table.release()
+    kv.check_invariants()

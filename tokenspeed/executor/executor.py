@@ -312,7 +312,7 @@ class Executor:
         logger.info("KV host tier: %d slots of %d bytes (%.2f GiB)%s", num_slots, layout.bytes_per_page,
                     num_slots * layout.bytes_per_page / 1024**3,
                     f", disk tier in {config.kv_cache_dir}" if config.kv_cache_dir else "")
-        return HostKVTier(self.kv, layout, num_slots, self.device, config.kv_cache_dir)
+        return HostKVTier(self.kv, layout, num_slots, self.device, config.kv_cache_dir, eager=wanted is not None)
 
     def _pages_for_one_request(self) -> int:
         return math.ceil(self.max_model_len / self.config.page_size)

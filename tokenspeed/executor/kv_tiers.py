@@ -3,19 +3,24 @@
 The scheduler's `kvcache/` decides which device page goes to which host slot
 or file (`CopyOp`s on each plan); this runs them. A host slot holds one
 device page of every layer (K then V per layer, as raw bytes) in one row of
-a host tensor, pinned on a GPU so the copies are true DMA. A plan's copies
-run before its rows, in two batches:
+a host tensor, pinned on a GPU so the copies are true DMA. The rows live in
+chunks of about 1 GiB: allocated up front when the size was asked for
+(`--host-kv-cache-bytes`), on first use for the default (a quarter of the
+host's memory on a GPU, which an engine that never spills, such as a test,
+must not pay for pinning). A plan's copies run
+before its rows, in two batches:
 
+* host -> device (restore, host hits): the rows are copied into a staging
+  buffer, then scattered into every layer's pages;
 * device -> host (retraction of private pages, write-back of cached pages):
   the pages are gathered on the device into one staging buffer, then each
-  run of consecutive slots is one async copy into the pinned rows;
-* host -> device (restore, host hits): the rows are copied into a staging
-  buffer, then scattered into every layer's pages.
+  run of consecutive slots is one async copy into the pinned rows.
 
-On a GPU both run on a side stream that first waits for the compute stream
-(the sources hold what earlier steps wrote) and the compute stream waits
-only for the host -> device batch (this plan's rows read those pages); the
-write-back of one step thus overlaps the next step's compute. A copy is
+The two never touch the same page or slot (kvcache/copy_ops.py), so their
+order is free: loads go first. On a GPU both run on a side stream that
+first waits for the compute stream (the sources hold what earlier steps
+wrote); the compute stream waits only for the loads (this plan's rows read
+those pages), so the write-back overlaps the step's compute. A copy is
 confirmed (`ExecutionResult.completed_copies`) once its stream event has
 passed: the copies of a plan are confirmed when that plan is collected, so
 a retraction is restorable one step later. Until then `kvcache/` keeps both
@@ -44,6 +49,7 @@ from tokenspeed.kvcache.page_file import DirectoryStore, decode_page, encode_hea
 logger = logging.getLogger("tokenspeed.executor")
 
 _HOST_MEMORY_FRACTION = 0.25  # of the host's available memory, the default host tier on a GPU
+_CHUNK_BYTES = 1 << 30  # host rows are allocated (and pinned) this much at a time, on first use
 
 
 def default_host_kv_cache_bytes(device: torch.device) -> int:
@@ -72,18 +78,31 @@ class HostKVTier:
         num_slots: int,
         device: torch.device,
         kv_cache_dir: str | None = None,
+        chunk_bytes: int = _CHUNK_BYTES,
+        eager: bool = False,
     ) -> None:
+        """`eager`: allocate (pin) every row now, as a server given an explicit host size wants: no
+        allocation stalls while it serves. Otherwise rows are allocated chunk by chunk on first use."""
         self.storage = storage
         self.layout = layout
         self.device = device
         self.num_slots = num_slots
-        self._tensors = [t.view(torch.uint8).view(t.shape[0], -1) for t in [*storage.k, *storage.v]]
+        # Every tensor indexed by page id holds part of a page: K and V per layer, and whatever else a
+        # storage keeps per page (e.g. FP8 scales) if it lists its tensors in `page_tensors()`.
+        listed = getattr(storage, "page_tensors", None)
+        tensors = list(listed()) if callable(listed) else [*storage.k, *storage.v]
+        self._tensors = [t.view(torch.uint8).view(t.shape[0], -1) for t in tensors]
         self._widths = [t.shape[1] for t in self._tensors]
         if sum(self._widths) != layout.bytes_per_page:
-            raise ValueError(f"KV layout says {layout.bytes_per_page} bytes per page, the storage {sum(self._widths)}")
-        pin = device.type == "cuda"
-        self.host = torch.empty((num_slots, layout.bytes_per_page), dtype=torch.uint8, pin_memory=pin)
-        self._stream = torch.cuda.Stream(device) if pin else None
+            raise ValueError(f"KV layout says {layout.bytes_per_page} bytes per page, the storage's tensors "
+                             f"{sum(self._widths)}: a per-page tensor is not copied (see page_tensors)")
+        self._pin = device.type == "cuda"
+        self._chunk_slots = max(1, chunk_bytes // layout.bytes_per_page)
+        self._chunks: list[torch.Tensor | None] = [None] * -(-num_slots // self._chunk_slots)
+        self._stream = torch.cuda.Stream(device) if self._pin else None
+        if eager:
+            for index in range(len(self._chunks)):
+                self.rows(index * self._chunk_slots)
         self._batches: deque[_Batch] = deque()
         self._disk_store = None
         if kv_cache_dir is not None:
@@ -101,6 +120,7 @@ class HostKVTier:
         to_device = [op for op in copies if op.kind is CopyKind.HOST_TO_DEVICE]
         for op in copies:
             if op.kind is CopyKind.HOST_TO_DISK or op.kind is CopyKind.DISK_TO_HOST:
+                self.rows(op.host_slot)  # the chunk exists before the IO thread touches it (no racing allocation)
                 self._disk_jobs[op.op_id] = self._io.submit(self._disk_copy, op)
         if not to_host and not to_device:
             return
@@ -110,14 +130,17 @@ class HostKVTier:
             self._to_device(to_device)
             self._batches.append(_Batch(step_id, [op.op_id for op in to_host + to_device], None))
             return
-        stream.wait_stream(torch.cuda.current_stream(self.device))
+        compute = torch.cuda.current_stream(self.device)
+        stream.wait_stream(compute)
         with torch.cuda.stream(stream):
+            self._to_device(to_device)  # loads first: this plan's rows wait for them, not for the write-back
+            if to_device:
+                loaded = torch.cuda.Event()
+                loaded.record(stream)
+                compute.wait_event(loaded)
             self._to_host(to_host)
-            self._to_device(to_device)
             done = torch.cuda.Event()
             done.record(stream)
-        if to_device:  # this plan's rows read the loaded pages
-            torch.cuda.current_stream(self.device).wait_event(done)
         self._batches.append(_Batch(step_id, [op.op_id for op in to_host + to_device], done))
 
     def finished(self, step_id: int, wait_all: bool = False) -> list[tuple[int, bool]]:
@@ -144,6 +167,22 @@ class HostKVTier:
     def close(self) -> None:
         self._io.shutdown(wait=True, cancel_futures=False)
 
+    def rows(self, slot: int, count: int = 1) -> torch.Tensor:
+        """Host slots `slot .. slot + count - 1` (one chunk) as a `[count, bytes_per_page]` view."""
+        index, offset = divmod(slot, self._chunk_slots)
+        if offset + count > self._chunk_slots or slot + count > self.num_slots:
+            raise IndexError(f"host slots {slot}..{slot + count - 1} are not in one chunk")
+        chunk = self._chunks[index]
+        if chunk is None:
+            size = min(self._chunk_slots, self.num_slots - index * self._chunk_slots)
+            chunk = torch.empty((size, self.layout.bytes_per_page), dtype=torch.uint8, pin_memory=self._pin)
+            self._chunks[index] = chunk
+        return chunk[offset : offset + count]
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(c.numel() for c in self._chunks if c is not None)
+
     # ---- device <-> host ------------------------------------------------------------------------
 
     def _to_host(self, ops: list[CopyOp]) -> None:
@@ -152,24 +191,17 @@ class HostKVTier:
         pages = torch.tensor([op.device_page for op in ops], dtype=torch.long, device=self.device)
         staging = torch.cat([t.index_select(0, pages) for t in self._tensors], dim=1)
         slots = [op.host_slot for op in ops]
-        if self._stream is None:
-            self.host.index_copy_(0, torch.tensor(slots, dtype=torch.long), staging)
-        else:
-            for start, end in _runs(slots):
-                self.host[slots[start] : slots[start] + end - start].copy_(staging[start:end], non_blocking=True)
-            staging.record_stream(self._stream)
+        for start, end in _runs(slots, self._chunk_slots):
+            self.rows(slots[start], end - start).copy_(staging[start:end], non_blocking=self._pin)
         self.bytes_copied += staging.numel()
 
     def _to_device(self, ops: list[CopyOp]) -> None:
         if not ops:
             return
         slots = [op.host_slot for op in ops]
-        if self._stream is None:
-            staging = self.host.index_select(0, torch.tensor(slots, dtype=torch.long))
-        else:
-            staging = torch.empty((len(ops), self.layout.bytes_per_page), dtype=torch.uint8, device=self.device)
-            for start, end in _runs(slots):
-                staging[start:end].copy_(self.host[slots[start] : slots[start] + end - start], non_blocking=True)
+        staging = torch.empty((len(ops), self.layout.bytes_per_page), dtype=torch.uint8, device=self.device)
+        for start, end in _runs(slots, self._chunk_slots):
+            staging[start:end].copy_(self.rows(slots[start], end - start), non_blocking=self._pin)
         pages = torch.tensor([op.device_page for op in ops], dtype=torch.long, device=self.device)
         offset = 0
         for tensor, width in zip(self._tensors, self._widths, strict=True):
@@ -183,7 +215,7 @@ class HostKVTier:
         """One disk copy; False if the file could not be written or read back intact (a miss)."""
         store = self._disk_store
         assert store is not None and op.file_name is not None and op.page_hash is not None, "a disk copy without a disk"
-        row = self.host[op.host_slot]
+        row = self.rows(op.host_slot)[0]
         try:
             if op.kind is CopyKind.HOST_TO_DISK:
                 payload = row.numpy().tobytes()
@@ -200,12 +232,12 @@ class HostKVTier:
             return False
 
 
-def _runs(slots: list[int]) -> list[tuple[int, int]]:
-    """[start, end) index ranges of `slots` whose values are consecutive (one copy each)."""
+def _runs(slots: list[int], chunk_slots: int) -> list[tuple[int, int]]:
+    """[start, end) index ranges of `slots` whose values are consecutive within one chunk (one copy each)."""
     runs: list[tuple[int, int]] = []
     start = 0
     for i in range(1, len(slots) + 1):
-        if i == len(slots) or slots[i] != slots[i - 1] + 1:
+        if i == len(slots) or slots[i] != slots[i - 1] + 1 or slots[i] % chunk_slots == 0:
             runs.append((start, i))
             start = i
     return runs

@@ -29,7 +29,9 @@ class SchedulerConfig:
     # "retract" (save the victim's KV to the host, resume by copying it back) or "recompute" (drop it);
     # None: retract when there is a host tier, else recompute.
     preemption_mode: str | None = None
-    writeback_pages_per_step: int = 64  # device -> host write-back copies emitted per step, at most
+    # Device -> host write-back copies emitted per step, at most: enough that a burst of evictions (a long
+    # prompt's prefill) finds the pages it evicts already on the host.
+    writeback_pages_per_step: int = 256
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "page_size", "num_pages"):

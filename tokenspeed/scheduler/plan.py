@@ -145,8 +145,8 @@ class ExecutionPlan:
     released_request_ids: list[str] = field(default_factory=list)
     # Allowed-token masks of the grammar-constrained samples, set by the engine core (None: no grammar).
     grammar_masks: GrammarMasks | None = None
-    # KV copies between tiers (kvcache/copy_ops.py), run before the rows: device -> host first (they
-    # read pages as earlier steps left them), then host -> device (rows of this plan read those pages).
+    # KV copies between tiers (kvcache/copy_ops.py), run before the rows (device -> host ones read pages
+    # as earlier steps left them; rows of this plan read the host -> device ones); they never conflict.
     # The executor confirms each in `ExecutionResult.completed_copies`, now or with a later step.
     copies: list[CopyOp] = field(default_factory=list)
     # Nothing else can run until a copy in flight lands: the executor waits for all of them.
