@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from tokenspeed.errors import InvalidRequest
+from tokenspeed.models.quant_config import KV_CACHE_DTYPES, QUANTIZATION_METHODS
 
 _CPU_KV_CACHE_BYTES = 512 * 1024 * 1024  # vLLM's CPU backend also reserves a fixed KV space
 _DTYPES = {
@@ -64,6 +65,21 @@ class EngineConfig:
     # Speculative decoding, vLLM's option: {"method": "suffix" | "ngram" | "eagle" | "mtp" | "draft_model",
     # "num_speculative_tokens": k, "model": ...} (`spec.config.SpeculativeConfig`); None: off.
     speculative_config: dict[str, Any] | None = None
+    # FP8 weights, vLLM's option: "fp8" quantises a bf16/fp32 checkpoint at load (per output channel);
+    # a checkpoint's own quantization_config (block FP8) is always honoured (`models/quant_config.py`).
+    quantization: str | None = None
+    # KV cache storage, vLLM's option: "auto" (the model dtype) | "fp8" | "fp8_e4m3" (half the bytes of
+    # bf16; static per-tensor scales of 1.0, see `layers/kv_scales.py`).
+    kv_cache_dtype: str = "auto"
+    # KV tiers below the device pool (kvcache/, executor/kv_tiers.py). Host tier bytes (None: a quarter of
+    # the host's available memory on a GPU, 0 on the CPU); a disk tier under kv_cache_dir (None: off)
+    # bounded by kv_cache_dir_bytes; retention of a session's pages for session_ttl seconds after a turn;
+    # preemption "retract" (to the host) or "recompute" (None: retract when there is a host tier).
+    host_kv_cache_bytes: int | None = None
+    kv_cache_dir: str | None = None
+    kv_cache_dir_bytes: int = 64 * 1024**3
+    session_ttl: float = 300.0
+    preemption_mode: str | None = None
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -93,6 +109,27 @@ class EngineConfig:
             raise InvalidRequest(f"cuda_graph_max_bs must be at least 1, got {self.cuda_graph_max_bs}.")
         for item in self.kernel_overrides:
             parse_kernel_override(item)
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise InvalidRequest(
+                f"quantization must be one of {', '.join(QUANTIZATION_METHODS)}, got {self.quantization!r}."
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidRequest(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}."
+            )
+        self._validate_kv_tiers()
+
+    def _validate_kv_tiers(self) -> None:
+        if self.host_kv_cache_bytes is not None and self.host_kv_cache_bytes < 0:
+            raise InvalidRequest(f"host_kv_cache_bytes must be >= 0, got {self.host_kv_cache_bytes}.")
+        if self.kv_cache_dir_bytes < 1:
+            raise InvalidRequest(f"kv_cache_dir_bytes must be positive, got {self.kv_cache_dir_bytes}.")
+        if not 0.0 <= self.session_ttl <= 86400.0:
+            raise InvalidRequest(f"session_ttl must be in [0, 86400] seconds, got {self.session_ttl}.")
+        if self.preemption_mode not in (None, "retract", "recompute"):
+            raise InvalidRequest(f"preemption_mode must be retract or recompute, got {self.preemption_mode!r}.")
+        if self.kv_cache_dir is not None and self.host_kv_cache_bytes == 0:
+            raise InvalidRequest("kv_cache_dir (the disk tier) is filled from the host tier: set host_kv_cache_bytes.")
 
 
 def parse_kernel_override(item: str) -> tuple[str, str, str]:
@@ -130,6 +167,11 @@ def resolve_dtype(dtype: str, device: torch.device, checkpoint_dtype: str | None
     if checkpoint_dtype in ("float16", "bfloat16"):
         return _DTYPES[checkpoint_dtype]
     return torch.bfloat16
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
+    """The KV pool's element type: the model's for "auto", e4m3 for "fp8" / "fp8_e4m3"."""
+    return dtype if kv_cache_dtype == "auto" else torch.float8_e4m3fn
 
 
 def kv_cache_budget_bytes(config: EngineConfig, device: torch.device) -> int:

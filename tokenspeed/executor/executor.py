@@ -36,15 +36,21 @@ from tokenspeed.config import (
     parse_kernel_override,
     resolve_device,
     resolve_dtype,
+    resolve_kv_cache_dtype,
 )
 from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from tokenspeed.executor.kv_tiers import HostKVTier, default_host_kv_cache_bytes
 from tokenspeed.executor.memory_check import check_fits, weight_bytes
 from tokenspeed.executor.model_runner import ModelRunner, StepHandle
 from tokenspeed.executor.speculator import Speculator
 from tokenspeed.kernels import check_override_environment, set_kernel_override
+from tokenspeed.kvcache import KVLayout
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
+from tokenspeed.layers.fp8_weights import fp8_weight_allocation
 from tokenspeed.models import CausalLM, ModelConfig, build_model, load_weights
+from tokenspeed.models.fp8_model import finish_fp8, prepare_fp8
+from tokenspeed.models.quant_config import Fp8Config, resolve_quantization
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
 
 logger = logging.getLogger("tokenspeed.executor")
@@ -61,12 +67,22 @@ def load_model(
     device: torch.device,
     seed: int = 0,
     progress: bool = False,
+    fp8: Fp8Config | None = None,
 ) -> CausalLM:
     """The model of `model_config` on `device`, in eval mode, with its weights: read from the
-    checkpoint folder `weights`, or seeded random ones when `load_format == "dummy"`."""
-    model = build_model(model_config, dtype=dtype, device=device)
+    checkpoint folder `weights`, or seeded random ones when `load_format == "dummy"`; FP8 layers
+    as `fp8` says (`models/fp8_model.py`)."""
+    with fp8_weight_allocation(fp8 is not None and fp8.serialized):
+        model = build_model(model_config, dtype=dtype, device=device)
+    prepare_fp8(model, fp8)
     load_weights(model, weights, load_format=load_format, seed=seed, progress=progress)
+    finish_fp8(model, fp8)
     model.eval()
+    if fp8 is not None and device.type == "cuda":
+        # the unquantised weights the fp8 ones replaced sit in the allocator's cache: give them back,
+        # or the KV pool (sized from the free memory) would not get them
+        gc.collect()
+        torch.cuda.empty_cache()
     return model
 
 
@@ -100,6 +116,8 @@ class Executor:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device, self.model_config.torch_dtype)
         self.max_model_len = resolve_max_model_len(self.model_config, config.max_model_len)
+        self.fp8 = resolve_quantization(self.model_config.raw, config.quantization)
+        self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
 
         check_override_environment()
         for item in config.kernel_overrides:
@@ -112,7 +130,7 @@ class Executor:
         one_request = self._pages_for_one_request()
         planned_pages = self._planned_num_pages()
         check_fits(
-            weights=weight_bytes(self.model_config, self.dtype),
+            weights=weight_bytes(self.model_config, self.dtype, fp8=self.fp8),
             kv_cache=(max(planned_pages or 0, one_request) + 1) * self._bytes_per_page(),
             kv_what="the KV cache" if (planned_pages or 0) > one_request
             else f"the KV cache of one request of max_model_len {self.max_model_len}",
@@ -121,6 +139,7 @@ class Executor:
             gpu_memory_utilization=config.gpu_memory_utilization if planned_pages is None else None,
         )
         dummy = dummy_weights or config.load_format == "dummy"
+        self._dummy_weights = dummy
         self.model = load_model(
             self.model_config,
             None if dummy else model_folder,
@@ -129,6 +148,7 @@ class Executor:
             device=self.device,
             seed=config.seed,
             progress=progress,
+            fp8=self.fp8,
         )
 
         if speculator is not None:
@@ -144,7 +164,7 @@ class Executor:
             num_kv_heads=kv_heads,
             head_dim=k_dim,
             v_head_dim=v_dim,
-            dtype=self.dtype,
+            dtype=self.kv_dtype,
             device=self.device,
         )
         self.runner = ModelRunner(
@@ -158,6 +178,8 @@ class Executor:
         )
         self.runner.speculation = self.speculator
         self.runner.verify_query_len = self._verify_query_len()
+        self.kv_layout = self._kv_layout()
+        self.tiers = self._open_host_tier()
         if self.speculator is not None and self.runner.graphs is not None:
             self.speculator.capture_graphs(self.runner.graphs)  # a device drafter's own graphs
         self._limits = ExecutorLimits(
@@ -167,12 +189,16 @@ class Executor:
             page_size=config.page_size,
             device=str(self.device),
             dtype=str(self.dtype).removeprefix("torch."),
+            kv_layout=self.kv_layout,
+            host_kv_cache_bytes=0 if self.tiers is None else self.tiers.num_slots * self.kv_layout.bytes_per_page,
         )
         logger.info(
-            "executor ready: %s on %s (%s), %d KV pages of %d tokens, max_model_len %d, CUDA graphs %s",
+            "executor ready: %s on %s (%s%s, KV %s), %d KV pages of %d tokens, max_model_len %d, CUDA graphs %s",
             self.model_config.architecture,
             self.device,
             self.dtype,
+            "" if self.fp8 is None else ", fp8 weights",
+            self.kv_dtype,
             num_pages,
             config.page_size,
             self.max_model_len,
@@ -188,10 +214,17 @@ class Executor:
     def launch(self, plan: ExecutionPlan, previous: StepHandle | None = None) -> StepHandle:
         if self._closed:
             raise EngineDead("The engine is shut down: its model and KV cache are freed.")
+        if self.tiers is not None:
+            self.tiers.run(plan.step_id, plan.copies)
+        elif plan.copies:
+            raise RuntimeError(f"plan {plan.step_id} carries KV tier copies, but this executor has no host tier")
         return self.runner.launch(plan, previous)
 
     def collect(self, handle: StepHandle) -> ExecutionResult:
-        return handle.result()
+        result = handle.result()
+        if self.tiers is not None:
+            result.completed_copies = self.tiers.finished(handle.plan.step_id, handle.plan.wait_for_copies)
+        return result
 
     def close(self) -> None:
         """Free what this executor holds on its device: the CUDA graphs (and their memory pool),
@@ -205,6 +238,9 @@ class Executor:
         self._closed = True
         if self.speculator is not None:
             self.speculator.release_graphs()
+        if self.tiers is not None:
+            self.tiers.close()
+            self.tiers = None
         if self.runner.graphs is not None:
             self.runner.graphs.release()
         del self.runner, self.kv, self.model
@@ -257,6 +293,43 @@ class Executor:
         )
         return graphs if graphs.capture() else None
 
+    def _kv_layout(self) -> KVLayout:
+        """What one device page's bytes are: sizes the host tier and fingerprints disk files."""
+        kv_heads, k_dim, v_dim = self.model_config.kv_cache_layout
+        return KVLayout(
+            # Random weights differ by seed: their KV must never be read by another seed's engine.
+            model=(self.config.model or "embedded") + (f"|dummy seed {self.config.seed}" if self._dummy_weights else ""),
+            dtype=str(self.dtype).removeprefix("torch."),
+            page_size=self.config.page_size,
+            num_layers=self.model_config.num_hidden_layers,
+            bytes_per_page=PagedKVStorage.bytes_per_page(
+                num_layers=self.model_config.num_hidden_layers,
+                page_size=self.config.page_size,
+                num_kv_heads=kv_heads,
+                head_dim=k_dim,
+                v_head_dim=v_dim,
+                dtype=self.dtype,
+            ),
+        )
+
+    def _open_host_tier(self) -> HostKVTier | None:
+        """The host tier's slots (pinned on a GPU), or None when it is off (0 bytes)."""
+        config, layout = self.config, self.kv_layout
+        wanted = config.host_kv_cache_bytes
+        host_bytes = default_host_kv_cache_bytes(self.device) if wanted is None else wanted
+        num_slots = host_bytes // layout.bytes_per_page
+        if host_bytes and not num_slots:
+            raise InvalidRequest(f"host_kv_cache_bytes={host_bytes} cannot hold one KV page of {layout.bytes_per_page} bytes.")
+        if not num_slots:
+            return None
+        if self.speculator is not None and self.speculator.kv_bytes_per_page():
+            raise InvalidRequest("the KV host tier does not carry a speculative drafter's own KV: set "
+                                 "host_kv_cache_bytes=0 with this speculative_config.")
+        logger.info("KV host tier: %d slots of %d bytes (%.2f GiB)%s", num_slots, layout.bytes_per_page,
+                    num_slots * layout.bytes_per_page / 1024**3,
+                    f", disk tier in {config.kv_cache_dir}" if config.kv_cache_dir else "")
+        return HostKVTier(self.kv, layout, num_slots, self.device, config.kv_cache_dir, eager=wanted is not None)
+
     def _pages_for_one_request(self) -> int:
         return math.ceil(self.max_model_len / self.config.page_size)
 
@@ -270,7 +343,7 @@ class Executor:
             num_kv_heads=kv_heads,
             head_dim=k_dim,
             v_head_dim=v_dim,
-            dtype=self.dtype,
+            dtype=self.kv_dtype,
         )
 
     def _budget_num_pages(self) -> int:

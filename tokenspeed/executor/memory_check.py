@@ -32,14 +32,29 @@ import torch
 from tokenspeed.errors import NotEnoughMemory
 from tokenspeed.models import ModelConfig
 from tokenspeed.models.parallel.weight_inventory import checkpoint_tensors
+from tokenspeed.models.quant_config import Fp8Config
 
 _NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as a huge number
 
 
-def weight_bytes(model_config: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes of the model's weights at `dtype` (MTP layers included, a tied LM head counted once)."""
+def weight_bytes(model_config: ModelConfig, dtype: torch.dtype, *, fp8: Fp8Config | None = None) -> int:
+    """Bytes of the model's weights at `dtype` (MTP layers included, a tied LM head counted once).
+
+    A serialized FP8 checkpoint's projection weights count one byte each (their block scales are
+    1/4096 of that and left out); online quantisation loads every weight at `dtype` first, so its
+    peak is the unquantised model's.
+    """
     element = torch.empty((), dtype=dtype).element_size()
-    return sum(t.numel for t in checkpoint_tensors(model_config)) * element
+    total = 0
+    for t in checkpoint_tensors(model_config):
+        module, _, _ = t.name.rpartition(".")
+        leaf = module.rpartition(".")[2]
+        quantized = (
+            fp8 is not None and fp8.serialized and len(t.shape) == 2 and leaf not in ("kv_b_proj", "eh_proj")
+            and ("_proj" in leaf or leaf in ("w1", "w2", "w3")) and not fp8.skips(module)
+        )
+        total += t.numel * (1 if quantized else element)
+    return total
 
 
 def free_memory_bytes(device: torch.device) -> int | None:

@@ -18,6 +18,7 @@ from torch import nn
 
 from tokenspeed.kernels.registry import platform_of
 from tokenspeed.layers.attention_backend import PagedAttentionBackend
+from tokenspeed.layers.kv_scales import KVScales
 from tokenspeed.layers.linear import Linear, QKVLinear
 from tokenspeed.layers.norm import RMSNorm
 from tokenspeed.layers.rotary_embedding import RotaryEmbedding
@@ -68,6 +69,7 @@ class GQAAttention(nn.Module):
             self.q_norm = RMSNorm(head_dim, qk_norm_eps, dtype=dtype, device=device)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps, dtype=dtype, device=device)
         self.rotary = rotary
+        self.kv_scales = KVScales(device=device)
         self.attention_backend = PagedAttentionBackend.select(
             platform=platform_of(device),
             dtype=dtype,
@@ -110,8 +112,10 @@ class GQAAttention(nn.Module):
             q = self.q_norm(q)
             k = self.k_norm(k)
         q, k = self.rotary(positions, q, k)
+        k_scale, v_scale = self.kv_scales.for_cache(k_cache)
         out = self.attention_backend(
-            q, k, v, k_cache, v_cache, attn, scale=self.scale, sliding_window=self.sliding_window
+            q, k, v, k_cache, v_cache, attn, scale=self.scale, sliding_window=self.sliding_window,
+            k_scale=k_scale, v_scale=v_scale,
         )
         flat = out.reshape(tokens, self.num_heads * self.head_dim)
         if residual is not None:

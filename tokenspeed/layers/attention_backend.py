@@ -16,6 +16,10 @@ or `query_start` / `seq_lens` may themselves be tensors) and, for CUDA graphs,
 `num_kv_splits` fixed per captured batch bucket. Where a field is missing it is
 derived here from the host lists, which is correct but costs a host-to-device
 copy per layer, so it is only the eager fallback.
+
+FP8 KV cache: `k_scale` / `v_scale` (fp32 `[1]` or `[kv_heads]`, `kv_scales.py`)
+go to every kernel that touches the cache: the write, decode, verify
+(speculative decoding) and extend alike; None for a cache in the model dtype.
 """
 
 from __future__ import annotations
@@ -83,9 +87,11 @@ class PagedAttentionBackend:
         *,
         scale: float,
         sliding_window: int | None = None,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Store k/v `[tokens, kv_heads, head_dim]`, then attend q `[tokens, heads, head_dim]`."""
-        self.write.impl(k, v, k_cache, v_cache, attn.slot_mapping)
+        self.write.impl(k, v, k_cache, v_cache, attn.slot_mapping, k_scale=k_scale, v_scale=v_scale)
         seq_lens = int_tensor_field(attn, "seq_lens", q.device)
         q_len = uniform_query_len(attn, q.shape[0], seq_lens.shape[0])
         if q_len == 1:
@@ -98,6 +104,8 @@ class PagedAttentionBackend:
                 scale=scale,
                 sliding_window=sliding_window,
                 num_splits=getattr(attn, "num_kv_splits", None),
+                k_scale=k_scale,
+                v_scale=v_scale,
             )
         if q_len is not None and q_len <= VERIFY_MAX_QUERY_LEN:
             return self.verify.impl(
@@ -110,6 +118,8 @@ class PagedAttentionBackend:
                 scale=scale,
                 sliding_window=sliding_window,
                 num_splits=getattr(attn, "num_kv_splits", None),
+                k_scale=k_scale,
+                v_scale=v_scale,
             )
         return self.extend.impl(
             q,
@@ -121,6 +131,8 @@ class PagedAttentionBackend:
             scale=scale,
             sliding_window=sliding_window,
             max_query_len=attn.max_query_len,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
 
     def __repr__(self) -> str:

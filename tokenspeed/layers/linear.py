@@ -13,6 +13,11 @@ kernel. Per call the only Python left is one comparison of the token count
 with the most tokens that kernel serves (-1 when only the reference fits, so
 `--kernel gemm.decode=reference` restores plain `F.linear`). Inputs are
 `[tokens, in_features]`, as every layer of the engine passes them.
+
+FP8 weights (`use_fp8`, see `fp8_weights.py`): the weight is e4m3 with
+`weight_scale_inv` per `fp8_block`, and every call goes through `gemm.fp8`
+(the one-token GEMV or the tensor-core GEMMs by token count; the reference
+dequantises on the fly, which is the CPU path and the off switch).
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenspeed.kernels.gemm import DECODE_MAX_TOKENS
+from tokenspeed.kernels.gemm.fp8_dispatch import Fp8GemmByBatch, select_fp8_gemm_by_batch
+from tokenspeed.kernels.quant.fp8 import BlockSize
 from tokenspeed.kernels.registry import Band, platform_of, select_kernel
+from tokenspeed.layers.fp8_weights import load_scale_part, make_fp8_storage, quantize_in_place, weight_dtype
 
 DecodeGemm = Callable[..., torch.Tensor]
 
@@ -68,9 +76,32 @@ class Linear(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = _param(out_features, in_features, dtype=dtype, device=device)
+        self.weight = _param(out_features, in_features, dtype=weight_dtype(dtype), device=device)
         self.bias = _param(out_features, dtype=dtype, device=device) if bias else None
         self._decode_gemm, self._decode_max_tokens = select_decode_gemm("decode", device=device, dtype=dtype)
+        self.register_parameter("weight_scale_inv", None)
+        self.fp8_block: BlockSize | None = None  # the stored scales' block; None: not fp8
+        self.checkpoint_block: BlockSize | None = None  # the checkpoint's block (its scale shapes)
+        self._fp8_gemm: Fp8GemmByBatch | None = None
+        self._dtype = dtype
+
+    def use_fp8(self, block: BlockSize, *, checkpoint_block: BlockSize | None) -> None:
+        """Make the weight fp8: empty storage to load into (`checkpoint_block` given: a serialized
+        checkpoint's blocks), or the loaded weight quantised now (None: online quantisation)."""
+        if checkpoint_block is None:
+            quantize_in_place(self, "weight", block)
+        else:
+            make_fp8_storage(self, "weight", block)
+        self.fp8_block, self.checkpoint_block = block, checkpoint_block
+        self._fp8_gemm = select_fp8_gemm_by_batch(platform=platform_of(self.weight.device), dtype=self._dtype)
+        self._decode_gemm, self._decode_max_tokens = None, -1  # the fused bf16 decode forms do not apply
+
+    def drop_fp8(self, weight: torch.Tensor) -> None:
+        """Back to a plain weight (a dequantised one, for layers that read the weight itself: MLA's kv_b_proj)."""
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight_scale_inv = None
+        self.fp8_block = self.checkpoint_block = None
+        self._fp8_gemm = None
 
     @property
     def decode_max_tokens(self) -> int:
@@ -78,6 +109,9 @@ class Linear(nn.Module):
         return self._decode_max_tokens
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fp8_gemm is not None:
+            scales, block = self.weight_scale_inv, self.fp8_block
+            return self._fp8_gemm(x, self.weight, scales, block_size=block, bias=self.bias)  # type: ignore[arg-type]
         if x.shape[0] <= self._decode_max_tokens:
             return self._decode_gemm(x, self.weight, self.bias)  # type: ignore[misc]
         return F.linear(x, self.weight, self.bias)
@@ -96,7 +130,8 @@ class Linear(nn.Module):
         return self._decode_gemm(x, self.weight, self.bias, norm_weight=norm_weight, eps=eps, residual=residual)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"
+        fp8 = f", fp8 block={self.fp8_block}" if self.fp8_block is not None else ""
+        return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}{fp8}"
 
 
 class MergedLinear(Linear):
@@ -122,6 +157,10 @@ class MergedLinear(Linear):
     def shard_names(self) -> tuple[str, ...]:
         return tuple(self.shard_offsets)
 
+    @property
+    def part_sizes(self) -> list[int]:
+        return [size for _, size in self.shard_offsets.values()]
+
     def load_shard(self, param_name: str, shard: str, tensor: torch.Tensor) -> None:
         """Copy one part (e.g. `weight` of shard `k`) into its slice of the fused parameter."""
         param = getattr(self, param_name, None)
@@ -130,6 +169,10 @@ class MergedLinear(Linear):
         if shard not in self.shard_offsets:
             raise KeyError(f"unknown shard {shard!r}; shards: {', '.join(self.shard_offsets)}")
         offset, size = self.shard_offsets[shard]
+        if param_name == "weight_scale_inv" and self.fp8_block is not None and self.checkpoint_block is not None:
+            load_scale_part(param.data, tensor, offset=offset, size=size, in_features=self.in_features,
+                            block=self.fp8_block, checkpoint_block=self.checkpoint_block, what=f"shard {shard!r}")
+            return
         target = param.data.narrow(0, offset, size)
         if tuple(tensor.shape) != tuple(target.shape):
             raise ValueError(

@@ -40,6 +40,7 @@ from torch import nn
 
 from tokenspeed.kernels.registry import KernelSpec, platform_of, select_kernel
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN, int_tensor_field, uniform_query_len
+from tokenspeed.layers.kv_scales import KVScales
 from tokenspeed.layers.linear import Linear, MergedLinear
 from tokenspeed.layers.norm import RMSNorm
 from tokenspeed.layers.rope_scaling import RopeConfig, yarn_mscale
@@ -89,9 +90,11 @@ class MLABackend:
         *,
         scale: float,
         kv_lora_rank: int,
+        kv_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Store `[T, Dl+Dr]` rows, then attend q `[T, H, Dl+Dr]`; latent-space output `[T, H, Dl]`."""
-        self.write.impl(latent_and_rope, cache, attn.slot_mapping)
+        """Store `[T, Dl+Dr]` rows, then attend q `[T, H, Dl+Dr]`; latent-space output `[T, H, Dl]`.
+        `kv_scale`: the fp8 latent cache's static scale (None: a cache in the model dtype)."""
+        self.write.impl(latent_and_rope, cache, attn.slot_mapping, kv_scale=kv_scale)
         seq_lens = int_tensor_field(attn, "seq_lens", q.device)
         q_len = uniform_query_len(attn, q.shape[0], seq_lens.shape[0])
         if q_len is not None and q_len <= VERIFY_MAX_QUERY_LEN:  # decode, or verify rows (q-head folding)
@@ -104,6 +107,7 @@ class MLABackend:
                 scale=scale,
                 kv_lora_rank=kv_lora_rank,
                 num_splits=attn.num_kv_splits,
+                kv_scale=kv_scale,
             )
         return self.extend.impl(
             q,
@@ -114,6 +118,7 @@ class MLABackend:
             scale=scale,
             kv_lora_rank=kv_lora_rank,
             max_query_len=attn.max_query_len,
+            kv_scale=kv_scale,
         )
 
     def __repr__(self) -> str:
@@ -170,6 +175,7 @@ class MLAAttention(nn.Module):
         )
         self.o_proj = Linear(num_heads * mla.v_head_dim, hidden_size, dtype=dtype, device=device)
         self.backend = MLABackend.select(platform=platform_of(device), dtype=dtype)
+        self.kv_scales = KVScales(device=device)
 
     def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of `kv_b_proj.weight`: W_UK `[H, nope, Dl]` and W_UV^T `[H, Dl, v]` (no copies, so a
@@ -211,7 +217,8 @@ class MLAAttention(nn.Module):
         q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)
         q = torch.cat((q_latent, q_pe), dim=-1)
         out = self.backend(
-            q, cache_rows, cache, attn, scale=self.scale, kv_lora_rank=self.mla.kv_lora_rank
+            q, cache_rows, cache, attn, scale=self.scale, kv_lora_rank=self.mla.kv_lora_rank,
+            kv_scale=self.kv_scales.for_cache(cache)[0],
         )  # [T, H, Dl]
         out = torch.bmm(out.transpose(0, 1), w_uv_t)  # [H, T, v]
         return self.o_proj(out.transpose(0, 1).reshape(tokens, self.num_heads * self.mla.v_head_dim))

@@ -25,10 +25,15 @@ Layout, chosen for the kernels rather than for the checkpoint:
 Routing and the expert GEMMs are resolved through the kernel registry at build
 time (`moe.route`; `moe.experts` once for small and once for large batches, see
 `kernels/moe/experts_dispatch.py`), like every other hot op.
+
+FP8 experts (`SparseMoE.use_fp8`): `w13`/`w2` in e4m3 with `w13_scale_inv` /
+`w2_scale_inv` (the per-expert `weight_scale_inv` of the checkpoint, stacked;
+see `fp8_weights.py` for when they are kept per row), run by `moe.experts_fp8`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,7 +42,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenspeed.kernels.moe.experts_dispatch import select_experts_by_batch
+from tokenspeed.kernels.quant.fp8 import BlockSize
 from tokenspeed.kernels.registry import platform_of, select_kernel
+from tokenspeed.layers.fp8_weights import (
+    SCALE_SUFFIX,
+    load_scale_part,
+    make_fp8_storage,
+    quantize_in_place,
+    weight_dtype,
+)
 from tokenspeed.layers.mlp import GatedMLP
 
 if TYPE_CHECKING:
@@ -101,19 +114,33 @@ class StackedExperts(nn.Module):
         self.num_experts = num_experts
         self.intermediate_size = intermediate_size
         self.names = names
+        self.dtype = dtype  # of the weights when they are not fp8
         self.w13 = nn.Parameter(
-            torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype, device=device),
+            torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=weight_dtype(dtype), device=device),
             requires_grad=False,
         )
         self.w2 = nn.Parameter(
-            torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype, device=device),
+            torch.empty(num_experts, hidden_size, intermediate_size, dtype=weight_dtype(dtype), device=device),
             requires_grad=False,
         )
         self._part_of = {names.gate: "gate", names.up: "up", names.down: "down"}
         self._name_of = {part: name for name, part in self._part_of.items()}
+        self.register_parameter("w13_scale_inv", None)
+        self.register_parameter("w2_scale_inv", None)
+        self.fp8_block: BlockSize | None = None
+        self.checkpoint_block: BlockSize | None = None
+
+    def use_fp8(self, block: BlockSize, *, checkpoint_block: BlockSize | None) -> None:
+        """fp8 `w13`/`w2`: empty storage for a serialized checkpoint, or the loaded weights quantised (None)."""
+        for attr in ("w13", "w2"):
+            if checkpoint_block is None:
+                quantize_in_place(self, attr, block)
+            else:
+                make_fp8_storage(self, attr, block)
+        self.fp8_block, self.checkpoint_block = block, checkpoint_block
 
     def checkpoint_shards(self, attr: str) -> tuple[str, ...]:
-        parts = ("gate", "up") if attr == "w13" else ("down",)
+        parts = ("gate", "up") if attr.removesuffix(SCALE_SUFFIX) == "w13" else ("down",)
         return tuple(f"{e}.{part}" for e in range(self.num_experts) for part in parts)
 
     def resolve_checkpoint_name(self, rest: str) -> tuple[str, str | None] | None:
@@ -123,18 +150,24 @@ class StackedExperts(nn.Module):
         expert, _, tail = rest.partition(".")
         leaf, _, attr = tail.partition(".")
         part = self._part_of.get(leaf)
-        if not expert.isdigit() or part is None or attr != "weight" or int(expert) >= self.num_experts:
+        if not expert.isdigit() or part is None or int(expert) >= self.num_experts:
             return None
-        return ("w2" if part == "down" else "w13"), f"{int(expert)}.{part}"
+        if attr not in ("weight", "weight" + SCALE_SUFFIX):
+            return None
+        suffix = attr.removeprefix("weight")
+        return ("w2" if part == "down" else "w13") + suffix, f"{int(expert)}.{part}"
 
     def checkpoint_name(self, attr: str, shard: str) -> str:
         expert, _, part = shard.partition(".")
-        return f"{expert}.{self._name_of[part]}.weight"
+        return f"{expert}.{self._name_of[part]}.weight{SCALE_SUFFIX if attr.endswith(SCALE_SUFFIX) else ''}"
 
     def load_shard(self, attr: str, shard: str, tensor: torch.Tensor) -> None:
         expert_text, _, part = shard.partition(".")
         expert = int(expert_text)
         inter = self.intermediate_size
+        if attr.endswith(SCALE_SUFFIX):
+            self._load_scale(attr, expert, part, tensor)
+            return
         if part == "down":
             target = self.w2.data[expert]
         else:
@@ -144,6 +177,17 @@ class StackedExperts(nn.Module):
                 f"expert {expert} {part}: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}"
             )
         target.copy_(tensor)
+
+    def _load_scale(self, attr: str, expert: int, part: str, tensor: torch.Tensor) -> None:
+        scales = getattr(self, attr)
+        if scales is None or self.fp8_block is None or self.checkpoint_block is None:
+            raise ValueError(f"expert {expert} {part}: a weight_scale_inv for experts that are not fp8")
+        inter, hidden = self.intermediate_size, self.w2.shape[1]
+        offset = inter if part == "up" else 0
+        size, k = (hidden, inter) if part == "down" else (inter, hidden)
+        load_scale_part(scales.data[expert], tensor, offset=offset, size=size, in_features=k,
+                        block=self.fp8_block, checkpoint_block=self.checkpoint_block,
+                        what=f"expert {expert} {part}")
 
 
 class SparseMoE(nn.Module):
@@ -184,6 +228,14 @@ class SparseMoE(nn.Module):
         # The fastest experts kernel depends on the step's token count: resolved on both sides of the
         # crossover here, picked per call by the host-side batch size (no sync, CUDA-graph safe).
         self._experts = select_experts_by_batch(platform=platform, dtype=dtype)
+        self._experts_fp8: Callable[..., torch.Tensor] | None = None
+        self._dtype = dtype
+
+    def use_fp8(self, block: BlockSize, *, checkpoint_block: BlockSize | None) -> None:
+        """Routed experts in fp8 (`StackedExperts.use_fp8`), run by `moe.experts_fp8`."""
+        self.experts.use_fp8(block, checkpoint_block=checkpoint_block)
+        platform = platform_of(self.experts.w13.device)
+        self._experts_fp8 = select_kernel("moe", "experts_fp8", platform=platform, dtype=self._dtype).impl
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         moe = self.moe
@@ -198,7 +250,14 @@ class SparseMoE(nn.Module):
             correction_bias=self.gate.e_score_correction_bias,
             routed_scaling_factor=moe.routed_scaling_factor,
         )
-        out: torch.Tensor = self._experts(x, self.experts.w13, self.experts.w2, weights, ids)
+        experts = self.experts
+        if self._experts_fp8 is not None:
+            out: torch.Tensor = self._experts_fp8(
+                x, experts.w13, experts.w2, weights, ids,
+                w13_scale=experts.w13_scale_inv, w2_scale=experts.w2_scale_inv, block_size=experts.fp8_block,
+            )
+        else:
+            out = self._experts(x, experts.w13, experts.w2, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out

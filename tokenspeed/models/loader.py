@@ -14,6 +14,12 @@ that resolve the names below them (stacked MoE experts: per-expert tensors
 
 Dummy weights (`load_format="dummy"`) let the engine be benchmarked and
 tested at real shapes without files: normal(0, 0.02) from a seed, norms at 1.
+
+FP8 weights (`models/fp8_model.py` gives the layers fp8 storage and
+`weight_scale_inv` parameters first): scales load like any parameter, so a
+missing one is a missing tensor and a malformed one a shape mismatch; an
+fp8 tensor for a non-fp8 parameter (or the reverse) is refused, never cast.
+Dummy fp8 weights are normal(0, 0.02) quantised with their own scales.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from torch import nn
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
 from tokenspeed.errors import TokenSpeedError
+from tokenspeed.kernels.quant.fp8 import FP8_DTYPE
+from tokenspeed.layers.fp8_weights import SCALE_SUFFIX, fill_dummy
 from tokenspeed.layers.norm import RMSNorm
 
 logger = logging.getLogger("tokenspeed.models")
@@ -275,9 +283,19 @@ def _load_safetensors(model: nn.Module, files: list[Path], *, progress: bool) ->
                     _copy_into(model, params, target, name, f.get_tensor(name))
 
 
+def _check_fp8(param: nn.Parameter, source: str, tensor: torch.Tensor) -> None:
+    """An fp8 tensor only into an fp8 parameter and the reverse: a cast would silently change the weights."""
+    if (param.dtype == FP8_DTYPE) != (tensor.dtype == FP8_DTYPE):
+        raise WeightLoadError(
+            f"{source}: checkpoint dtype {tensor.dtype} for a {param.dtype} parameter (is the module missing "
+            "from, or wrongly in, quantization_config.modules_to_not_convert?)"
+        )
+
+
 def _copy_into(
     model: nn.Module, params: dict[str, nn.Parameter], target: _Target, source: str, tensor: torch.Tensor
 ) -> None:
+    _check_fp8(params[target.param], source, tensor)
     if target.shard is not None:
         module_path, _, attr = target.param.rpartition(".")
         try:
@@ -315,7 +333,14 @@ def load_dummy_weights(model: nn.Module, *, seed: int = 0, std: float = DUMMY_ST
             if name in norms:
                 param.data.fill_(1.0)
                 continue
+            if name.endswith(SCALE_SUFFIX):
+                continue  # written with its fp8 weight
             gen = generators.get(param.device)
             if gen is None:
                 gen = generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
+            if param.dtype == FP8_DTYPE:
+                module_path, _, attr = name.rpartition(".")
+                module = model.get_submodule(module_path)
+                fill_dummy(module, attr, module.fp8_block, std, gen)  # type: ignore[arg-type]
+                continue
             param.data.normal_(mean=0.0, std=std, generator=gen)

@@ -25,6 +25,7 @@ from tokenspeed.errors import InvalidRequest
 from tokenspeed.executor.executor import load_model
 from tokenspeed.executor.speculator import DraftRows, ProposedDrafts, StepTail
 from tokenspeed.models import ModelConfig
+from tokenspeed.models.quant_config import resolve_quantization
 from tokenspeed.spec.draft_chain import DraftChain, draw_drafts, stack_drafts
 
 if TYPE_CHECKING:
@@ -45,10 +46,12 @@ class DraftModelDrafter:
         if self.config.max_position_embeddings < executor.max_model_len:
             raise InvalidRequest(f"draft model {folder} reaches {self.config.max_position_embeddings} positions, "
                                  f"fewer than max_model_len {executor.max_model_len}")
+        # An FP8 draft checkpoint loads as one (its quantization_config); the target's option is its own.
         self.model = load_model(self.config, path, load_format=executor.config.load_format, dtype=executor.dtype,
-                                device=executor.device, seed=executor.config.seed, progress=progress)
+                                device=executor.device, seed=executor.config.seed, progress=progress,
+                                fp8=resolve_quantization(self.config.raw, None))
         self.page_size = executor.config.page_size
-        self.dtype, self.device = executor.dtype, executor.device
+        self.dtype, self.device = executor.kv_dtype, executor.device  # `dtype`: of the draft's KV pages
         self.kv: PagedKVStorage | None = None
         self.scratch_page = -1
 

@@ -174,7 +174,8 @@ class EagleDrafter(FeatureDrafter):
         self.embedding = embedding
         super().__init__(hidden_size=config.hidden_size,
                          kv_layout=(config.num_kv_heads, config.head_dim, config.head_dim),
-                         page_size=executor.config.page_size, dtype=dtype, device=device)
+                         page_size=executor.config.page_size, dtype=dtype, device=device,
+                         kv_dtype=executor.kv_dtype)
 
     def step(self, positions: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor, attn: AttentionMetadata,
              kv: PagedKVStorage) -> torch.Tensor:

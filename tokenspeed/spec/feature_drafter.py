@@ -48,11 +48,12 @@ if TYPE_CHECKING:
 
 class FeatureDrafter(ABC):
     def __init__(self, *, hidden_size: int, kv_layout: tuple[int, int, int], page_size: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, kv_dtype: torch.dtype | None = None) -> None:
         self.kv_layout = kv_layout  # (kv heads, key dim, value dim) of the drafter's one attention layer
         self.page_size = page_size
         self.scratch_page = -1  # the pool's last page, known at `allocate`
         self.dtype = dtype
+        self.kv_dtype = kv_dtype or dtype  # the target's `kv_cache_dtype` (fp8: its attention passes the scales)
         self.device = device
         self.kv: PagedKVStorage | None = None
         self.states = SlotStates(hidden_size, dtype, device)
@@ -70,13 +71,13 @@ class FeatureDrafter(ABC):
     def kv_bytes_per_page(self) -> int:
         heads, k_dim, v_dim = self.kv_layout
         return PagedKVStorage.bytes_per_page(num_layers=1, page_size=self.page_size, num_kv_heads=heads,
-                                             head_dim=k_dim, v_head_dim=v_dim, dtype=self.dtype)
+                                             head_dim=k_dim, v_head_dim=v_dim, dtype=self.kv_dtype)
 
     def allocate(self, num_pages: int) -> None:
         heads, k_dim, v_dim = self.kv_layout
         self.scratch_page = num_pages - 1
         self.kv = PagedKVStorage(num_layers=1, num_pages=num_pages, page_size=self.page_size, num_kv_heads=heads,
-                                 head_dim=k_dim, v_head_dim=v_dim, dtype=self.dtype, device=self.device)
+                                 head_dim=k_dim, v_head_dim=v_dim, dtype=self.kv_dtype, device=self.device)
 
     def capture_graphs(self, target: DecodeGraphs, max_draft_tokens: int) -> None:
         """Capture the chain and the catch-up in CUDA graphs beside the target's (`draft_graphs.py`)."""

@@ -43,7 +43,8 @@ class MTPDrafter(FeatureDrafter):
         config = executor.model_config
         assert config.mla is not None
         super().__init__(hidden_size=config.hidden_size, kv_layout=(1, config.mla.cache_dim, 0),
-                         page_size=executor.config.page_size, dtype=executor.dtype, device=executor.device)
+                         page_size=executor.config.page_size, dtype=executor.dtype, device=executor.device,
+                         kv_dtype=executor.kv_dtype)
 
     def step(self, positions: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor, attn: AttentionMetadata,
              kv: PagedKVStorage) -> torch.Tensor:

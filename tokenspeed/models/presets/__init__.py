@@ -2,7 +2,9 @@
 
 They let benchmarks and capacity planning run at true shapes with dummy
 weights (`load_format="dummy"`) on machines that never downloaded the
-checkpoint. Each file is the model's published config.json, unmodified.
+checkpoint. Each file is the model's published config.json, unmodified,
+except where its `tokenspeed_description` says how and why (FP8 variants,
+a depth reduced to fit one GPU).
 A materialised folder also holds the preset's tokenizer and chat template
 when they can be built offline (see `tokenizers.py`).
 """

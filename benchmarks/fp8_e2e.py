@@ -1,0 +1,288 @@
+"""FP8 end to end on the H200, through the public `LLM` API (issue 16): weights, MoE, KV cache.
+
+    python benchmarks/fp8_e2e.py --out benchmarks/results/h200/fp8/fp8_e2e.json
+    python benchmarks/fp8_e2e.py --sections llama --out $OUT/llama.json
+    python benchmarks/fp8_e2e.py --smoke --out /tmp/fp8_e2e.json      # CPU, tiny shapes: the script runs
+
+Every figure is wall clock around `LLM.generate` (CUDA graphs and overlap
+scheduling on, prefix caching off so no prompt is served from the cache):
+the decode time per step is (time for 1 + N new tokens - time for 1) / N,
+prompts distinct between the two calls, after a warm-up that compiles the
+kernels. Dummy weights at the presets' true shapes.
+
+Sections (`--sections`, comma separated; the JSON is rewritten after each):
+
+- `llama`: Llama-3.1-8B bs1 TPOT with `quantization="fp8"` (online, one
+  scale per output channel) against its FP8 roofline, and with bf16 weights
+  beside it. Roofline = (bytes of the weights a decode step reads + K/V bytes
+  at the mean context) / copy bandwidth, the copy measured in this run.
+  Targets: fp8 TPOT <= 1.15 x roofline, bf16 TPOT / fp8 TPOT >= 1.7.
+- `qwen3_moe`: the qwen3-30b-a3b-fp8 preset (block-FP8 checkpoint format),
+  decode at bs1 and bs64 (TPOT, tokens/s, and the bs1 roofline of the active
+  parameters: attention, router and top-8 of 128 experts per layer).
+- `kv_long`: Llama-3.1-8B FP8 weights with the bf16 and the fp8 KV cache at
+  long context (4 requests of 32K tokens): decode TPOT, and the pool's pages
+  and 100K-token contexts that fit at the same memory utilisation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+RESULTS: dict[str, Any] = {}
+SECTIONS = ("llama", "qwen3_moe", "kv_long")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def save(path: Path, command: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    doc = {"command": command, "device": device,
+           "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "metrics": RESULTS}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------- ceilings and byte counts
+
+
+def copy_bandwidth_gb_s(smoke: bool) -> float:
+    """Bytes read + written by a device-to-device copy over its median time (2 GiB on the GPU)."""
+    device = "cpu" if smoke else "cuda"
+    n = (1 << 22) if smoke else (1 << 30)
+    a = torch.randn(n, dtype=torch.bfloat16, device=device)
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(3 if smoke else 20):
+        if not smoke:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        b.copy_(a)
+        if not smoke:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return round(2 * a.numel() * a.element_size() / times[len(times) // 2] / 1e9, 1)
+
+
+def _bytes(module: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def decode_weight_bytes(model: nn.Module) -> int:
+    """Bytes one decode token reads: all parameters but the embedding (one row) and unused experts."""
+    from tokenspeed.layers.moe import SparseMoE
+
+    inner = model.model  # type: ignore[attr-defined]
+    embed = inner.embed_tokens.weight
+    total = embed.shape[1] * embed.element_size() + _bytes(inner.norm) + _bytes(model.lm_head)  # type: ignore[attr-defined]
+    for layer in list(inner.layers)[: inner.num_layers]:
+        mlp = layer.mlp
+        total += _bytes(layer) - _bytes(mlp)
+        if not isinstance(mlp, SparseMoE):
+            total += _bytes(mlp)
+            continue
+        experts = mlp.experts
+        active = _bytes(experts) * mlp.moe.top_k // experts.num_experts  # fp8 weights and their scales
+        total += _bytes(mlp.gate) + active + (0 if mlp.shared_experts is None else _bytes(mlp.shared_experts))
+    return total
+
+
+def kv_bytes_per_token(llm: Any) -> int:
+    executor = llm.core.executor
+    heads, k_dim, v_dim = executor.model_config.kv_cache_layout
+    element = torch.empty((), dtype=executor.kv_dtype).element_size()
+    return executor.model_config.num_hidden_layers * heads * (k_dim + v_dim) * element
+
+
+# ---------------------------------------------------------------- timing through the LLM API
+
+
+def _prompts(rng: random.Random, count: int, length: int, vocab: int) -> list[dict[str, list[int]]]:
+    return [{"prompt_token_ids": [rng.randrange(10, vocab - 10) for _ in range(length)]} for _ in range(count)]
+
+
+def decode_step_s(llm: Any, batch: int, prompt_len: int, new_tokens: int, rng: random.Random) -> float:
+    """Wall-clock seconds of one decode step of `batch` rows (see the module docstring)."""
+    from tokenspeed import SamplingParams
+
+    vocab = llm.core.executor.model_config.vocab_size
+
+    def timed(tokens: int, rows: int = batch) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, detokenize=False)
+        prompts = _prompts(rng, rows, prompt_len, vocab)
+        t = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - t
+
+    # Warm-up at the same context and (up to 64K prompt tokens) the same batch, so that prefill chunks
+    # and decode steps of the measured shapes have compiled their kernels and settled their tuners.
+    timed(4, rows=max(1, min(batch, (1 << 16) // prompt_len)))
+    return (timed(1 + new_tokens) - timed(1)) / new_tokens
+
+
+def engine(model: str, smoke: bool, **options: Any) -> Any:
+    from tokenspeed import LLM
+
+    base: dict[str, Any] = dict(load_format="dummy", skip_tokenizer_init=True, enable_prefix_caching=False,
+                                show_progress=False, seed=0)
+    if smoke:
+        base.update(device="cpu", dtype="float32", max_model_len=256, max_num_seqs=8, kv_cache_memory_bytes=1 << 20)
+    else:
+        base.update(device="cuda", dtype="bfloat16", gpu_memory_utilization=0.9)
+    t = time.perf_counter()
+    llm = LLM(model, **{**base, **options})
+    log(f"{model} {options} up in {time.perf_counter() - t:.1f} s")
+    return llm
+
+
+def release(llm: Any) -> None:
+    llm.shutdown()
+    del llm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- sections
+
+
+def llama(args: argparse.Namespace, models: dict[str, str]) -> None:
+    prompt_len, new_tokens = (8, 4) if args.smoke else (1024, 256)
+    mean_context = prompt_len + new_tokens // 2
+    out: dict[str, Any] = RESULTS.setdefault("llama", {"prompt_len": prompt_len, "new_tokens": new_tokens})
+    for name, options in (("fp8", {"quantization": "fp8"}), ("bf16", {})):
+        llm = engine(models["llama"], args.smoke, max_num_seqs=8, **options)
+        step = decode_step_s(llm, 1, prompt_len, new_tokens, random.Random(1))
+        weights = decode_weight_bytes(llm.core.executor.model)
+        roofline = (weights + kv_bytes_per_token(llm) * mean_context) / (RESULTS["copy_bandwidth_gb_s"] * 1e9)
+        out[name] = {"bs1_tpot_ms": round(step * 1e3, 3), "roofline_ms": round(roofline * 1e3, 3),
+                     "roofline_ratio": round(step / roofline, 3), "weight_bytes_per_token": weights}
+        log(f"llama {name}: bs1 TPOT {step * 1e3:.3f} ms, roofline {roofline * 1e3:.3f} ms ({step / roofline:.3f}x)")
+        release(llm)
+    out["bf16_over_fp8"] = round(out["bf16"]["bs1_tpot_ms"] / out["fp8"]["bs1_tpot_ms"], 3)
+    out["targets"] = {"fp8_roofline_ratio_max": 1.15, "bf16_over_fp8_min": 1.7,
+                      "met": out["fp8"]["roofline_ratio"] <= 1.15 and out["bf16_over_fp8"] >= 1.7}
+
+
+def qwen3_moe(args: argparse.Namespace, models: dict[str, str]) -> None:
+    prompt_len, new_tokens = (8, 4) if args.smoke else (512, 128)
+    big = 2 if args.smoke else 64
+    out: dict[str, Any] = RESULTS.setdefault("qwen3_moe", {"prompt_len": prompt_len, "new_tokens": new_tokens})
+    llm = engine(models["qwen3_moe"], args.smoke, max_num_seqs=big, max_model_len=None if args.smoke else 4096)
+    rng = random.Random(2)
+    for batch in (1, big):
+        step = decode_step_s(llm, batch, prompt_len, new_tokens, rng)
+        out[f"bs{batch}"] = {"tpot_ms": round(step * 1e3, 3), "tokens_per_s": round(batch / step, 1)}
+        log(f"qwen3_moe fp8 bs{batch}: TPOT {step * 1e3:.3f} ms, {batch / step:.0f} tok/s")
+    weights = decode_weight_bytes(llm.core.executor.model)
+    roofline = (weights + kv_bytes_per_token(llm) * (prompt_len + new_tokens // 2)) / (
+        RESULTS["copy_bandwidth_gb_s"] * 1e9)
+    out["bs1"].update(roofline_ms=round(roofline * 1e3, 3), roofline_ratio=round(out["bs1"]["tpot_ms"] / 1e3 / roofline, 3),
+                      active_weight_bytes_per_token=weights)
+    release(llm)
+
+
+def kv_long(args: argparse.Namespace, models: dict[str, str]) -> None:
+    batch, context, new_tokens = (2, 32, 4) if args.smoke else (4, 32768, 64)
+    out: dict[str, Any] = RESULTS.setdefault("kv_long", {"batch": batch, "context": context, "new_tokens": new_tokens})
+    for kv in ("auto", "fp8"):
+        # max_num_seqs 256 so that the pool is sized by memory alone (not capped at what `batch` requests
+        # could use): its pages are the capacity figure; graphs only up to `batch` rows.
+        options: dict[str, Any] = dict(quantization="fp8", kv_cache_dtype=kv, max_num_seqs=256,
+                                       cuda_graph_max_bs=batch, max_model_len=context + new_tokens + 16)
+        if not args.smoke:
+            options["max_num_batched_tokens"] = 16384
+        llm = engine(models["llama"], args.smoke, **options)
+        step = decode_step_s(llm, batch, context, new_tokens, random.Random(3))
+        limits = llm.core.executor.limits
+        per_token = kv_bytes_per_token(llm)
+        name = "bf16" if kv == "auto" else "fp8"
+        out[name] = {"tpot_ms": round(step * 1e3, 3), "kv_pages": limits.num_pages,
+                     "kv_bytes_per_token": per_token,
+                     "contexts_of_100k_that_fit": limits.num_pages * limits.page_size // 100_000}
+        log(f"kv_long {name} KV: TPOT {step * 1e3:.3f} ms at {batch} x {context}, {limits.num_pages} pages")
+        release(llm)
+    out["bf16_over_fp8_tpot"] = round(out["bf16"]["tpot_ms"] / out["fp8"]["tpot_ms"], 3)
+    out["fp8_over_bf16_pages"] = round(out["fp8"]["kv_pages"] / out["bf16"]["kv_pages"], 3)
+
+
+# ---------------------------------------------------------------- smoke models
+
+
+def smoke_models(root: Path) -> dict[str, str]:
+    """The presets' configs shrunk in width and depth, for `--smoke` on the CPU."""
+    from tokenspeed.models.presets import preset_dict
+
+    narrow = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=512)
+    shapes = {
+        "llama": ("llama-3.1-8b", narrow),
+        "qwen3_moe": ("qwen3-30b-a3b-fp8", {**narrow, "moe_intermediate_size": 128, "num_experts": 8,
+                                            "num_experts_per_tok": 2}),
+    }
+    folders = {}
+    for key, (preset, changes) in shapes.items():
+        raw = {k: v for k, v in preset_dict(preset).items() if k != "tokenspeed_description"}
+        folder = root / key
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({**raw, **changes}))
+        folders[key] = str(folder)
+    return folders
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/fp8/fp8_e2e.json"))
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma separated, of {', '.join(SECTIONS)}")
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, measures nothing")
+    args = parser.parse_args()
+    command = " ".join(["python", "benchmarks/fp8_e2e.py", *sys.argv[1:]])
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
+    if not args.smoke and not torch.cuda.is_available():
+        parser.error("no GPU: use --smoke")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    models = (smoke_models(Path(tempfile.mkdtemp(prefix="fp8_e2e_"))) if args.smoke
+              else {"llama": "llama-3.1-8b", "qwen3_moe": "qwen3-30b-a3b-fp8"})
+    RESULTS["copy_bandwidth_gb_s"] = copy_bandwidth_gb_s(args.smoke)
+    log(f"copy bandwidth {RESULTS['copy_bandwidth_gb_s']} GB/s")
+    runners: dict[str, Callable[[argparse.Namespace, dict[str, str]], None]] = {
+        "llama": llama, "qwen3_moe": qwen3_moe, "kv_long": kv_long}
+    failed = []
+    for section in sections:
+        t = time.perf_counter()
+        try:
+            runners[section](args, models)
+        except Exception as exc:  # the JSON keeps what finished and says what failed
+            import traceback
+
+            traceback.print_exc()
+            RESULTS.setdefault("failed", {})[section] = f"{type(exc).__name__}: {exc}"
+            failed.append(section)
+        RESULTS.setdefault("section_seconds", {})[section] = round(time.perf_counter() - t, 1)
+        save(args.out, command)
+    save(args.out, command)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

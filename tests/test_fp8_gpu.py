@@ -1,0 +1,126 @@
+"""FP8 in the engine on the GPU (issue 16): FP8 weights, the FP8 KV cache, the presets.
+
+* Off switch: FP8 weights through the fast kernels (GEMV at one token,
+  cuBLAS / Triton block-scaled GEMMs above, Triton fused MoE) and through
+  the references (`--kernel gemm.fp8=reference --kernel moe.experts_fp8=reference`,
+  weights dequantised on the fly) give the same greedy tokens on the trained
+  tiny models, bf16: online `quantization="fp8"` and a block-FP8 checkpoint
+  (DeepSeek-V3 format). The tensor-core GEMMs quantise activations per token
+  and group of 128 (the reference does not), so the first divergence, if
+  any, is reported and at least 90% of tokens must agree before it.
+* FP8 KV cache: teacher-forced top-1 agreement with the bf16 cache over 256
+  steps >= 0.99 (Triton write/decode/extend kernels), and with MTP speculative
+  decoding: verify CUDA graphs on and off give identical tokens over fp8 pages.
+* The FP8 presets start with dummy weights and decode (qwen3-30b-a3b-fp8,
+  deepseek-v3-fp8-8l: 63 GB).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from tests.fp8_agreement import fp8_kv_agreement
+from tests.fp8_checkpoints import to_block_fp8
+from tests.gpu_parity import first_divergence, free_cuda, report
+from tokenspeed import LLM, SamplingParams
+from tokenspeed.kernels.quant.fp8 import FP8_DTYPE
+from tokenspeed.models.embedded.materialize import embedded_model_path
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+TEXT = [
+    "The engine schedules requests in pages of sixteen tokens, and each step decodes one token for every "
+    "running request. ",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "User: What is the capital of France?\nAssistant:",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+REFERENCE_KERNELS = ("gemm.fp8=reference", "moe.experts_fp8=reference")
+
+
+def _prompts(folder: Path) -> list[list[int]]:
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return [tokenizer.encode(t).ids for t in TEXT]
+
+
+def _tokens(folder: Path | str, prompts: list[list[int]], **engine: Any) -> list[list[int]]:
+    llm = LLM(str(folder), dtype="bfloat16", device="cuda", skip_tokenizer_init=True, show_progress=False,
+              max_model_len=1024, max_num_seqs=8, **engine)
+    out = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY)]
+    if engine.get("quantization") or "fp8" in str(folder):
+        model = llm.core.executor.model  # type: ignore[attr-defined]
+        assert any(p.dtype == FP8_DTYPE for p in model.parameters())
+    llm.shutdown()
+    del llm
+    free_cuda()
+    return out
+
+
+def _assert_mostly_equal(fast: list[list[int]], reference: list[list[int]], what: str) -> None:
+    agreed = 0
+    for i, (a, b) in enumerate(zip(fast, reference)):
+        split = first_divergence(a, b)
+        agreed += len(a) if split is None else split
+        if split is not None:
+            report({"test": "fp8_on_off", "case": what, "prompt": i, "first_divergence": split})
+    total = sum(len(a) for a in fast)
+    assert agreed >= 0.9 * total, f"{what}: only {agreed}/{total} tokens agree before a divergence"
+
+
+@pytest.mark.parametrize("name", ["embedded", "embedded-moe"])
+def test_online_fp8_fast_kernels_and_references_agree(name: str) -> None:
+    folder = embedded_model_path(name)
+    prompts = _prompts(folder)
+    fast = _tokens(folder, prompts, quantization="fp8")
+    reference = _tokens(folder, prompts, quantization="fp8", kernel_overrides=REFERENCE_KERNELS)
+    _assert_mostly_equal(fast, reference, f"online {name}")
+
+
+@pytest.mark.parametrize("name", ["embedded", "embedded-moe"])
+def test_block_fp8_checkpoint_fast_kernels_and_references_agree(name: str, tmp_path: Path) -> None:
+    source = embedded_model_path(name)
+    folder = tmp_path / f"{name}-fp8"
+    to_block_fp8(source, folder)
+    prompts = _prompts(source)
+    fast = _tokens(folder, prompts)
+    reference = _tokens(folder, prompts, kernel_overrides=REFERENCE_KERNELS)
+    _assert_mostly_equal(fast, reference, f"block-fp8 {name}")
+
+
+@pytest.mark.parametrize("name", ["embedded", "embedded-moe"])
+def test_fp8_kv_cache_agrees_with_the_bf16_cache(name: str) -> None:
+    folder = embedded_model_path(name)
+    agreement = fp8_kv_agreement(folder, _prompts(folder), 256, dtype=torch.bfloat16, device="cuda")
+    report({"test": "fp8_kv_agreement", "model": name, "top1_agreement": agreement})
+    free_cuda()
+    assert agreement >= 0.99
+
+
+def test_fp8_kv_with_mtp_verify_graphs_on_and_off() -> None:
+    folder = embedded_model_path("embedded-moe")
+    prompts = _prompts(folder)
+    spec = {"method": "mtp", "num_speculative_tokens": 2}
+    graphs = _tokens(folder, prompts, kv_cache_dtype="fp8", speculative_config=spec)
+    eager = _tokens(folder, prompts, kv_cache_dtype="fp8", speculative_config=spec, enforce_eager=True)
+    assert graphs == eager
+
+
+@pytest.mark.parametrize("preset", ["qwen3-30b-a3b-fp8", "deepseek-v3-fp8-8l"])
+def test_fp8_presets_start_and_decode(preset: str) -> None:
+    llm = LLM(preset, load_format="dummy", dtype="bfloat16", device="cuda", skip_tokenizer_init=True,
+              show_progress=False, max_model_len=4096, max_num_seqs=4, kv_cache_dtype="fp8")
+    out = llm.generate([{"prompt_token_ids": list(range(100, 400))}], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 16
+    report({"test": "fp8_preset", "preset": preset, "kv_pages": llm.core.executor.limits.num_pages,  # type: ignore[attr-defined]
+            "allocated_gb": round(torch.cuda.memory_allocated() / 1e9, 1)})
+    llm.shutdown()
+    del llm
+    free_cuda()

@@ -1,0 +1,139 @@
+"""Put a built model's linear layers and routed experts into FP8, as its `Fp8Config` says.
+
+Two moments around the weight load (`loader.load_weights`):
+
+- `prepare_fp8` (before): for a serialized FP8 checkpoint every quantised
+  layer gets empty fp8 weights and `weight_scale_inv` parameters, so the
+  loader's usual name check reports a missing or unexpected scale, and its
+  shape check a malformed one, as a `WeightLoadError`;
+- `finish_fp8` (after): online quantisation of the loaded weights
+  (`quantization="fp8"`), or, for a serialized checkpoint, dequantisation of
+  the weights the model reads directly instead of through a GEMM: MLA's
+  `kv_b_proj`, whose W_UK / W_UV are absorbed into the query and the output
+  (`layers/mla.py`), is kept in the model dtype.
+
+What stays unquantised: the embedding, the LM head and MoE routers (not
+`Linear`s: they are bf16 in every FP8 checkpoint), DeepSeek's MTP `eh_proj`
+(bf16 in V3's checkpoint, as vLLM reads it), modules the checkpoint's
+`modules_to_not_convert` names (HF names, transformers' substring rule; a
+fused projection must be skipped whole or not at all), and, online, `kv_b_proj`.
+Layers whose fused bf16 decode kernels read the weight directly lose those
+fast paths (`decode_max_tokens` -1); FP8 layers have their own GEMV.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from torch import nn
+
+from tokenspeed.errors import ModelNotSupported
+from tokenspeed.layers.fp8_weights import dequantize_in_place, online_block, restore_dtype, stored_block
+from tokenspeed.layers.linear import Linear, MergedLinear
+from tokenspeed.layers.mlp import GatedMLP
+from tokenspeed.layers.moe import SparseMoE
+from tokenspeed.models.quant_config import Fp8Config
+
+# Linears whose weight a layer reads itself (absorbed into other products), never through a GEMM.
+_ABSORBED = ("kv_b_proj",)
+# Linears FP8 checkpoints keep in bf16 without listing them: DeepSeek-V3's MTP input projection.
+_NEVER = ("eh_proj",)
+
+
+def _hf_names(model: nn.Module, path: str, module: nn.Module) -> list[str]:
+    """The checkpoint names of the modules `path` stands for (the parts of a fused one)."""
+    unrenames = {ours: hf for hf, ours in getattr(model, "checkpoint_renames", {}).items()}
+    hf_path = ".".join(unrenames.get(part, part) for part in path.split("."))
+    if isinstance(module, MergedLinear):
+        packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
+        unpacked = {v: k for k, v in packed.items()}
+        parent, _, leaf = hf_path.rpartition(".")
+        return [f"{parent}.{unpacked.get((leaf, shard), leaf)}" for shard in module.shard_names]
+    if isinstance(module, SparseMoE):
+        names = module.experts.names
+        return [f"{hf_path}.experts.{e}.{n}" for e in range(module.experts.num_experts)
+                for n in (names.gate, names.up, names.down)]
+    return [hf_path]
+
+
+def _targets(model: nn.Module, config: Fp8Config) -> Iterator[tuple[str, nn.Module]]:
+    """(name, module) of every Linear and SparseMoE that becomes fp8."""
+    for path, module in model.named_modules():
+        if not isinstance(module, (Linear, SparseMoE)):
+            continue
+        if type(module).__module__.endswith("parallel_linear"):
+            raise ModelNotSupported("fp8 weights are not supported with tensor parallelism yet")
+        leaf = path.rpartition(".")[2]
+        if leaf in _NEVER or (not config.serialized and leaf in _ABSORBED):
+            continue
+        skipped = [config.skips(name) for name in _hf_names(model, path, module)]
+        if all(skipped):
+            continue
+        if any(skipped):
+            raise ModelNotSupported(
+                f"modules_to_not_convert names some but not all parts of {path}; they run as one fp8 GEMM"
+            )
+        yield path, module
+
+
+def _block_of(module: nn.Module, config: Fp8Config) -> tuple[int, int]:
+    if config.block_size is None:
+        return online_block()
+    if isinstance(module, MergedLinear):
+        return stored_block(module.part_sizes, config.block_size)
+    if isinstance(module, SparseMoE):
+        inter = module.experts.intermediate_size
+        return stored_block([inter, inter], config.block_size)
+    return config.block_size
+
+
+def _use_fp8(module: nn.Module, config: Fp8Config) -> None:
+    checkpoint_block = config.block_size if config.serialized else None
+    module.use_fp8(_block_of(module, config), checkpoint_block=checkpoint_block)  # type: ignore[operator]
+
+
+def _drop_bf16_decode_paths(model: nn.Module) -> None:
+    """Fused bf16 decode kernels read `weight` themselves: off for layers that now hold fp8 ones."""
+    for module in model.modules():
+        if isinstance(module, GatedMLP) and module.gate_up_proj.fp8_block is not None:
+            module._fused_max_tokens = -1
+        if hasattr(module, "_fused_decode_max_tokens") and any(
+            isinstance(m, Linear) and m.fp8_block is not None for m in module.modules()
+        ):
+            module._fused_decode_max_tokens = -1  # type: ignore[assignment]
+
+
+def prepare_fp8(model: nn.Module, config: Fp8Config | None) -> None:
+    """Before loading a serialized FP8 checkpoint: fp8 storage and scales for every quantised layer.
+
+    The model was built under `fp8_weight_allocation` (`executor.load_model`), so every projection
+    weight is fp8 already; those that stay unquantised get their model-dtype storage back here.
+    """
+    if config is None or not config.serialized:
+        return
+    targets = dict(_targets(model, config))
+    for path, module in model.named_modules():
+        if path in targets:
+            _use_fp8(module, config)
+        elif isinstance(module, Linear):
+            restore_dtype(module, "weight", module._dtype)
+        elif isinstance(module, SparseMoE):
+            for attr in ("w13", "w2"):
+                restore_dtype(module.experts, attr, module.experts.dtype)
+    _drop_bf16_decode_paths(model)
+
+
+def finish_fp8(model: nn.Module, config: Fp8Config | None) -> None:
+    """After loading: quantise online, or dequantise the absorbed weights of a serialized checkpoint."""
+    if config is None:
+        return
+    if not config.serialized:
+        for _, module in list(_targets(model, config)):
+            _use_fp8(module, config)
+        _drop_bf16_decode_paths(model)
+        return
+    for path, module in model.named_modules():
+        if isinstance(module, Linear) and module.fp8_block is not None and path.rpartition(".")[2] in _ABSORBED:
+            dtype = module._dtype
+            dequantize_in_place(module, "weight", module.fp8_block, dtype)
+            module.drop_fp8(module.weight.data)
