@@ -245,8 +245,10 @@ def explore(
     liveness_bound: int,
     moves: Callable[[World, list[Spec], Reference], Actions] = actions,
     make_world: Callable[[SchedulerConfig], World] = new_world,
+    max_states: int | None = None,
 ) -> tuple[int, set[str]]:
-    """DFS over every interleaving of `moves`; the move named "step" is the one liveness follows."""
+    """DFS over every interleaving of `moves`; the move named "step" is the one liveness follows.
+    `max_states` bounds the search (it fails past it: shrink the world rather than wait)."""
     coverage: set[str] = set()
     reference = reference_outputs(config, specs)
     root = make_world(config)
@@ -271,6 +273,7 @@ def explore(
                 seen[key] = child_key
             if child_key not in seen:
                 seen[child_key] = None
+                assert max_states is None or len(seen) <= max_states, f"more than {max_states} states"
                 stack.append((child, child_key, (*path, name)))
     # Liveness on the explored graph: follow step edges to a state with nothing unfinished.
     for start in seen:

@@ -71,6 +71,15 @@ class EngineConfig:
     # KV cache storage, vLLM's option: "auto" (the model dtype) | "fp8" | "fp8_e4m3" (half the bytes of
     # bf16; static per-tensor scales of 1.0, see `layers/kv_scales.py`).
     kv_cache_dtype: str = "auto"
+    # KV tiers below the device pool (kvcache/, executor/kv_tiers.py). Host tier bytes (None: a quarter of
+    # the host's available memory on a GPU, 0 on the CPU); a disk tier under kv_cache_dir (None: off)
+    # bounded by kv_cache_dir_bytes; retention of a session's pages for session_ttl seconds after a turn;
+    # preemption "retract" (to the host) or "recompute" (None: retract when there is a host tier).
+    host_kv_cache_bytes: int | None = None
+    kv_cache_dir: str | None = None
+    kv_cache_dir_bytes: int = 64 * 1024**3
+    session_ttl: float = 300.0
+    preemption_mode: str | None = None
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -108,6 +117,19 @@ class EngineConfig:
             raise InvalidRequest(
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}."
             )
+        self._validate_kv_tiers()
+
+    def _validate_kv_tiers(self) -> None:
+        if self.host_kv_cache_bytes is not None and self.host_kv_cache_bytes < 0:
+            raise InvalidRequest(f"host_kv_cache_bytes must be >= 0, got {self.host_kv_cache_bytes}.")
+        if self.kv_cache_dir_bytes < 1:
+            raise InvalidRequest(f"kv_cache_dir_bytes must be positive, got {self.kv_cache_dir_bytes}.")
+        if not 0.0 <= self.session_ttl <= 86400.0:
+            raise InvalidRequest(f"session_ttl must be in [0, 86400] seconds, got {self.session_ttl}.")
+        if self.preemption_mode not in (None, "retract", "recompute"):
+            raise InvalidRequest(f"preemption_mode must be retract or recompute, got {self.preemption_mode!r}.")
+        if self.kv_cache_dir is not None and self.host_kv_cache_bytes == 0:
+            raise InvalidRequest("kv_cache_dir (the disk tier) is filled from the host tier: set host_kv_cache_bytes.")
 
 
 def parse_kernel_override(item: str) -> tuple[str, str, str]:

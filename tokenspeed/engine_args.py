@@ -55,6 +55,23 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
                        help="KV cache storage: auto (the model dtype) or fp8 (e4m3, half the bytes of bf16) "
                             "(default: %(default)s)")
+    add_kv_tier_args(parser)
+
+
+def add_kv_tier_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("KV tiers")
+    group.add_argument("--host-kv-cache-bytes", type=int, default=None,
+                       help="host memory for the KV host tier (prefix pages evicted from the device, retracted "
+                            "requests) (default: a quarter of available host memory on GPU, 0 on CPU)")
+    group.add_argument("--kv-cache-dir", default=None, help="directory of the KV disk tier (default: off)")
+    group.add_argument("--kv-cache-dir-bytes", type=int, default=64 * 1024**3,
+                       help="bytes the disk tier may use (default: %(default)s)")
+    group.add_argument("--session-ttl", type=float, default=300.0,
+                       help="seconds a finished turn's KV stays protected for its session (prompt_cache_key, "
+                            "user, cache_control) (default: %(default)s)")
+    group.add_argument("--preemption-mode", choices=("retract", "recompute"), default=None,
+                       help="under memory pressure, save a victim's KV to the host (retract) or recompute it "
+                            "(default: retract when there is a host tier)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -81,4 +98,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         speculative_config=speculative_config_dict(args.speculative_config),
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        host_kv_cache_bytes=args.host_kv_cache_bytes,
+        kv_cache_dir=args.kv_cache_dir,
+        kv_cache_dir_bytes=args.kv_cache_dir_bytes,
+        session_ttl=args.session_ttl,
+        preemption_mode=args.preemption_mode,
     )

@@ -57,6 +57,52 @@ class _EngineCollector(Collector):
                                 value=1.0 if self.engine.is_healthy() else 0.0)
         if stats.spec_method:
             yield from _speculation_metrics(stats)
+        if stats.kv_tiers:
+            yield from _kv_tier_metrics(stats)
+
+
+_TIER_PAGE_EVENTS = (
+    ("retracted", "pages_retracted"),
+    ("retracted_full", "pages_retracted_full"),
+    ("retract_lost", "pages_retract_lost"),
+    ("restored", "pages_restored"),
+    ("reacquired", "pages_reacquired"),
+    ("spilled", "pages_spilled"),
+    ("spilled_to_disk", "pages_spilled_to_disk"),
+    ("device_dropped", "device_drops"),
+    ("host_dropped", "host_drops"),
+    ("disk_bad_file", "disk_bad_files"),
+)
+
+
+def _kv_tier_metrics(stats: EngineStats) -> Iterator[Metric]:
+    """The KV tiers (kvcache/tier_stats.py): page events, hits in tokens, bytes each way, the host pool."""
+    tiers = stats.kv_tiers
+    counters, page_size = tiers["counters"], tiers["page_size"]
+    pages = CounterMetricFamily("tokenspeed_kv_tier_pages", "KV pages moved or lost between tiers, by event.",
+                                labels=["event"])
+    for label, key in _TIER_PAGE_EVENTS:
+        pages.add_metric([label], counters[key])
+    yield pages
+    hits = CounterMetricFamily("tokenspeed_kv_tier_hit_tokens", "Prompt tokens loaded from a lower tier "
+                               "instead of recomputed.", labels=["tier"])
+    hits.add_metric(["host"], counters["host_hit_pages"] * page_size)
+    hits.add_metric(["disk"], counters["disk_hit_pages"] * page_size)
+    yield hits
+    moved = CounterMetricFamily("tokenspeed_kv_tier_bytes", "KV bytes copied between tiers.", labels=["direction"])
+    for direction in ("device_to_host", "host_to_device", "host_to_disk", "disk_to_host"):
+        moved.add_metric([direction], counters[f"bytes_{direction}"])
+    yield moved
+    yield CounterMetricFamily("tokenspeed_kv_retention_evictions", "Session-retained pages evicted before "
+                              "their TTL.", value=counters["retention_evictions"])
+    yield GaugeMetricFamily("tokenspeed_num_requests_retracted", "Requests whose KV waits on the host tier.",
+                            value=stats.num_retracted)
+    host = tiers.get("host")
+    if host is not None:
+        books = GaugeMetricFamily("tokenspeed_kv_host_pages", "KV host tier slots by state.", labels=["state"])
+        for state in ("free", "owned", "cached", "draining", "retained"):
+            books.add_metric([state], host[state])
+        yield books
 
 
 def _speculation_metrics(stats: EngineStats) -> Iterator[Metric]:

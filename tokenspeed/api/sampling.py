@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokenspeed.api.cache_session import anthropic_session, openai_session
 from tokenspeed.api.protocol import anthropic, openai
 from tokenspeed.errors import InvalidRequest
 from tokenspeed.scheduler.sampling_params import SamplingParams
@@ -73,7 +74,10 @@ def _common(body: openai.SamplingFields) -> dict[str, Any]:
             raise InvalidRequest(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {body.prompt_logprobs}.")
         if body.stream:
             raise InvalidRequest("prompt_logprobs is not available with stream=true.")
+    session, ttl = openai_session(body)
     return {
+        "cache_session": session,
+        "cache_ttl": ttl,
         "n": body.n,
         "temperature": _or(body.temperature, 1.0),
         "top_p": _or(body.top_p, 1.0),
@@ -130,7 +134,10 @@ def messages_params(
     body: anthropic.MessagesRequest, tool_grammar: StructuredOutputsParams | None = None
 ) -> SamplingParams:
     """`tool_grammar`: the grammar enforcing `tool_choice` any/tool over the tools' input schemas."""
+    session, ttl = anthropic_session(body)
     return SamplingParams(
+        cache_session=session,
+        cache_ttl=ttl,
         temperature=_or(body.temperature, 1.0),
         top_p=_or(body.top_p, 1.0),
         top_k=_or(body.top_k, 0),

@@ -63,9 +63,12 @@ class RequestOptions:
     api: str = "chat"  # "chat" | "completions"
     temperature: float = 0.0
     ignore_eos: bool = False
+    session_key: bool = False  # send each session's id as OpenAI's `prompt_cache_key` (session retention)
 
 
-def build_body(options: RequestOptions, messages: list[Message], max_tokens: int) -> dict[str, Any]:
+def build_body(
+    options: RequestOptions, messages: list[Message], max_tokens: int, session_id: str | None = None
+) -> dict[str, Any]:
     """The JSON body of one streaming request."""
     body: dict[str, Any] = {
         "model": options.model,
@@ -76,6 +79,8 @@ def build_body(options: RequestOptions, messages: list[Message], max_tokens: int
     }
     if options.ignore_eos:
         body["ignore_eos"] = True  # vLLM/SGLang/TokenSpeed extension; OpenAI itself ignores unknown keys
+    if options.session_key and session_id is not None:
+        body["prompt_cache_key"] = session_id
     if options.api == "chat":
         body["messages"] = messages
     else:
@@ -117,7 +122,7 @@ async def stream_request(
     record: RequestRecord,
 ) -> str:
     """Send one streaming request, fill `record`, return the reply text ('' on error)."""
-    body = build_body(options, messages, max_tokens)
+    body = build_body(options, messages, max_tokens, record.session_id)
     parts: list[str] = []
     token_events = 0
     start = time.perf_counter()

@@ -67,6 +67,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="shrink every session proportionally so each prompt + reply fits "
                              "(default: the max_model_len the server reports, if any)")
     parser.add_argument("--ignore-eos", action="store_true", help="ask the server to always generate max_tokens")
+    parser.add_argument("--session-key", action="store_true",
+                        help="send each session's id as prompt_cache_key (a server's session retention key)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply tool/think gaps (0: none) (default: %(default)s)")
     parser.add_argument("--label", default=None, help="curve name (default: the model name)")
     parser.add_argument("--gpus", type=int, default=1, help="divide per-GPU throughput by this (default: %(default)s)")
@@ -133,7 +135,7 @@ async def sweep(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[Po
         if model is None:
             reason = info.get("models_error") or "it lists no model; pass --model"
             raise RuntimeError(f"cannot pick a model at {args.base_url}: {reason}")
-        options = RequestOptions(model, args.api, args.temperature, args.ignore_eos)
+        options = RequestOptions(model, args.api, args.temperature, args.ignore_eos, args.session_key)
         windows = [w for w in (args.max_context, info.get("max_model_len")) if w]
         max_context = min(windows) if windows else None
         ratios = TextRatios() if args.no_calibrate else await calibrate(http, options, max_context)

@@ -48,6 +48,7 @@ from tokenspeed.errors import TokenSpeedError
 from tokenspeed.executor.executor import Executor
 from tokenspeed.executor.interface import ModelExecutor
 from tokenspeed.executor.sampler import needs_host_results
+from tokenspeed.kvcache import KVTierConfig
 from tokenspeed.scheduler import Scheduler, SchedulerConfig
 from tokenspeed.scheduler.admission import check_admission
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
@@ -89,6 +90,15 @@ class EngineCore:
         self.executor = executor
         limits = executor.limits
         spec = self.speculative_config
+        tiers = None
+        if limits.kv_layout is not None:
+            tiers = KVTierConfig(
+                layout=limits.kv_layout,
+                host_kv_cache_bytes=limits.host_kv_cache_bytes,
+                kv_cache_dir=config.kv_cache_dir if limits.host_kv_cache_bytes else None,
+                kv_cache_dir_bytes=config.kv_cache_dir_bytes,
+                session_ttl=config.session_ttl,
+            )
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -100,6 +110,8 @@ class EngineCore:
                 seed=config.seed,
                 vocab_size=limits.vocab_size,
                 speculation=None if spec is None else spec.draft_policy(),
+                kv_tiers=tiers,
+                preemption_mode=config.preemption_mode,
             ),
             None if spec is None else spec.make_drafter(),
         )

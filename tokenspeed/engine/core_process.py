@@ -31,6 +31,7 @@ import zmq
 from tokenspeed.engine import ipc
 from tokenspeed.engine.stream import EngineStats
 from tokenspeed.errors import TokenSpeedError
+from tokenspeed.kvcache.tier_stats import as_report
 from tokenspeed.scheduler.updates import RequestUpdate
 
 if TYPE_CHECKING:
@@ -142,6 +143,8 @@ class CoreLoop:
             spec_num_draft_tokens=0 if spec is None else spec.num_draft_tokens,
             spec_num_accepted_tokens=0 if spec is None else spec.num_accepted_tokens,
             spec_accepted_per_position=[] if spec is None else list(spec.accepted_per_position),
+            num_retracted=scheduler.num_retracted,
+            kv_tiers=as_report(scheduler.kv.tier_stats(), scheduler.kv.page_size),
         )
 
     def _send(self, message: ipc.Message) -> None:

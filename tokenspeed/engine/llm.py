@@ -67,6 +67,12 @@ class LLM:
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
         show_progress: bool = True,
+        # KV tiers (see EngineConfig): host tier bytes, disk tier, session TTL, retract | recompute.
+        host_kv_cache_bytes: int | None = None,
+        kv_cache_dir: str | None = None,
+        kv_cache_dir_bytes: int = 64 * 1024**3,
+        session_ttl: float = 300.0,
+        preemption_mode: str | None = None,
     ) -> None:
         """`speculative_config`: vLLM's option, a dict or its JSON (e.g. `{"method": "suffix"}`); see
         `tokenspeed.spec.config`. Outputs are those of plain decoding (token for token; with a device
@@ -95,6 +101,11 @@ class LLM:
             speculative_config=speculative_config_dict(speculative_config),
             quantization=quantization,
             kv_cache_dtype=kv_cache_dtype,
+            host_kv_cache_bytes=host_kv_cache_bytes,
+            kv_cache_dir=kv_cache_dir,
+            kv_cache_dir_bytes=kv_cache_dir_bytes,
+            session_ttl=session_ttl,
+            preemption_mode=preemption_mode,
         )
         self.show_progress = show_progress
         self.core = EngineCore(config, progress=show_progress)

@@ -10,6 +10,7 @@ so a slow client costs one record, not one per step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokenspeed.engine.outputs import PositionLogprobs
 
@@ -51,6 +52,10 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: list[int] = field(default_factory=list)
+    # KV tiers: requests retracted to the host now, and `kvcache.TierStats` as plain dicts (books of the
+    # device / host / disk tiers, counters of copies and hits) plus "page_size"; empty when off.
+    num_retracted: int = 0
+    kv_tiers: dict[str, Any] = field(default_factory=dict)
 
 
 def merge_deltas(earlier: RequestDelta, later: RequestDelta) -> RequestDelta:

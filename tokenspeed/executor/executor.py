@@ -40,10 +40,12 @@ from tokenspeed.config import (
 )
 from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from tokenspeed.executor.kv_tiers import HostKVTier, default_host_kv_cache_bytes
 from tokenspeed.executor.memory_check import check_fits, weight_bytes
 from tokenspeed.executor.model_runner import ModelRunner, StepHandle
 from tokenspeed.executor.speculator import Speculator
 from tokenspeed.kernels import check_override_environment, set_kernel_override
+from tokenspeed.kvcache import KVLayout
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 from tokenspeed.layers.fp8_weights import fp8_weight_allocation
 from tokenspeed.models import CausalLM, ModelConfig, build_model, load_weights
@@ -137,6 +139,7 @@ class Executor:
             gpu_memory_utilization=config.gpu_memory_utilization if planned_pages is None else None,
         )
         dummy = dummy_weights or config.load_format == "dummy"
+        self._dummy_weights = dummy
         self.model = load_model(
             self.model_config,
             None if dummy else model_folder,
@@ -175,6 +178,8 @@ class Executor:
         )
         self.runner.speculation = self.speculator
         self.runner.verify_query_len = self._verify_query_len()
+        self.kv_layout = self._kv_layout()
+        self.tiers = self._open_host_tier()
         self._limits = ExecutorLimits(
             vocab_size=self.model_config.vocab_size,
             max_model_len=self.max_model_len,
@@ -182,6 +187,8 @@ class Executor:
             page_size=config.page_size,
             device=str(self.device),
             dtype=str(self.dtype).removeprefix("torch."),
+            kv_layout=self.kv_layout,
+            host_kv_cache_bytes=0 if self.tiers is None else self.tiers.num_slots * self.kv_layout.bytes_per_page,
         )
         logger.info(
             "executor ready: %s on %s (%s%s, KV %s), %d KV pages of %d tokens, max_model_len %d, CUDA graphs %s",
@@ -205,10 +212,17 @@ class Executor:
     def launch(self, plan: ExecutionPlan, previous: StepHandle | None = None) -> StepHandle:
         if self._closed:
             raise EngineDead("The engine is shut down: its model and KV cache are freed.")
+        if self.tiers is not None:
+            self.tiers.run(plan.step_id, plan.copies)
+        elif plan.copies:
+            raise RuntimeError(f"plan {plan.step_id} carries KV tier copies, but this executor has no host tier")
         return self.runner.launch(plan, previous)
 
     def collect(self, handle: StepHandle) -> ExecutionResult:
-        return handle.result()
+        result = handle.result()
+        if self.tiers is not None:
+            result.completed_copies = self.tiers.finished(handle.plan.step_id, handle.plan.wait_for_copies)
+        return result
 
     def close(self) -> None:
         """Free what this executor holds on its device: the CUDA graphs (and their memory pool),
@@ -220,6 +234,9 @@ class Executor:
         if self._closed:
             return
         self._closed = True
+        if self.tiers is not None:
+            self.tiers.close()
+            self.tiers = None
         if self.runner.graphs is not None:
             self.runner.graphs.release()
         del self.runner, self.kv, self.model
@@ -259,6 +276,43 @@ class Executor:
             verify_query_len=q_len if q_len > 1 else None,
         )
         return graphs if graphs.capture() else None
+
+    def _kv_layout(self) -> KVLayout:
+        """What one device page's bytes are: sizes the host tier and fingerprints disk files."""
+        kv_heads, k_dim, v_dim = self.model_config.kv_cache_layout
+        return KVLayout(
+            # Random weights differ by seed: their KV must never be read by another seed's engine.
+            model=(self.config.model or "embedded") + (f"|dummy seed {self.config.seed}" if self._dummy_weights else ""),
+            dtype=str(self.dtype).removeprefix("torch."),
+            page_size=self.config.page_size,
+            num_layers=self.model_config.num_hidden_layers,
+            bytes_per_page=PagedKVStorage.bytes_per_page(
+                num_layers=self.model_config.num_hidden_layers,
+                page_size=self.config.page_size,
+                num_kv_heads=kv_heads,
+                head_dim=k_dim,
+                v_head_dim=v_dim,
+                dtype=self.dtype,
+            ),
+        )
+
+    def _open_host_tier(self) -> HostKVTier | None:
+        """The host tier's slots (pinned on a GPU), or None when it is off (0 bytes)."""
+        config, layout = self.config, self.kv_layout
+        wanted = config.host_kv_cache_bytes
+        host_bytes = default_host_kv_cache_bytes(self.device) if wanted is None else wanted
+        num_slots = host_bytes // layout.bytes_per_page
+        if host_bytes and not num_slots:
+            raise InvalidRequest(f"host_kv_cache_bytes={host_bytes} cannot hold one KV page of {layout.bytes_per_page} bytes.")
+        if not num_slots:
+            return None
+        if self.speculator is not None and self.speculator.kv_bytes_per_page():
+            raise InvalidRequest("the KV host tier does not carry a speculative drafter's own KV: set "
+                                 "host_kv_cache_bytes=0 with this speculative_config.")
+        logger.info("KV host tier: %d slots of %d bytes (%.2f GiB)%s", num_slots, layout.bytes_per_page,
+                    num_slots * layout.bytes_per_page / 1024**3,
+                    f", disk tier in {config.kv_cache_dir}" if config.kv_cache_dir else "")
+        return HostKVTier(self.kv, layout, num_slots, self.device, config.kv_cache_dir, eager=wanted is not None)
 
     def _pages_for_one_request(self) -> int:
         return math.ceil(self.max_model_len / self.config.page_size)

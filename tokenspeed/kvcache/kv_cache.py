@@ -210,6 +210,12 @@ class KVCache:
     def can_allocate(self, n: int) -> bool:
         return n <= self.pool.num_allocatable
 
+    def can_allocate_soon(self, n: int) -> bool:
+        """`n` pages will be allocatable once the copies in flight land (drained and unpinned pages)."""
+        pool = self.pool
+        held_by_copies = pool.num_draining + pool.num_free + pool.num_cached_unreferenced - pool.num_allocatable
+        return held_by_copies > 0 and n <= pool.num_allocatable + held_by_copies
+
     def allocate(self, table: BlockTable, n: int) -> list[int]:
         """Append `n` new pages to `table`; raises `OutOfPages` (taking nothing) if impossible."""
         table.ensure_live()

@@ -7,7 +7,8 @@ counters. Pages count pages; bytes count what copies confirmed as moved.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -64,3 +65,10 @@ class TierStats:
 
 def snapshot(counters: TierCounters) -> TierCounters:
     return replace(counters)
+
+
+def as_report(stats: TierStats, page_size: int) -> dict[str, Any]:
+    """`stats` as plain dicts (for IPC, `/debug/kv` and the metrics), with the page size to turn pages into tokens."""
+    report = asdict(stats)
+    report["page_size"] = page_size
+    return report

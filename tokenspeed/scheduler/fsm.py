@@ -9,15 +9,21 @@ in `Transition.dropped`, which must publish/release it. An event that makes
 no sense in the current state raises `IllegalTransition` instead of being
 ignored: a scheduler bug surfaces at the step that caused it.
 
-`Retracted` (host-tier offload) is not modelled yet; preemption recomputes.
+`Retracted` owns a `Retraction` (kvcache/retraction.py): the victim's table
+is moved into the `save` function of the `Retract` event, which copies its
+private pages to the host and returns the handle; `Restore` brings a new
+device table back (the retraction is consumed by `KVCache.restore`), and a
+request finished while retracted hands its retraction back in
+`Transition.retraction` for the caller to discard.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tokenspeed.errors import TokenSpeedError
-from tokenspeed.kvcache import BlockTable
+from tokenspeed.kvcache import BlockTable, Retraction
 
 
 class IllegalTransition(TokenSpeedError, RuntimeError):
@@ -46,6 +52,13 @@ class Decoding:
     table: BlockTable
 
 
+@dataclass(slots=True)
+class Retracted:
+    """Preempted with its KV saved: private pages on the host, shared ones left to the prefix cache."""
+
+    retraction: Retraction
+
+
 @dataclass(slots=True, frozen=True)
 class Finished:
     """Terminal. Owns no pages."""
@@ -54,7 +67,7 @@ class Finished:
     stop_reason: int | str | None = None
 
 
-State = Waiting | Prefilling | Decoding | Finished
+State = Waiting | Prefilling | Decoding | Retracted | Finished
 
 
 # ---- events ------------------------------------------------------------------
@@ -83,6 +96,20 @@ class Preempt:
 
 
 @dataclass(slots=True)
+class Retract:
+    """Prefilling/Decoding -> Retracted: `save` takes the table and returns the retraction to own."""
+
+    save: Callable[[BlockTable], Retraction]
+
+
+@dataclass(slots=True)
+class Restore:
+    """Retracted -> Prefilling with `table` (the restored pages; the rest is computed as a prefill)."""
+
+    table: BlockTable
+
+
+@dataclass(slots=True)
 class Finish:
     """Any live state -> Finished."""
 
@@ -90,7 +117,7 @@ class Finish:
     stop_reason: int | str | None = None
 
 
-Event = Admit | ChunkDone | PrefillDone | Preempt | Finish
+Event = Admit | ChunkDone | PrefillDone | Preempt | Retract | Restore | Finish
 
 
 @dataclass(slots=True)
@@ -98,6 +125,8 @@ class Transition:
     state: State
     # Handles the new state does not own; the caller must consume each one.
     dropped: list[BlockTable] = field(default_factory=list)
+    # A retraction the new state does not own (finished while retracted); the caller discards it.
+    retraction: Retraction | None = None
 
 
 def _owned(state: Prefilling | Decoding) -> list[BlockTable]:
@@ -115,8 +144,14 @@ def transition(state: State, event: Event) -> Transition:
             return Transition(Decoding(table.move()))
         case Prefilling() | Decoding(), Preempt():
             return Transition(Waiting(), _owned(state))
+        case Prefilling() | Decoding(), Retract(save=save):
+            return Transition(Retracted(save(state.table.move())))
+        case Retracted(), Restore(table=table):
+            return Transition(Prefilling(table.move()))
         case Waiting(), Finish(reason=reason, stop_reason=stop_reason):
             return Transition(Finished(reason, stop_reason))
+        case Retracted(retraction=retraction), Finish(reason=reason, stop_reason=stop_reason):
+            return Transition(Finished(reason, stop_reason), retraction=retraction)
         case Prefilling() | Decoding(), Finish(reason=reason, stop_reason=stop_reason):
             return Transition(Finished(reason, stop_reason), _owned(state))
     raise IllegalTransition(f"event {type(event).__name__} is illegal in state {type(state).__name__}")

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenspeed.kvcache import CopyOp, KVLayout
 from tokenspeed.scheduler.sampling_params import SamplingParams
 
 # A sampled id that is not known yet (overlap scheduling, see `scheduler/provisional.py`).
@@ -144,6 +145,12 @@ class ExecutionPlan:
     released_request_ids: list[str] = field(default_factory=list)
     # Allowed-token masks of the grammar-constrained samples, set by the engine core (None: no grammar).
     grammar_masks: GrammarMasks | None = None
+    # KV copies between tiers (kvcache/copy_ops.py), run before the rows (device -> host ones read pages
+    # as earlier steps left them; rows of this plan read the host -> device ones); they never conflict.
+    # The executor confirms each in `ExecutionResult.completed_copies`, now or with a later step.
+    copies: list[CopyOp] = field(default_factory=list)
+    # Nothing else can run until a copy in flight lands: the executor waits for all of them.
+    wait_for_copies: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -156,7 +163,8 @@ class ExecutionPlan:
         return any(r.num_draft_tokens for r in self.rows)
 
     def is_empty(self) -> bool:
-        return not self.rows
+        """Nothing for the executor to do (no rows, no copies to run or wait for)."""
+        return not self.rows and not self.copies and not self.wait_for_copies
 
 
 @dataclass(slots=True)
@@ -182,6 +190,9 @@ class RowOutput:
 class ExecutionResult:
     step_id: int
     rows: list[RowOutput] = field(default_factory=list)  # aligned with ExecutionPlan.rows
+    # (copy op id, ok) of the tier copies that finished since the last result (ok=False: a disk file
+    # failed to write or verify, a miss); any plan's copies, in any order.
+    completed_copies: list[tuple[int, bool]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,3 +206,5 @@ class ExecutorLimits:
     page_size: int
     device: str = "cpu"
     dtype: str = "float32"
+    kv_layout: KVLayout | None = None  # what a KV page's bytes are (None: not real bytes, e.g. simulated)
+    host_kv_cache_bytes: int = 0  # the host tier the executor allocated (whole slots of kv_layout pages)

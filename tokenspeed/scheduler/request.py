@@ -128,7 +128,13 @@ class Request:
         return state.table
 
     def apply(self, event: Event) -> list[BlockTable]:
-        """Move to the next state; returns the handles the caller must publish/release."""
+        """Move to the next state; returns the handles the caller must publish/release.
+
+        A retraction the new state gives up (finished while retracted) is discarded here: its
+        host copies are worth nothing once the request is gone.
+        """
         result = transition(self.state, event)
         self.state = result.state
+        if result.retraction is not None:
+            result.retraction.discard()
         return result.dropped

@@ -23,6 +23,7 @@ MAX_REPETITION_PENALTY = 100.0
 # OpenAI's bounds on `logit_bias`: at most 300 token ids, each biased by a value in [-100, 100].
 MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_LOGIT_BIAS = 100.0
+MAX_CACHE_TTL = 86400.0  # a day: past any agent's tool call, and a typo cannot pin pages for years
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:
@@ -64,6 +65,11 @@ class SamplingParams:
     # The grammar the output must follow (vLLM's `structured_outputs`; `guided_decoding` is its older name).
     structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: StructuredOutputsParams | None = None
+    # Session retention (kvcache/retention.py): when this turn finishes, its KV pages stay protected for
+    # `cache_ttl` seconds (None: the engine's --session-ttl) under this key. The API fills them from
+    # OpenAI's `prompt_cache_key` / `user` or Anthropic's `cache_control`; None: no retention.
+    cache_session: str | None = None
+    cache_ttl: float | None = None
     # Filled by the engine, never by users: ids that end generation besides stop_token_ids.
     eos_token_ids: tuple[int, ...] = field(default=(), repr=False)
 
@@ -121,6 +127,10 @@ class SamplingParams:
             _check_int("stop_token_ids[]", token_id, 0, 2**63 - 1)
         if any(not isinstance(s, str) or not s for s in self.stop or []):
             raise InvalidRequest("stop strings must be non-empty strings.")
+        if self.cache_session is not None and (not isinstance(self.cache_session, str) or not self.cache_session):
+            raise InvalidRequest("cache_session must be a non-empty string.")
+        if self.cache_ttl is not None:
+            _check_float("cache_ttl", self.cache_ttl, 0.0, MAX_CACHE_TTL)
 
     @property
     def greedy(self) -> bool:

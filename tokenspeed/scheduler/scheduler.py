@@ -22,9 +22,22 @@ prompt once even when they are admitted together.
 
 When a running request cannot get a page, the newest running request not yet
 scheduled this step is preempted (pages published to the prefix index, then
-released; recomputed later), possibly the request itself: the oldest request
-always makes progress, so every request finishes. Admission never preempts,
-and nothing is admitted in a step that preempted (it would thrash).
+released), possibly the request itself: the oldest request always makes
+progress, so every request finishes. Admission never preempts, and nothing
+is admitted in a step that preempted (it would thrash). How a victim comes
+back is `preemption_mode`: "recompute" re-queues it as Waiting (its prompt
+and outputs are prefilled again, minus prefix-cache hits); "retract" (the
+default with a host tier) moves it to Retracted, its private pages copied to
+the host (`KVCache.retract`, partial: pages the prefix cache or other
+requests hold stay on the device), and admission restores retracted requests
+first, oldest first, by copying their pages back (`KVCache.restore`); only
+what could not be saved is computed again.
+
+Tier copies (kvcache/copy_ops.py) ride on the plans: each plan carries the
+copies emitted while it was built (retractions, restores, host hits, batched
+write-back of the next pages to be evicted, disk prefetches for submitted
+prompts) and each result confirms the copies that finished. A finishing turn
+with a `cache_session` has its pages retained for its TTL (retention.py).
 
 `advance` applies the executor's samples, checks stop conditions, publishes
 newly full pages and frees finished requests' pages at once; for verify rows
@@ -39,6 +52,8 @@ from __future__ import annotations
 
 import bisect
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -46,13 +61,24 @@ from tokenspeed.errors import InvalidRequest
 from tokenspeed.kvcache import BlockTable, KVCache
 from tokenspeed.scheduler.admission import check_admission
 from tokenspeed.scheduler.config import SchedulerConfig
-from tokenspeed.scheduler.fsm import Admit, Decoding, Finish, Preempt, Prefilling, Waiting
+from tokenspeed.scheduler.fsm import (
+    Admit,
+    Decoding,
+    Finish,
+    Preempt,
+    Prefilling,
+    Restore,
+    Retract,
+    Retracted,
+    Waiting,
+)
 from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID, ExecutionPlan, ExecutionResult, ScheduledRow
 from tokenspeed.scheduler.provisional import UnresolvedStep, placeholder_result, resolve_step, unresolved_step
 from tokenspeed.scheduler.request import Request
 from tokenspeed.scheduler.sampling_params import SamplingParams
 from tokenspeed.scheduler.speculation import RowDrafts, Speculation, SpeculationStats
 from tokenspeed.scheduler.stepping import advance_row, publish
+from tokenspeed.scheduler.tiering import blocked_on_disk, restore_cost
 from tokenspeed.scheduler.updates import RequestUpdate
 
 if TYPE_CHECKING:
@@ -88,20 +114,27 @@ class _Inflight:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, drafter: Drafter | None = None) -> None:
-        """`drafter`: the host drafter of `config.speculation` (n-gram, suffix); None otherwise."""
+    def __init__(
+        self, config: SchedulerConfig, drafter: Drafter | None = None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """`drafter`: the host drafter of `config.speculation` (n-gram, suffix); None otherwise.
+        `clock`: seconds, for session retention's expiries (tests drive it)."""
         self.config = config
         if config.speculation is None and drafter is not None:
             raise ValueError("a drafter was given but speculative decoding is off (config.speculation is None)")
         self.speculation = None if config.speculation is None else Speculation(config.speculation, drafter)
-        self.kv = KVCache(config.num_pages, config.page_size, config.enable_prefix_caching)
+        self.kv = KVCache(config.num_pages, config.page_size, config.enable_prefix_caching, tiers=config.kv_tiers,
+                          clock=clock)
+        self.retract_on_preempt = config.preemption_mode == "retract"
         self.num_preemptions = 0
+        self.num_retractions = 0
         self._rng = random.Random(config.seed)
         self._next_arrival = 0
         self._step_id = 0
         self._streams: dict[str, Request] = {}  # live requests by id
         self._waiting: list[Request] = []  # sorted by arrival
         self._running: list[Request] = []  # sorted by arrival
+        self._retracted: list[Request] = []  # sorted by arrival; restored before any waiting request
         self._released: list[str] = []  # tables the executor drops with the next non-empty plan
         self._inflight: _Inflight | None = None  # planned, not yet advanced
         self._unresolved: UnresolvedStep | None = None  # advanced on placeholders (overlap)
@@ -115,6 +148,10 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def num_retracted(self) -> int:
+        return len(self._retracted)
 
     def has_unfinished(self) -> bool:
         return bool(self._streams)
@@ -134,6 +171,9 @@ class Scheduler:
 
     def waiting(self) -> list[Request]:
         return list(self._waiting)
+
+    def retracted(self) -> list[Request]:
+        return list(self._retracted)
 
     @property
     def speculation_stats(self) -> SpeculationStats | None:
@@ -171,6 +211,8 @@ class Scheduler:
         self._next_arrival += 1
         self._streams[request_id] = request
         bisect.insort(self._waiting, request, key=_arrival)
+        if self.kv.disk is not None and not request.needs_prompt_logprobs:  # start reading disk hits now
+            self.kv.prefetch(prompt_token_ids, (num_prompt - 1) // cfg.page_size)
 
     def set_ready(self, request_id: str) -> bool:
         """A request submitted with `ready=False` may now be admitted; False if it is not live."""
@@ -200,8 +242,11 @@ class Scheduler:
         """Move a live request to Finished, publishing then releasing its pages."""
         if request.is_running:
             publish(request, self.kv)
+            self._retain(request)
             self._running.remove(request)
             self._release_executor_table(request)
+        elif isinstance(request.state, Retracted):
+            self._retracted.remove(request)
         else:
             self._waiting.remove(request)
         self._release(request.apply(Finish(reason, stop_reason)))
@@ -240,6 +285,7 @@ class Scheduler:
         if not step.preempted:
             self._admit(step)
         plan = ExecutionPlan(step_id=self._step_id, rows=step.rows)
+        self._add_copies(plan)
         if not plan.is_empty():
             plan.released_request_ids, self._released = self._released, []
             self._inflight = _Inflight(plan.step_id, step.requests)
@@ -247,13 +293,20 @@ class Scheduler:
 
     def _reserve(self, request: Request, chunk: int, step: _Step) -> bool:
         """Pages for `request`'s next `chunk` tokens, preempting the newest unscheduled requests if
-        needed; False if `request` itself was preempted."""
+        needed; False if `request` itself was preempted, or waits a step for pages that tier copies
+        still hold (a retraction's drained pages, write-back sources: free once their copies land)."""
         end = request.num_computed_tokens + chunk
         grow = self.kv.pages_for(end) - len(request.table)
         if grow > 0:  # most decode steps need no page
             while not self.kv.can_allocate(grow):
+                if self.kv.can_allocate_soon(grow):  # copies in flight hold the pages: wait a step for them
+                    step.preempted = True  # and admit nobody into them meanwhile
+                    return False
                 victim = next(r for r in reversed(self._running) if id(r) not in step.scheduled)
-                self._preempt(victim)
+                if self.retract_on_preempt:
+                    self._retract(victim)
+                else:
+                    self._preempt(victim)
                 step.preempted = True
                 if victim is request:
                     return False
@@ -262,11 +315,13 @@ class Scheduler:
         return True
 
     def _admit(self, step: _Step) -> None:
+        if self._retracted and not self._restore(step):
+            return
         cfg = self.config
         position = 0  # requests that are not ready are passed over, in place
         while position < len(self._waiting) and step.budget > 0:
             request = self._waiting[position]
-            if not request.ready:
+            if not request.ready or blocked_on_disk(self.kv, request):
                 position += 1
                 continue
             if len(self._running) >= cfg.max_num_seqs:
@@ -291,6 +346,35 @@ class Scheduler:
             bisect.insort(self._running, request, key=_arrival)
             step.reserve(request, chunk)
             step.add(request, self._make_row(request, chunk))
+
+    def _restore(self, step: _Step) -> bool:
+        """Bring retracted requests back, oldest first; False if admission must stop here (FIFO)."""
+        size = self.config.page_size
+        for request in list(self._retracted):
+            if step.budget == 0 or len(self._running) >= self.config.max_num_seqs:
+                return False
+            state = request.state
+            assert isinstance(state, Retracted)
+            retraction = state.retraction
+            if not self.kv.is_restorable(retraction):
+                continue  # its copies to the host have not landed yet: the others may go
+            # Room for its pages and, unless its last page has room, one more for the next token.
+            extra = 1 if retraction.num_computed_tokens % size == 0 else 0
+            if not self.kv.can_allocate(restore_cost(self.kv, retraction) + extra):
+                return False
+            restored = self.kv.restore(retraction)
+            self._retracted.remove(request)
+            self._release(request.apply(Restore(restored.table)))
+            request.num_computed_tokens = restored.num_computed_tokens
+            table = request.table
+            room = (len(table) + self.kv.pool.num_allocatable) * size - restored.num_computed_tokens
+            chunk = min(request.num_uncomputed_tokens, step.budget, room)
+            assert chunk >= 1, "restore_cost under-counted the pages a restore takes"
+            self.kv.allocate(table, self.kv.pages_for(request.num_computed_tokens + chunk) - len(table))
+            bisect.insort(self._running, request, key=_arrival)
+            step.reserve(request, chunk)
+            step.add(request, self._make_row(request, chunk))
+        return True
 
     def _make_row(self, request: Request, chunk: int, drafts: RowDrafts | None = None) -> ScheduledRow:
         """The row computing the next `chunk` tokens (and verifying `drafts`); indexes the pages it fills
@@ -344,6 +428,42 @@ class Scheduler:
         bisect.insort(self._waiting, request, key=_arrival)
         self.num_preemptions += 1
 
+    def _retract(self, request: Request) -> None:
+        """Resume later from the host: publish what is computed, save the private pages, free the rest."""
+        publish(request, self.kv)
+        computed = request.num_computed_tokens
+        self._release(request.apply(Retract(lambda table: self.kv.retract(table, computed))))
+        if self.config.writeback_pages_per_step:  # its published pages, now evictable: to the host before they go
+            self.kv.writeback(self.config.writeback_pages_per_step)
+        self._release_executor_table(request)
+        request.num_computed_tokens = 0
+        self._running.remove(request)
+        bisect.insort(self._retracted, request, key=_arrival)
+        self.num_preemptions += 1
+        self.num_retractions += 1
+
+    def _retain(self, request: Request) -> None:
+        """A finishing turn of a session: keep its indexed pages warm for the session's TTL (soft)."""
+        session = request.sampling.cache_session
+        if session is not None and self.kv.enable_prefix_caching:
+            self.kv.retain(request.table, session, request.sampling.cache_ttl)
+
+    def _add_copies(self, plan: ExecutionPlan) -> None:
+        """Hand the plan the tier copies emitted while it was built, plus this step's write-back batch."""
+        kv = self.kv
+        if kv.host is None:
+            return
+        batch = self.config.writeback_pages_per_step
+        if batch:
+            kv.writeback(batch, max_disk_pages=batch if kv.disk is not None else 0)
+        plan.copies = kv.take_copies()
+        # Nothing else to run while copies are in flight (a retraction to land, a disk read): wait for them.
+        plan.wait_for_copies = not plan.rows and len(kv.copies) > 0
+
+    def _complete_copies(self, result: ExecutionResult) -> None:
+        for op_id, ok in result.completed_copies:
+            self.kv.complete(op_id, ok)
+
     def _release_executor_table(self, request: Request) -> None:
         """The request gave up its pages: the executor drops its copy of the table."""
         if request.num_pages_sent:
@@ -355,6 +475,7 @@ class Scheduler:
     def advance(self, plan: ExecutionPlan, result: ExecutionResult) -> list[RequestUpdate]:
         """Record `plan`'s real results: samples, stop checks, pages; the requests' updates."""
         self._require_resolved("advance")
+        self._complete_copies(result)
         return [update for _, _, update in self._apply(plan, result)]
 
     def advance_provisional(self, plan: ExecutionPlan) -> None:
@@ -371,6 +492,7 @@ class Scheduler:
         step = self._unresolved
         if step is None:
             raise RuntimeError(f"step {result.step_id} was not advanced provisionally")
+        self._complete_copies(result)
         resolved = resolve_step(step, result, lambda r: self._streams.get(r.request_id) is r)
         self._unresolved = None
         for stream, token in resolved.stops:
@@ -431,7 +553,7 @@ class Scheduler:
                     f"{request.request_id} holds {len(state.table)} pages for {request.num_computed_tokens} "
                     "computed tokens (pages of rejected drafts not rolled back?)"
                 )
-        for request in self._running + self._waiting:
+        for request in self._running + self._waiting + self._retracted:
             outputs = request.output_token_ids
             holes = [i for i, t in enumerate(outputs) if t == PLACEHOLDER_TOKEN_ID]
             assert holes in ([], [len(outputs) - 1]), f"{request.request_id} has placeholders at {holes}"
@@ -440,10 +562,16 @@ class Scheduler:
         for request in self._waiting:
             assert isinstance(request.state, Waiting), f"{request.request_id} queued in {request.state}"
             assert request.num_computed_tokens == 0, f"waiting {request.request_id} claims computed tokens"
-        queued = self._running + self._waiting
+        for request in self._retracted:
+            state = request.state
+            assert isinstance(state, Retracted), f"{request.request_id} retracted in {state}"
+            state.retraction.ensure_live()
+            assert request.num_computed_tokens == 0, f"retracted {request.request_id} claims computed tokens"
+            assert state.retraction.num_computed_tokens < request.num_tokens, "a retraction saved an uncomputed token"
+        queued = self._running + self._waiting + self._retracted
         assert len({id(r) for r in queued}) == len(queued) == len(self._streams), "a request is lost or queued twice"
         assert all(self._streams.get(r.request_id) is r for r in queued), "queues and request ids disagree"
-        for queue in (self._running, self._waiting):
+        for queue in (self._running, self._waiting, self._retracted):
             keys = [r.arrival for r in queue]
             assert keys == sorted(keys), "a queue is out of arrival order"
         holders = {id(t) for t in self.kv.pool.live_holders()}

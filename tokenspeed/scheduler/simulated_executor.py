@@ -44,6 +44,12 @@ request's next row to cut its table to the pages of the accepted positions
 (and raises if pages that held only rejected drafts were kept or if more were
 cut), so rollback is checked like every other table update.
 
+KV tiers: a plan's copies run before its rows, device -> host first, then
+host -> device, on a simulated host pool (a dict of slot contents), and the
+result confirms them all. So a retracted request restored from the host, or
+a prefix loaded from a host hit, is read back and checked like any other KV.
+Disk copies are not simulated (the kvcache tier model checker covers them).
+
 Pure Python, no torch: usable by the scheduler unit tests, the model checker
 and any engine test that wants a device-free executor; it has the engine
 core's executor interface (`limits`, `launch`, `collect`: see
@@ -59,6 +65,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from hashlib import blake2b
 
+from tokenspeed.kvcache import CopyKind
 from tokenspeed.scheduler.plan import (
     PLACEHOLDER_TOKEN_ID,
     ExecutionPlan,
@@ -75,7 +82,7 @@ TokenHistory = Callable[[str], tuple[Sequence[int], Sequence[int]] | None]
 
 class SimulatedExecutor:
     __slots__ = ("num_pages", "page_size", "vocab_size", "history", "_slots", "_tables", "_rolled_back",
-                 "num_steps", "num_tokens")
+                 "_host", "num_steps", "num_tokens", "num_copies")
 
     def __init__(
         self, num_pages: int, page_size: int, vocab_size: int = 32, *, history: TokenHistory | None = None
@@ -89,6 +96,8 @@ class SimulatedExecutor:
             self.check_against(history)
         self._tables: dict[str, list[int]] = {}  # request id -> its pages, kept across steps
         self._rolled_back: dict[str, int] = {}  # request id -> pages its accepted positions fill after a verify
+        self._host: dict[int, list[int | None]] = {}  # host slot -> the page contents copied there
+        self.num_copies = 0
         self.num_steps = 0
         self.num_tokens = 0
 
@@ -129,6 +138,7 @@ class SimulatedExecutor:
             if self._tables.pop(request_id, None) is None:
                 raise AssertionError(f"{request_id}: released a page table the executor does not hold")
             self._rolled_back.pop(request_id, None)
+        completed = self._run_copies(plan)
         outputs = []
         for row in plan.rows:
             pages = self._update_table(row)
@@ -146,7 +156,22 @@ class SimulatedExecutor:
             outputs.append(self._run_row(row, pages, sampled, history))
         self.num_steps += 1
         self.num_tokens += plan.num_tokens
-        return ExecutionResult(step_id=plan.step_id, rows=outputs)
+        return ExecutionResult(step_id=plan.step_id, rows=outputs, completed_copies=completed)
+
+    def _run_copies(self, plan: ExecutionPlan) -> list[tuple[int, bool]]:
+        """Device -> host copies, then host -> device ones (`ExecutionPlan.copies`); all confirmed at once."""
+        order = {CopyKind.DEVICE_TO_HOST: 0, CopyKind.HOST_TO_DEVICE: 1}
+        for op in sorted(plan.copies, key=lambda op: order.get(op.kind, 2)):
+            if op.kind not in order:
+                raise AssertionError(f"copy {op.op_id}: {op.kind.value} copies are not simulated")
+            self.num_copies += 1
+            if self.history is None:
+                continue
+            if op.kind is CopyKind.DEVICE_TO_HOST:
+                self._host[op.host_slot] = list(self._slots[op.device_page])
+            else:
+                self._slots[op.device_page] = list(self._host[op.host_slot])
+        return [(op.op_id, True) for op in plan.copies]
 
     def _update_table(self, row: ScheduledRow) -> list[int]:
         """The row's page table after its update (fresh when `first_new_page == 0`)."""

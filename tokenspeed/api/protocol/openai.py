@@ -69,6 +69,7 @@ class SamplingFields(RequestBody):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    prompt_cache_key: str | None = None  # OpenAI's cache key: also the session of KV retention
 
 
 class CompletionRequest(SamplingFields):

@@ -79,9 +79,13 @@ def _stop(finish_reason: str | None, stop_reason: int | str | None, has_calls: b
 
 
 def _usage(generation: Generation) -> dict[str, int]:
+    """Cached tokens come from any KV tier. With `cache_control` breakpoints (a retained session, whose
+    ttl they set) the uncached part of the prompt is what this turn writes to the cache."""
     cached = generation.num_cached_tokens
-    return {"input_tokens": len(generation.prompt_token_ids) - cached, "output_tokens": generation.num_generated,
-            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+    uncached = len(generation.prompt_token_ids) - cached
+    writes = uncached if generation.params.cache_ttl is not None else 0
+    return {"input_tokens": uncached - writes, "output_tokens": generation.num_generated,
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": writes}
 
 
 TOOL_ID_PREFIX = "toolu_"

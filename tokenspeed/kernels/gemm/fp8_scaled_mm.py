@@ -16,8 +16,10 @@ Registered for bf16 activations and used for bf16 outputs. Other layouts
 (row blocks narrower than 128, as fused projections with unaligned parts
 produce; dimensions not multiples of 128 / 16; block-scaled K not a multiple
 of 512, whose scales cuBLAS reads with a leading dimension rounded up to 4
-blocks; fp32 logits) run the
-Triton GEMM, as does a format this torch build or device refuses or
+blocks; fp32 logits) run the Triton GEMM. Token counts that are not a
+multiple of 4 are padded to one (cuBLAS refuses a column-major activation
+scale tensor whose leading dimension is not; H200, 2026-12-03). The Triton
+GEMM also serves a format this torch build or device refuses or
 computes differently: each format is tried once per device on a small
 product checked against the reference (`probe_cublas`: a different scale
 per row, K group and weight block, so a misread scale layout fails),
@@ -76,7 +78,10 @@ def cublas_fp8_gemm(
     x2: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, fmt: str, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """bf16 `[M, N]`; `weight_scale` fp32 contiguous in the checkpoint layout (`quant/fp8.py`)."""
-    n = weight.shape[0]
+    n, m = weight.shape[0], x2.shape[0]
+    pad = -m % 4 if fmt == BLOCKWISE else 0
+    if pad:  # cuBLAS refuses column-major activation scales whose leading dimension (M) is not a multiple of 4
+        x2 = torch.nn.functional.pad(x2, (0, 0, 0, pad))
     if fmt == BLOCKWISE:
         a, a_scale = quantize_per_token_group_triton(x2, column_major_scales=True)
         b_scale = weight_scale.t()  # [K/128, N/128], whose transpose is row-major: cuBLAS's 128 x 128 layout
@@ -84,7 +89,8 @@ def cublas_fp8_gemm(
         a, a_scale = quantize_per_token_triton(x2)
         b_scale = _per_row(weight_scale, n).view(1, n)
     bias = None if bias is None else bias.to(torch.bfloat16)
-    return torch._scaled_mm(a, weight.t(), a_scale, b_scale, bias=bias, out_dtype=torch.bfloat16)
+    out = torch._scaled_mm(a, weight.t(), a_scale, b_scale, bias=bias, out_dtype=torch.bfloat16)
+    return out[:m] if pad else out
 
 
 def _per_row(weight_scale: torch.Tensor, n: int) -> torch.Tensor:
@@ -96,13 +102,13 @@ def _per_row(weight_scale: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def probe_cublas(fmt: str, device: torch.device) -> bool:
-    """Whether `torch._scaled_mm` computes `fmt` right here: a 16 x 512 x 256 product against the reference.
+    """Whether `torch._scaled_mm` computes `fmt` right here: a 17 x 512 x 256 product against the reference.
 
     Every row of x, K group and weight block has its own scale, so a scale
     layout cuBLAS reads differently from ours fails (relative error > 1e-2).
     """
     block_size = WEIGHT_BLOCK if fmt == BLOCKWISE else PER_CHANNEL_BLOCK
-    rows = torch.arange(1, 17, device=device, dtype=torch.float32)[:, None]
+    rows = torch.arange(1, 18, device=device, dtype=torch.float32)[:, None]
     x = (rows * torch.linspace(0.5, 2.0, 512, device=device)).to(torch.bfloat16)
     w8, scale = quantize_weight_block(torch.linspace(-1.0, 1.0, 256 * 512, device=device).view(256, 512), block_size)
     if fmt == BLOCKWISE:
