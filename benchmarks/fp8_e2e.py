@@ -168,7 +168,7 @@ def llama(args: argparse.Namespace, models: dict[str, str]) -> None:
     mean_context = prompt_len + new_tokens // 2
     out: dict[str, Any] = RESULTS.setdefault("llama", {"prompt_len": prompt_len, "new_tokens": new_tokens})
     for name, options in (("fp8", {"quantization": "fp8"}), ("bf16", {})):
-        llm = engine(models["llama"], args.smoke, max_num_seqs=8, **options)
+        llm = engine(models["llama"], args.smoke, max_num_seqs=8, max_model_len=None if args.smoke else 4096, **options)
         step = decode_step_s(llm, 1, prompt_len, new_tokens, random.Random(1))
         weights = decode_weight_bytes(llm.core.executor.model)
         roofline = (weights + kv_bytes_per_token(llm) * mean_context) / (RESULTS["copy_bandwidth_gb_s"] * 1e9)

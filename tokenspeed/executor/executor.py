@@ -299,7 +299,7 @@ class Executor:
         return KVLayout(
             # Random weights differ by seed: their KV must never be read by another seed's engine.
             model=(self.config.model or "embedded") + (f"|dummy seed {self.config.seed}" if self._dummy_weights else ""),
-            dtype=str(self.dtype).removeprefix("torch."),
+            dtype=str(self.kv_dtype).removeprefix("torch."),  # the pages' own (fp8 with kv_cache_dtype fp8)
             page_size=self.config.page_size,
             num_layers=self.model_config.num_hidden_layers,
             bytes_per_page=PagedKVStorage.bytes_per_page(
@@ -308,7 +308,7 @@ class Executor:
                 num_kv_heads=kv_heads,
                 head_dim=k_dim,
                 v_head_dim=v_dim,
-                dtype=self.dtype,
+                dtype=self.kv_dtype,
             ),
         )
 
