@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from tokenspeed.errors import InvalidRequest
+from tokenspeed.placement.parallel_config import ParallelConfig, ParallelConfigError
 
 _CPU_KV_CACHE_BYTES = 512 * 1024 * 1024  # vLLM's CPU backend also reserves a fixed KV space
 _DTYPES = {
@@ -64,6 +65,12 @@ class EngineConfig:
     # Speculative decoding, vLLM's option: {"method": "suffix" | "ngram" | "eagle" | "mtp" | "draft_model",
     # "num_speculative_tokens": k, "model": ...} (`spec.config.SpeculativeConfig`); None: off.
     speculative_config: dict[str, Any] | None = None
+    # Multi-rank execution (vLLM's names; `placement/`, `executor/multi_rank.py`): ranks (one device each,
+    # CPU ranks are processes), routed experts split by expert instead of by intermediate size, and
+    # SGLang's data-parallel attention (for MLA, whose one latent head cannot be split).
+    tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    enable_dp_attention: bool = False
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -93,6 +100,27 @@ class EngineConfig:
             raise InvalidRequest(f"cuda_graph_max_bs must be at least 1, got {self.cuda_graph_max_bs}.")
         for item in self.kernel_overrides:
             parse_kernel_override(item)
+        self.parallel_config()  # refuses bad option combinations (the model's own splits: at build)
+        if self.tensor_parallel_size > 1 and self.speculative_config is not None:
+            raise InvalidRequest(
+                "speculative decoding (speculative_config) runs on one rank only; "
+                f"it cannot be combined with tensor_parallel_size={self.tensor_parallel_size}."
+            )
+
+    def parallel_config(self) -> ParallelConfig:
+        """The placement options of this config (`placement.parallel_config`); raises on a bad combination."""
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise InvalidRequest(f"tensor_parallel_size must be an integer >= 1, got {tp!r}.")
+        try:
+            return ParallelConfig(
+                tensor_parallel_size=tp,
+                enable_expert_parallel=self.enable_expert_parallel,
+                enable_dp_attention=self.enable_dp_attention,
+                data_parallel_size=tp if self.enable_dp_attention else 1,
+            )
+        except ParallelConfigError as error:
+            raise InvalidRequest(str(error)) from None
 
 
 def parse_kernel_override(item: str) -> tuple[str, str, str]:

@@ -49,6 +49,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help='speculative decoding, vLLM\'s option: e.g. \'{"method": "suffix"}\', '
                             '\'{"method": "ngram", "num_speculative_tokens": 4}\', \'{"method": "eagle", '
                             '"model": "PATH", "num_speculative_tokens": 3}\', \'{"method": "mtp"}\' (default: off)')
+    group.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                       help="ranks, one device each (CPU: one process each); heads, vocabulary and MLPs are "
+                            "split by the compiled placement plan (default: %(default)s)")
+    group.add_argument("--enable-expert-parallel", action="store_true",
+                       help="split routed experts by expert over the ranks instead of by intermediate size")
+    group.add_argument("--enable-dp-attention", action="store_true",
+                       help="data-parallel attention over the ranks (SGLang's flag; for MLA models)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -73,4 +80,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kernel_overrides=tuple(args.kernel),
         cpu_threads=args.cpu_threads,
         speculative_config=speculative_config_dict(args.speculative_config),
+        tensor_parallel_size=args.tensor_parallel_size,
+        enable_expert_parallel=args.enable_expert_parallel,
+        enable_dp_attention=args.enable_dp_attention,
     )

@@ -64,6 +64,9 @@ class LLM:
         kernel_overrides: tuple[str, ...] = (),
         cpu_threads: int | None = None,
         speculative_config: dict[str, Any] | str | None = None,
+        tensor_parallel_size: int = 1,
+        enable_expert_parallel: bool = False,
+        enable_dp_attention: bool = False,
         show_progress: bool = True,
     ) -> None:
         """`speculative_config`: vLLM's option, a dict or its JSON (e.g. `{"method": "suffix"}`); see
@@ -91,6 +94,9 @@ class LLM:
             kernel_overrides=tuple(kernel_overrides),
             cpu_threads=cpu_threads,
             speculative_config=speculative_config_dict(speculative_config),
+            tensor_parallel_size=tensor_parallel_size,
+            enable_expert_parallel=enable_expert_parallel,
+            enable_dp_attention=enable_dp_attention,
         )
         self.show_progress = show_progress
         self.core = EngineCore(config, progress=show_progress)

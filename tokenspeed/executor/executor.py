@@ -41,10 +41,15 @@ from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from tokenspeed.executor.memory_check import check_fits, weight_bytes
 from tokenspeed.executor.model_runner import ModelRunner, StepHandle
+from tokenspeed.executor.rank_setup import RankSetup
 from tokenspeed.executor.speculator import Speculator
 from tokenspeed.kernels import check_override_environment, set_kernel_override
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 from tokenspeed.models import CausalLM, ModelConfig, build_model, load_weights
+from tokenspeed.models.parallel.footprint import weights_per_rank
+from tokenspeed.models.parallel.local_config import local_model_config
+from tokenspeed.models.parallel.rank_model import build_rank_model
+from tokenspeed.models.parallel.sharded_reader import ReadStats
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
 
 logger = logging.getLogger("tokenspeed.executor")
@@ -89,6 +94,7 @@ class Executor:
         dummy_weights: bool = False,
         progress: bool = False,
         speculator: Callable[[Executor], Speculator] | None = None,
+        rank: RankSetup | None = None,
     ) -> None:
         """`model_folder` holds the model's config.json (and its weights unless `dummy_weights`, as for
         a preset, or `config.load_format == "dummy"`). `speculator` builds speculative decoding's
@@ -100,6 +106,12 @@ class Executor:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device, self.model_config.torch_dtype)
         self.max_model_len = resolve_max_model_len(self.model_config, config.max_model_len)
+        # One rank of several (`multi_rank.py`): it holds its share of the weights and of the KV heads.
+        self.rank = rank
+        self.local_config = self.model_config
+        if rank is not None:
+            topology = config.parallel_config().validate_for_model(self.model_config)
+            self.local_config = local_model_config(self.model_config, topology)
 
         check_override_environment()
         for item in config.kernel_overrides:
@@ -112,7 +124,7 @@ class Executor:
         one_request = self._pages_for_one_request()
         planned_pages = self._planned_num_pages()
         check_fits(
-            weights=weight_bytes(self.model_config, self.dtype),
+            weights=self._weight_bytes(),
             kv_cache=(max(planned_pages or 0, one_request) + 1) * self._bytes_per_page(),
             kv_what="the KV cache" if (planned_pages or 0) > one_request
             else f"the KV cache of one request of max_model_len {self.max_model_len}",
@@ -121,22 +133,35 @@ class Executor:
             gpu_memory_utilization=config.gpu_memory_utilization if planned_pages is None else None,
         )
         dummy = dummy_weights or config.load_format == "dummy"
-        self.model = load_model(
-            self.model_config,
-            None if dummy else model_folder,
-            load_format="dummy" if dummy else config.load_format,
-            dtype=self.dtype,
-            device=self.device,
-            seed=config.seed,
-            progress=progress,
-        )
+        self.read_stats: ReadStats | None = None  # what this rank read of the checkpoint (several ranks)
+        if rank is not None:
+            self.model, self.read_stats = build_rank_model(
+                self.model_config,
+                None if dummy else model_folder,
+                rank.groups,
+                dtype=self.dtype,
+                device=self.device,
+                seed=config.seed,
+            )
+        else:
+            self.model = load_model(
+                self.model_config,
+                None if dummy else model_folder,
+                load_format="dummy" if dummy else config.load_format,
+                dtype=self.dtype,
+                device=self.device,
+                seed=config.seed,
+                progress=progress,
+            )
 
         if speculator is not None:
             self.speculator = speculator(self)
         num_pages = self._resolve_num_pages()
+        if rank is not None:
+            num_pages = rank.agree_num_pages(num_pages)  # every rank's pool must hold the same page ids
         if self.speculator is not None:
             self.speculator.allocate(num_pages + 1)  # the drafter's pages mirror the pool's, scratch included
-        kv_heads, k_dim, v_dim = self.model_config.kv_cache_layout
+        kv_heads, k_dim, v_dim = self.local_config.kv_cache_layout
         self.kv = PagedKVStorage(
             num_layers=self.model_config.num_hidden_layers,
             num_pages=num_pages + 1,  # the last page is scratch for padded CUDA-graph rows
@@ -241,12 +266,19 @@ class Executor:
         )
         return graphs if graphs.capture() else None
 
+    def _weight_bytes(self) -> int:
+        if self.rank is None:
+            return weight_bytes(self.model_config, self.dtype)
+        topology = self.rank.groups.topology
+        share = weights_per_rank(self.model_config, topology, torch.empty((), dtype=self.dtype).element_size())
+        return share[self.rank.groups.rank].total_bytes
+
     def _pages_for_one_request(self) -> int:
         return math.ceil(self.max_model_len / self.config.page_size)
 
     def _bytes_per_page(self) -> int:
         """One page's K/V bytes: the target's, and a speculative drafter's own (on the same page ids)."""
-        kv_heads, k_dim, v_dim = self.model_config.kv_cache_layout
+        kv_heads, k_dim, v_dim = self.local_config.kv_cache_layout
         drafter = 0 if self.speculator is None else self.speculator.kv_bytes_per_page()
         return drafter + PagedKVStorage.bytes_per_page(
             num_layers=self.model_config.num_hidden_layers,

@@ -39,6 +39,7 @@ from torch import nn
 from tokenspeed.kernels.moe.experts_dispatch import select_experts_by_batch
 from tokenspeed.kernels.registry import platform_of, select_kernel
 from tokenspeed.layers.mlp import GatedMLP
+from tokenspeed.placement.rank_context import current_rank_context
 
 if TYPE_CHECKING:
     from tokenspeed.layers.moe_config import MoEConfig
@@ -96,9 +97,11 @@ class StackedExperts(nn.Module):
         names: ExpertNames,
         dtype: torch.dtype,
         device: torch.device | str,
+        first_expert: int = 0,
     ) -> None:
         super().__init__()
         self.num_experts = num_experts
+        self.first_expert = first_expert  # global id of local expert 0 (an EP rank holds a contiguous range)
         self.intermediate_size = intermediate_size
         self.names = names
         self.w13 = nn.Parameter(
@@ -114,7 +117,7 @@ class StackedExperts(nn.Module):
 
     def checkpoint_shards(self, attr: str) -> tuple[str, ...]:
         parts = ("gate", "up") if attr == "w13" else ("down",)
-        return tuple(f"{e}.{part}" for e in range(self.num_experts) for part in parts)
+        return tuple(f"{e}.{part}" for e in range(self.num_experts) for part in parts)  # local ids
 
     def resolve_checkpoint_name(self, rest: str) -> tuple[str, str | None] | None:
         """(parameter, shard) for a checkpoint name relative to this module, None if it is not ours."""
@@ -123,13 +126,16 @@ class StackedExperts(nn.Module):
         expert, _, tail = rest.partition(".")
         leaf, _, attr = tail.partition(".")
         part = self._part_of.get(leaf)
-        if not expert.isdigit() or part is None or attr != "weight" or int(expert) >= self.num_experts:
+        if not expert.isdigit() or part is None or attr != "weight":
             return None
-        return ("w2" if part == "down" else "w13"), f"{int(expert)}.{part}"
+        local = int(expert) - self.first_expert
+        if not 0 <= local < self.num_experts:
+            return None
+        return ("w2" if part == "down" else "w13"), f"{local}.{part}"
 
     def checkpoint_name(self, attr: str, shard: str) -> str:
         expert, _, part = shard.partition(".")
-        return f"{expert}.{self._name_of[part]}.weight"
+        return f"{int(expert) + self.first_expert}.{self._name_of[part]}.weight"
 
     def load_shard(self, attr: str, shard: str, tensor: torch.Tensor) -> None:
         expert_text, _, part = shard.partition(".")
@@ -163,17 +169,22 @@ class SparseMoE(nn.Module):
         self.gate = Router(
             hidden_size, moe.num_experts, correction_bias=moe.has_correction_bias, device=device
         )
+        # On N ranks (`placement.rank_context`): this EP rank's experts, each over its MoE-TP slice of
+        # the intermediate dimension, and its slice of the shared experts; the output is a partial sum.
+        context = current_rank_context()
+        first, count = (0, moe.num_experts) if context is None else context.local_experts(moe.num_experts)
+        inter = moe.moe_intermediate_size if context is None else context.moe_intermediate(moe.moe_intermediate_size)
+        shared = moe.num_shared_experts * moe.moe_intermediate_size
+        self.local_experts = None if count == moe.num_experts else (first, count)
         self.experts = StackedExperts(
-            moe.num_experts,
-            hidden_size,
-            moe.moe_intermediate_size,
-            names=expert_names,
-            dtype=dtype,
-            device=device,
+            count, hidden_size, inter, names=expert_names, dtype=dtype, device=device, first_expert=first
         )
         self.shared_experts = (
             GatedMLP(
-                hidden_size, moe.num_shared_experts * moe.moe_intermediate_size, dtype=dtype, device=device
+                hidden_size,
+                shared if context is None else context.shared_intermediate(shared),
+                dtype=dtype,
+                device=device,
             )
             if moe.num_shared_experts
             else None
@@ -198,6 +209,12 @@ class SparseMoE(nn.Module):
             correction_bias=self.gate.e_score_correction_bias,
             routed_scaling_factor=moe.routed_scaling_factor,
         )
+        if self.local_experts is not None:  # expert parallel: other ranks' experts count zero here
+            first, count = self.local_experts
+            ids = ids - first
+            elsewhere = (ids < 0) | (ids >= count)
+            ids = ids.masked_fill(elsewhere, 0)
+            weights = weights.masked_fill(elsewhere, 0.0)
         out: torch.Tensor = self._experts(x, self.experts.w13, self.experts.w2, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)

@@ -1,0 +1,55 @@
+"""`RankSetup`: what an `Executor` needs to be one rank of several, and the rank's start-up handshake.
+
+`join_world` is the same on every rank (rank 0 in the engine's process, the
+others in the worker processes `multi_rank.py` spawns): join torch.distributed
+(gloo on the CPU, NCCL on CUDA) with a bounded collective timeout, create the
+parallel groups of the topology, and a second, gloo, group with a long
+timeout for start-up agreements: loading weights takes each rank its own time,
+so agreeing on the KV page count must not be held to the step timeout.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from tokenspeed.placement.parallel_config import Topology
+from tokenspeed.placement.process_groups import ParallelGroups, create_parallel_groups, init_distributed
+
+# A collective that waits longer than this for a peer fails (a hung or dead rank -> EngineDead).
+STEP_TIMEOUT_S = float(os.environ.get("TOKENSPEED_RANK_TIMEOUT_S", "10"))
+STARTUP_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class RankSetup:
+    groups: ParallelGroups
+    control: dist.ProcessGroup  # gloo, STARTUP_TIMEOUT_S
+
+    @property
+    def rank(self) -> int:
+        return self.groups.rank
+
+    def agree_num_pages(self, num_pages: int) -> int:
+        """The smallest KV page count of all ranks (each sized its pool from its own device's memory)."""
+        value = torch.tensor([num_pages], dtype=torch.int64)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.control)
+        return int(value.item())
+
+
+def join_world(topology: Topology, rank: int, init_method: str, device_type: str) -> RankSetup:
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+    init_distributed(rank, topology.world_size, init_method, device_type=device_type, timeout_s=STEP_TIMEOUT_S)
+    groups = create_parallel_groups(topology, rank)
+    control = dist.new_group(backend="gloo", timeout=timedelta(seconds=STARTUP_TIMEOUT_S))
+    return RankSetup(groups, control)
+
+
+def leave_world() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
