@@ -46,6 +46,7 @@ from tokenspeed.executor.executor import Executor
 from tokenspeed.executor.model_runner import StepHandle
 from tokenspeed.executor.rank_setup import STARTUP_TIMEOUT_S, join_world, leave_world
 from tokenspeed.models.config import ModelConfig
+from tokenspeed.models.parallel.sharded_reader import ReadStats
 from tokenspeed.placement.parallel_config import ParallelConfigError, Topology
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
 
@@ -102,7 +103,7 @@ def _worker_main(
         config = rank_config(config, rank)
         setup = join_world(topology, rank, init_method, resolve_device(config.device).type)
         executor = Executor(config, model_folder, dummy_weights=dummy_weights, rank=setup)
-        events.put(("ready", rank, None))
+        events.put(("ready", rank, executor.read_stats))
         previous: StepHandle | None = None
         while True:
             try:
@@ -145,6 +146,8 @@ class MultiRankExecutor:
             )
             for rank, plans in zip(range(1, self.world_size), self._plans, strict=True)
         ]
+        for plans in self._plans:
+            plans.cancel_join_thread()  # a dead worker's unread plans must not hold this process at exit
         for worker in self._workers:
             worker.start()
         try:
@@ -248,6 +251,7 @@ class MultiRankExecutor:
 
     def _wait_ready(self) -> None:
         ready: set[int] = set()
+        self.read_stats: list[ReadStats | None] = [self.local.read_stats] + [None] * len(self._workers)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while len(ready) < len(self._workers):
             try:
@@ -262,6 +266,7 @@ class MultiRankExecutor:
             if kind == "error":
                 raise EngineDead(f"rank {rank} failed to start:\n{detail}")
             ready.add(rank)
+            self.read_stats[rank] = detail  # what the rank read of the checkpoint (None: dummy weights)
 
     def _stop_workers(self) -> None:
         for worker in self._workers:
