@@ -15,7 +15,7 @@ NCCL on CUDA, device `cuda:<rank>`). A step:
 2. `collect(handle)`: rank 0's result, as on one device.
 
 Failure, never a hang: every collective has a bounded timeout
-(`rank_setup.STEP_TIMEOUT_S`, 10 s), a watchdog thread notices a worker that
+(`rank_setup.step_timeout_s`: 10 s on the CPU, 60 s under NCCL), a watchdog thread notices a worker that
 exited, and a worker that fails reports its traceback before exiting. Any of
 these turns the next (or the blocked) call into `EngineDead`, and the
 executor then ends its workers. Workers poll their parent too: a worker
@@ -112,10 +112,9 @@ def _worker_main(
                 if os.getppid() != parent:  # the engine process is gone: do not outlive it
                     return
                 continue
-            if data is None:
-                break
+            if data is None:  # shutdown: the process ends now, and its memory and device with it
+                os._exit(0)
             previous = executor.launch(pickle.loads(data), previous)
-        executor.close()
     except BaseException:
         events.put(("error", rank, traceback.format_exc()))
     finally:

@@ -20,8 +20,16 @@ import torch.distributed as dist
 from tokenspeed.placement.parallel_config import Topology
 from tokenspeed.placement.process_groups import ParallelGroups, create_parallel_groups, init_distributed
 
-# A collective that waits longer than this for a peer fails (a hung or dead rank -> EngineDead).
-STEP_TIMEOUT_S = float(os.environ.get("TOKENSPEED_RANK_TIMEOUT_S", "10"))
+# A collective that waits longer than this for a peer fails (a hung or dead rank -> EngineDead). NCCL gets
+# longer: ranks JIT-compile and tune kernels on first use, each at its own pace, and NCCL's watchdog ends
+# the process rather than raising when it fires.
+_TIMEOUT_S = {"cpu": 10.0, "cuda": 60.0}
+
+
+def step_timeout_s(device_type: str) -> float:
+    return float(os.environ.get("TOKENSPEED_RANK_TIMEOUT_S", _TIMEOUT_S.get(device_type, 10.0)))
+
+
 STARTUP_TIMEOUT_S = 900.0
 
 
@@ -44,7 +52,7 @@ class RankSetup:
 def join_world(topology: Topology, rank: int, init_method: str, device_type: str) -> RankSetup:
     if device_type == "cuda":
         torch.cuda.set_device(rank)
-    init_distributed(rank, topology.world_size, init_method, device_type=device_type, timeout_s=STEP_TIMEOUT_S)
+    init_distributed(rank, topology.world_size, init_method, device_type=device_type, timeout_s=step_timeout_s(device_type))
     groups = create_parallel_groups(topology, rank)
     control = dist.new_group(backend="gloo", timeout=timedelta(seconds=STARTUP_TIMEOUT_S))
     return RankSetup(groups, control)
