@@ -196,3 +196,16 @@ def test_bad_combinations_are_refused_before_any_rank_starts(folders, changes, m
 def test_speculative_decoding_with_several_ranks_is_refused_by_the_config():
     with pytest.raises(InvalidRequest, match="one rank only"):
         EngineConfig(tensor_parallel_size=2, speculative_config={"method": "ngram", "num_speculative_tokens": 2}).validate()
+
+
+def test_cli_flags_carry_vllm_names_into_the_engine_config():
+    import argparse
+
+    from tokenspeed.engine_args import add_engine_args, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    config = engine_config_from_args(parser.parse_args(["-tp", "2", "--enable-expert-parallel"]))
+    assert (config.tensor_parallel_size, config.enable_expert_parallel, config.enable_dp_attention) == (2, True, False)
+    config = engine_config_from_args(parser.parse_args(["--tensor-parallel-size", "4", "--enable-dp-attention"]))
+    assert config.parallel_config().topology().attn_dp == 4
