@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -175,6 +176,26 @@ def test_a_killed_worker_gives_engine_dead_within_10_s_and_no_process_is_left(fo
         llm.shutdown()
     assert raised_at - killed_at[0] < 10.0
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_a_hung_worker_gives_engine_dead_after_the_collective_timeout(folders, monkeypatch):
+    """A rank that stops answering (SIGSTOP: alive, silent) fails its peers' next collective after the
+    timeout (3 s here, 10 s by default on the CPU); shutdown then ends the stopped process too."""
+    monkeypatch.setenv("TOKENSPEED_RANK_TIMEOUT_S", "3")
+    llm = _engine(folders["llama"], 2, False)
+    pid = llm.core.executor.worker_pids[0]  # type: ignore[attr-defined]
+    batch = prompts(2, seed=12, min_len=10, max_len=20)
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    try:
+        llm.generate([{"prompt_token_ids": p} for p in batch], greedy, use_tqdm=False)
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        with pytest.raises(EngineDead):
+            llm.generate([{"prompt_token_ids": p} for p in batch], greedy, use_tqdm=False)
+        assert time.monotonic() - stopped_at < 10.0
+    finally:
+        llm.shutdown()
+    assert not _alive(pid)
 
 
 @pytest.mark.parametrize(

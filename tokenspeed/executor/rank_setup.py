@@ -3,9 +3,10 @@
 `join_world` is the same on every rank (rank 0 in the engine's process, the
 others in the worker processes `multi_rank.py` spawns): join torch.distributed
 (gloo on the CPU, NCCL on CUDA) with a bounded collective timeout, create the
-parallel groups of the topology, and a second, gloo, group with a long
-timeout for start-up agreements: loading weights takes each rank its own time,
-so agreeing on the KV page count must not be held to the step timeout.
+parallel groups of the topology, whose collectives are bounded by the step
+timeout, and a gloo group for start-up agreements. Joining and start-up get a
+long timeout: each rank imports, loads weights and sizes its KV pool at its
+own pace, which must not be held to the step timeout.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ class RankSetup:
 def join_world(topology: Topology, rank: int, init_method: str, device_type: str) -> RankSetup:
     if device_type == "cuda":
         torch.cuda.set_device(rank)
-    init_distributed(rank, topology.world_size, init_method, device_type=device_type, timeout_s=step_timeout_s(device_type))
-    groups = create_parallel_groups(topology, rank)
+    init_distributed(rank, topology.world_size, init_method, device_type=device_type, timeout_s=STARTUP_TIMEOUT_S)
+    groups = create_parallel_groups(topology, rank, timeout_s=step_timeout_s(device_type))
     control = dist.new_group(backend="gloo", timeout=timedelta(seconds=STARTUP_TIMEOUT_S))
     return RankSetup(groups, control)
 
