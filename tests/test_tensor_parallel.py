@@ -102,7 +102,7 @@ def _run(llm: LLM) -> dict[str, object]:
     sync = llm.generate([{"prompt_token_ids": p} for p in first], exact, use_tqdm=False)
     # prefixes of the first prompts (cache hits) and fresh prompts, more than the pool holds at once
     batch = [p + [7, 8, 9] for p in first] + prompts(5, seed=9, min_len=30, max_len=60)
-    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     overlapped = llm.generate([{"prompt_token_ids": p} for p in batch], greedy, use_tqdm=False)
     return {
         "sync": sync,
