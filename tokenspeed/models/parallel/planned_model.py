@@ -17,11 +17,13 @@ logits) run in `compute_logits`; everything before them in `forward`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from tokenspeed.kernels.registry import Band
 from tokenspeed.placement.collectives import (
     all_gather,
     all_reduce,
@@ -54,7 +56,10 @@ class PlannedModel(nn.Module):
         self.plan = plan
         self.groups = groups
         param = next(model.parameters())
-        self._fused = select_fused_allreduce_rmsnorm(param.device, param.dtype).impl
+        fused = select_fused_allreduce_rmsnorm(param.device, param.dtype)
+        # Only the reference fits a process group (all-reduce, then the norm): then the norm's own
+        # registry kernel does the norm, which on a GPU is the fast one rather than torch ops.
+        self._fused = None if fused.band == Band.REFERENCE else fused.impl
         self._body: list[Step] = []
         self._head: list[Step] = []
         for op in plan.ops:
@@ -105,6 +110,9 @@ class PlannedModel(nn.Module):
         norm = self.inner.get_submodule(op.module.name)
         group = self._group(op)
         fused = self._fused
+        if fused is None:
+            unfused = self._compute(replace(op, kind=OpKind.COMPUTE))
+            return lambda h, r, b, kv: unfused(all_reduce(h, group), r, b, kv)
 
         def step(h: torch.Tensor, r: torch.Tensor | None, b: Any, kv: Any) -> State:
             out, residual = fused(partial_sums(h, group), norm.weight, norm.eps, r)
