@@ -230,3 +230,34 @@ def test_cli_flags_carry_vllm_names_into_the_engine_config():
     assert (config.tensor_parallel_size, config.enable_expert_parallel, config.enable_dp_attention) == (2, True, False)
     config = engine_config_from_args(parser.parse_args(["--tensor-parallel-size", "4", "--enable-dp-attention"]))
     assert config.parallel_config().topology().attn_dp == 4
+
+
+def test_the_plan_executor_at_world_size_one_is_the_family_forward(folders):
+    """At one rank the compiled plan has no collective and `PlannedModel` runs the family's modules in the
+    plan's order: same tokens and logprobs as the family's own forward (no process spawned)."""
+    from tokenspeed.models.parallel.planned_model import PlannedModel
+    from tokenspeed.placement.compiler import compile_plan
+    from tokenspeed.placement.model_graph import describe_model
+    from tokenspeed.placement.parallel_config import ParallelConfig
+    from tokenspeed.placement.process_groups import create_parallel_groups
+
+    folder = folders["deepseek_v3"]
+    batch = prompts(3, seed=21, min_len=5, max_len=30)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3)
+    outputs = []
+    for planned in (False, True):
+        llm = _engine(folder, 1, False)
+        try:
+            if planned:
+                executor = llm.core.executor
+                config = ModelConfig.from_pretrained(folder)
+                topology = ParallelConfig().validate_for_model(config)
+                plan = compile_plan(describe_model(config), topology, dtype_bytes=4)
+                assert not plan.collectives()
+                model = PlannedModel(executor.model, plan, create_parallel_groups(topology, 0))  # type: ignore[attr-defined]
+                executor.runner.model = model  # type: ignore[attr-defined]
+            outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+            outputs.append([(o.outputs[0].token_ids, _positions(o)) for o in outs])
+        finally:
+            llm.shutdown()
+    assert outputs[0] == outputs[1]
