@@ -17,6 +17,7 @@ import torch
 
 from tokenspeed.errors import InvalidRequest
 from tokenspeed.models.quant_config import KV_CACHE_DTYPES, QUANTIZATION_METHODS
+from tokenspeed.placement.parallel_config import ParallelConfig, ParallelConfigError
 
 _CPU_KV_CACHE_BYTES = 512 * 1024 * 1024  # vLLM's CPU backend also reserves a fixed KV space
 _DTYPES = {
@@ -80,6 +81,12 @@ class EngineConfig:
     kv_cache_dir_bytes: int = 64 * 1024**3
     session_ttl: float = 300.0
     preemption_mode: str | None = None
+    # Multi-rank execution (vLLM's names; `placement/`, `executor/multi_rank.py`): ranks (one device each,
+    # CPU ranks are processes), routed experts split by expert instead of by intermediate size, and
+    # SGLang's data-parallel attention (for MLA, whose one latent head cannot be split).
+    tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    enable_dp_attention: bool = False
 
     def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -117,6 +124,17 @@ class EngineConfig:
             raise InvalidRequest(
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}."
             )
+        self.parallel_config()  # refuses bad option combinations (the model's own splits: at build)
+        if self.tensor_parallel_size > 1 and self.speculative_config is not None:
+            raise InvalidRequest(
+                "speculative decoding (speculative_config) runs on one rank only; "
+                f"it cannot be combined with tensor_parallel_size={self.tensor_parallel_size}."
+            )
+        if self.tensor_parallel_size > 1 and (self.quantization or self.kv_cache_dtype != "auto" or self.host_kv_cache_bytes):
+            raise InvalidRequest(
+                "quantization, kv_cache_dtype and the KV host tier (host_kv_cache_bytes) run on one rank only "
+                f"for now; they cannot be combined with tensor_parallel_size={self.tensor_parallel_size}."
+            )
         self._validate_kv_tiers()
 
     def _validate_kv_tiers(self) -> None:
@@ -130,6 +148,21 @@ class EngineConfig:
             raise InvalidRequest(f"preemption_mode must be retract or recompute, got {self.preemption_mode!r}.")
         if self.kv_cache_dir is not None and self.host_kv_cache_bytes == 0:
             raise InvalidRequest("kv_cache_dir (the disk tier) is filled from the host tier: set host_kv_cache_bytes.")
+
+    def parallel_config(self) -> ParallelConfig:
+        """The placement options of this config (`placement.parallel_config`); raises on a bad combination."""
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise InvalidRequest(f"tensor_parallel_size must be an integer >= 1, got {tp!r}.")
+        try:
+            return ParallelConfig(
+                tensor_parallel_size=tp,
+                enable_expert_parallel=self.enable_expert_parallel,
+                enable_dp_attention=self.enable_dp_attention,
+                data_parallel_size=tp if self.enable_dp_attention else 1,
+            )
+        except ParallelConfigError as error:
+            raise InvalidRequest(str(error)) from None
 
 
 def parse_kernel_override(item: str) -> tuple[str, str, str]:

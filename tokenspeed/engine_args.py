@@ -55,6 +55,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
                        help="KV cache storage: auto (the model dtype) or fp8 (e4m3, half the bytes of bf16) "
                             "(default: %(default)s)")
+    group.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                       help="ranks, one device each (CPU: one process each); heads, vocabulary and MLPs are "
+                            "split by the compiled placement plan (default: %(default)s)")
+    group.add_argument("--enable-expert-parallel", action="store_true",
+                       help="split routed experts by expert over the ranks instead of by intermediate size")
+    group.add_argument("--enable-dp-attention", action="store_true",
+                       help="data-parallel attention over the ranks (SGLang's flag; for MLA models)")
+
     add_kv_tier_args(parser)
 
 
@@ -72,7 +80,6 @@ def add_kv_tier_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--preemption-mode", choices=("retract", "recompute"), default=None,
                        help="under memory pressure, save a victim's KV to the host (retract) or recompute it "
                             "(default: retract when there is a host tier)")
-
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
@@ -103,4 +110,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_dir_bytes=args.kv_cache_dir_bytes,
         session_ttl=args.session_ttl,
         preemption_mode=args.preemption_mode,
+        tensor_parallel_size=args.tensor_parallel_size,
+        enable_expert_parallel=args.enable_expert_parallel,
+        enable_dp_attention=args.enable_dp_attention,
     )

@@ -85,8 +85,13 @@ class EngineCore:
             speculator = None
             if self.speculative_config is not None:
                 speculator = speculator_factory(self.speculative_config, progress=progress)
-            executor = Executor(config, self.model_folder, dummy_weights=preset, progress=progress,
-                                speculator=speculator)
+            if config.tensor_parallel_size > 1:
+                from tokenspeed.executor.multi_rank import MultiRankExecutor
+
+                executor = MultiRankExecutor(config, self.model_folder, dummy_weights=preset, progress=progress)
+            else:
+                executor = Executor(config, self.model_folder, dummy_weights=preset, progress=progress,
+                                    speculator=speculator)
         self.executor = executor
         limits = executor.limits
         spec = self.speculative_config

@@ -66,6 +66,9 @@ class LLM:
         speculative_config: dict[str, Any] | str | None = None,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
+        tensor_parallel_size: int = 1,
+        enable_expert_parallel: bool = False,
+        enable_dp_attention: bool = False,
         show_progress: bool = True,
         # KV tiers (see EngineConfig): host tier bytes, disk tier, session TTL, retract | recompute.
         host_kv_cache_bytes: int | None = None,
@@ -106,6 +109,9 @@ class LLM:
             kv_cache_dir_bytes=kv_cache_dir_bytes,
             session_ttl=session_ttl,
             preemption_mode=preemption_mode,
+            tensor_parallel_size=tensor_parallel_size,
+            enable_expert_parallel=enable_expert_parallel,
+            enable_dp_attention=enable_dp_attention,
         )
         self.show_progress = show_progress
         self.core = EngineCore(config, progress=show_progress)

@@ -38,11 +38,12 @@ from tokenspeed.config import (
     resolve_dtype,
     resolve_kv_cache_dtype,
 )
-from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest
+from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest, ModelNotSupported
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from tokenspeed.executor.kv_tiers import HostKVTier, default_host_kv_cache_bytes
 from tokenspeed.executor.memory_check import check_fits, weight_bytes
 from tokenspeed.executor.model_runner import ModelRunner, StepHandle
+from tokenspeed.executor.rank_setup import RankSetup
 from tokenspeed.executor.speculator import Speculator
 from tokenspeed.kernels import check_override_environment, set_kernel_override
 from tokenspeed.kvcache import KVLayout
@@ -50,6 +51,10 @@ from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 from tokenspeed.layers.fp8_weights import fp8_weight_allocation
 from tokenspeed.models import CausalLM, ModelConfig, build_model, load_weights
 from tokenspeed.models.fp8_model import finish_fp8, prepare_fp8
+from tokenspeed.models.parallel.footprint import weights_per_rank
+from tokenspeed.models.parallel.local_config import local_model_config
+from tokenspeed.models.parallel.rank_model import build_rank_model
+from tokenspeed.models.parallel.sharded_reader import ReadStats
 from tokenspeed.models.quant_config import Fp8Config, resolve_quantization
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
 
@@ -105,6 +110,7 @@ class Executor:
         dummy_weights: bool = False,
         progress: bool = False,
         speculator: Callable[[Executor], Speculator] | None = None,
+        rank: RankSetup | None = None,
     ) -> None:
         """`model_folder` holds the model's config.json (and its weights unless `dummy_weights`, as for
         a preset, or `config.load_format == "dummy"`). `speculator` builds speculative decoding's
@@ -116,8 +122,16 @@ class Executor:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device, self.model_config.torch_dtype)
         self.max_model_len = resolve_max_model_len(self.model_config, config.max_model_len)
+        # One rank of several (`multi_rank.py`): it holds its share of the weights and of the KV heads.
+        self.rank = rank
+        self.local_config = self.model_config
+        if rank is not None:
+            topology = config.parallel_config().validate_for_model(self.model_config)
+            self.local_config = local_model_config(self.model_config, topology)
         self.fp8 = resolve_quantization(self.model_config.raw, config.quantization)
         self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
+        if rank is not None and (self.fp8 is not None or self.kv_dtype != self.dtype):
+            raise ModelNotSupported("FP8 weights or an FP8 KV cache with tensor_parallel_size > 1 are not supported yet.")
 
         check_override_environment()
         for item in config.kernel_overrides:
@@ -130,7 +144,7 @@ class Executor:
         one_request = self._pages_for_one_request()
         planned_pages = self._planned_num_pages()
         check_fits(
-            weights=weight_bytes(self.model_config, self.dtype, fp8=self.fp8),
+            weights=self._weight_bytes(),
             kv_cache=(max(planned_pages or 0, one_request) + 1) * self._bytes_per_page(),
             kv_what="the KV cache" if (planned_pages or 0) > one_request
             else f"the KV cache of one request of max_model_len {self.max_model_len}",
@@ -140,23 +154,36 @@ class Executor:
         )
         dummy = dummy_weights or config.load_format == "dummy"
         self._dummy_weights = dummy
-        self.model = load_model(
-            self.model_config,
-            None if dummy else model_folder,
-            load_format="dummy" if dummy else config.load_format,
-            dtype=self.dtype,
-            device=self.device,
-            seed=config.seed,
-            progress=progress,
-            fp8=self.fp8,
-        )
+        self.read_stats: ReadStats | None = None  # what this rank read of the checkpoint (several ranks)
+        if rank is not None:
+            self.model, self.read_stats = build_rank_model(
+                self.model_config,
+                None if dummy else model_folder,
+                rank.groups,
+                dtype=self.dtype,
+                device=self.device,
+                seed=config.seed,
+            )
+        else:
+            self.model = load_model(
+                self.model_config,
+                None if dummy else model_folder,
+                load_format="dummy" if dummy else config.load_format,
+                dtype=self.dtype,
+                device=self.device,
+                seed=config.seed,
+                progress=progress,
+                fp8=self.fp8,
+            )
 
         if speculator is not None:
             self.speculator = speculator(self)
         num_pages = self._resolve_num_pages()
+        if rank is not None:
+            num_pages = rank.agree_num_pages(num_pages)  # every rank's pool must hold the same page ids
         if self.speculator is not None:
             self.speculator.allocate(num_pages + 1)  # the drafter's pages mirror the pool's, scratch included
-        kv_heads, k_dim, v_dim = self.model_config.kv_cache_layout
+        kv_heads, k_dim, v_dim = self.local_config.kv_cache_layout
         self.kv = PagedKVStorage(
             num_layers=self.model_config.num_hidden_layers,
             num_pages=num_pages + 1,  # the last page is scratch for padded CUDA-graph rows
@@ -295,7 +322,7 @@ class Executor:
 
     def _kv_layout(self) -> KVLayout:
         """What one device page's bytes are: sizes the host tier and fingerprints disk files."""
-        kv_heads, k_dim, v_dim = self.model_config.kv_cache_layout
+        kv_heads, k_dim, v_dim = self.local_config.kv_cache_layout
         return KVLayout(
             # Random weights differ by seed: their KV must never be read by another seed's engine.
             model=(self.config.model or "embedded") + (f"|dummy seed {self.config.seed}" if self._dummy_weights else ""),
@@ -316,6 +343,11 @@ class Executor:
         """The host tier's slots (pinned on a GPU), or None when it is off (0 bytes)."""
         config, layout = self.config, self.kv_layout
         wanted = config.host_kv_cache_bytes
+        if self.rank is not None:  # each rank would need its own host slots, moved in lockstep: not yet
+            if wanted:
+                raise InvalidRequest("the KV host tier (host_kv_cache_bytes) with tensor_parallel_size > 1 "
+                                     "is not supported yet.")
+            return None
         host_bytes = default_host_kv_cache_bytes(self.device) if wanted is None else wanted
         num_slots = host_bytes // layout.bytes_per_page
         if host_bytes and not num_slots:
@@ -330,12 +362,19 @@ class Executor:
                     f", disk tier in {config.kv_cache_dir}" if config.kv_cache_dir else "")
         return HostKVTier(self.kv, layout, num_slots, self.device, config.kv_cache_dir, eager=wanted is not None)
 
+    def _weight_bytes(self) -> int:
+        if self.rank is None:
+            return weight_bytes(self.model_config, self.dtype, fp8=self.fp8)
+        topology = self.rank.groups.topology
+        share = weights_per_rank(self.model_config, topology, torch.empty((), dtype=self.dtype).element_size())
+        return share[self.rank.groups.rank].total_bytes
+
     def _pages_for_one_request(self) -> int:
         return math.ceil(self.max_model_len / self.config.page_size)
 
     def _bytes_per_page(self) -> int:
         """One page's K/V bytes: the target's, and a speculative drafter's own (on the same page ids)."""
-        kv_heads, k_dim, v_dim = self.model_config.kv_cache_layout
+        kv_heads, k_dim, v_dim = self.local_config.kv_cache_layout
         drafter = 0 if self.speculator is None else self.speculator.kv_bytes_per_page()
         return drafter + PagedKVStorage.bytes_per_page(
             num_layers=self.model_config.num_hidden_layers,

@@ -52,6 +52,7 @@ from tokenspeed.layers.fp8_weights import (
     weight_dtype,
 )
 from tokenspeed.layers.mlp import GatedMLP
+from tokenspeed.placement.rank_context import current_rank_context
 
 if TYPE_CHECKING:
     from tokenspeed.layers.moe_config import MoEConfig
@@ -109,9 +110,11 @@ class StackedExperts(nn.Module):
         names: ExpertNames,
         dtype: torch.dtype,
         device: torch.device | str,
+        first_expert: int = 0,
     ) -> None:
         super().__init__()
         self.num_experts = num_experts
+        self.first_expert = first_expert  # global id of local expert 0 (an EP rank holds a contiguous range)
         self.intermediate_size = intermediate_size
         self.names = names
         self.dtype = dtype  # of the weights when they are not fp8
@@ -141,7 +144,7 @@ class StackedExperts(nn.Module):
 
     def checkpoint_shards(self, attr: str) -> tuple[str, ...]:
         parts = ("gate", "up") if attr.removesuffix(SCALE_SUFFIX) == "w13" else ("down",)
-        return tuple(f"{e}.{part}" for e in range(self.num_experts) for part in parts)
+        return tuple(f"{e}.{part}" for e in range(self.num_experts) for part in parts)  # local ids
 
     def resolve_checkpoint_name(self, rest: str) -> tuple[str, str | None] | None:
         """(parameter, shard) for a checkpoint name relative to this module, None if it is not ours."""
@@ -150,16 +153,20 @@ class StackedExperts(nn.Module):
         expert, _, tail = rest.partition(".")
         leaf, _, attr = tail.partition(".")
         part = self._part_of.get(leaf)
-        if not expert.isdigit() or part is None or int(expert) >= self.num_experts:
+        if not expert.isdigit() or part is None:
             return None
         if attr not in ("weight", "weight" + SCALE_SUFFIX):
             return None
+        local = int(expert) - self.first_expert
+        if not 0 <= local < self.num_experts:
+            return None
         suffix = attr.removeprefix("weight")
-        return ("w2" if part == "down" else "w13") + suffix, f"{int(expert)}.{part}"
+        return ("w2" if part == "down" else "w13") + suffix, f"{local}.{part}"
 
     def checkpoint_name(self, attr: str, shard: str) -> str:
         expert, _, part = shard.partition(".")
-        return f"{expert}.{self._name_of[part]}.weight{SCALE_SUFFIX if attr.endswith(SCALE_SUFFIX) else ''}"
+        scale = SCALE_SUFFIX if attr.endswith(SCALE_SUFFIX) else ""
+        return f"{int(expert) + self.first_expert}.{self._name_of[part]}.weight{scale}"
 
     def load_shard(self, attr: str, shard: str, tensor: torch.Tensor) -> None:
         expert_text, _, part = shard.partition(".")
@@ -207,17 +214,22 @@ class SparseMoE(nn.Module):
         self.gate = Router(
             hidden_size, moe.num_experts, correction_bias=moe.has_correction_bias, device=device
         )
+        # On N ranks (`placement.rank_context`): this EP rank's experts, each over its MoE-TP slice of
+        # the intermediate dimension, and its slice of the shared experts; the output is a partial sum.
+        context = current_rank_context()
+        first, count = (0, moe.num_experts) if context is None else context.local_experts(moe.num_experts)
+        inter = moe.moe_intermediate_size if context is None else context.moe_intermediate(moe.moe_intermediate_size)
+        shared = moe.num_shared_experts * moe.moe_intermediate_size
+        self.local_experts = None if count == moe.num_experts else (first, count)
         self.experts = StackedExperts(
-            moe.num_experts,
-            hidden_size,
-            moe.moe_intermediate_size,
-            names=expert_names,
-            dtype=dtype,
-            device=device,
+            count, hidden_size, inter, names=expert_names, dtype=dtype, device=device, first_expert=first
         )
         self.shared_experts = (
             GatedMLP(
-                hidden_size, moe.num_shared_experts * moe.moe_intermediate_size, dtype=dtype, device=device
+                hidden_size,
+                shared if context is None else context.shared_intermediate(shared),
+                dtype=dtype,
+                device=device,
             )
             if moe.num_shared_experts
             else None
@@ -250,6 +262,12 @@ class SparseMoE(nn.Module):
             correction_bias=self.gate.e_score_correction_bias,
             routed_scaling_factor=moe.routed_scaling_factor,
         )
+        if self.local_experts is not None:  # expert parallel: other ranks' experts count zero here
+            first, count = self.local_experts
+            ids = ids - first
+            elsewhere = (ids < 0) | (ids >= count)
+            ids = ids.masked_fill(elsewhere, 0)
+            weights = weights.masked_fill(elsewhere, 0.0)
         experts = self.experts
         if self._experts_fp8 is not None:
             out: torch.Tensor = self._experts_fp8(

@@ -13,9 +13,11 @@ copied whole (row), from `placement.ShardedCheckpointReader`, which reads
 nothing else. The row-parallel bias is held by every rank and added by the
 first one only, so the sum carries it once.
 
-Not yet used by `models/`: the integration task builds the model families
-from these (GQA: `QKVParallelLinear` + row `o_proj`; MLP: gate/up column +
-row `down_proj`; MLA: column `q_b_proj`/`kv_b_proj`, row `o_proj`).
+The engine's model families do not use these classes: on N ranks they build
+their ordinary layers at local size (`models/parallel/local_config.py`), which
+is the same column/row split with the family's fused decode kernels kept,
+and the compiled plan runs the collectives (`models/parallel/planned_model.py`).
+They remain the reference of the split (`tests/test_placement_distributed.py`).
 """
 
 from __future__ import annotations

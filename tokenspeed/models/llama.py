@@ -25,13 +25,13 @@ import torch
 from torch import nn
 
 from tokenspeed.layers.attention import GQAAttention
-from tokenspeed.layers.embedding import LMHead, VocabEmbedding
 from tokenspeed.layers.linear import select_decode_gemm
 from tokenspeed.layers.mlp import GatedMLP
 from tokenspeed.layers.norm import RMSNorm
 from tokenspeed.layers.rotary_embedding import RotaryEmbedding
 from tokenspeed.models.config import ModelConfig
 from tokenspeed.models.interface import CausalLM
+from tokenspeed.models.parallel.vocab import build_embedding, build_lm_head
 
 if TYPE_CHECKING:
     from tokenspeed.batch.forward_batch import AttentionMetadata, ForwardBatch
@@ -132,7 +132,7 @@ class DecoderModel(nn.Module):
     ) -> None:
         super().__init__()
         self.num_layers = config.num_layers
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens = build_embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
         self.rotary_emb = RotaryEmbedding(
             config.rope,
             head_dim=config.head_dim if rope_head_dim is None else rope_head_dim,
@@ -181,7 +181,7 @@ class DecoderForCausalLM(CausalLM):
         self.config = config
         self.dtype = dtype
         self.model = self.build_model(config, dtype=dtype, device=device)
-        self.lm_head = LMHead(
+        self.lm_head = build_lm_head(
             config.vocab_size,
             config.hidden_size,
             tied_to=self.model.embed_tokens if config.tie_word_embeddings else None,

@@ -15,10 +15,15 @@
   CPU, NCCL on CUDA) and collectives that are no-ops at world size 1;
 - `command.py`: `tokenspeed placement MODEL --tp N [--ep M] [--dp-attention]`.
 
-The parallel layers that call these collectives are in `layers/parallel_linear.py`
-and `layers/parallel_embedding.py`. Not here yet (the integration task): the
-model families built from those layers under a compiled plan, and the
-multi-rank executor that runs them (one worker process per rank).
+- `rank_context.py`: the rank a model is being built for (layers whose split
+  is not a plain size, vocab-parallel embedding/head and EP experts, read it).
+
+Execution on N ranks: every family builds at local size
+(`models/parallel/local_config.py`, `vocab.py`), loads only its slices
+(`models/parallel/rank_model.py`) and runs the compiled op list
+(`models/parallel/planned_model.py`); `executor/multi_rank.py` spawns the
+ranks and hands them each step's plan. Token-sharded layouts (DP attention,
+all-to-all MoE) are compiled and printed but not executed yet.
 
 Import the concrete modules directly: this package stays import-light.
 """

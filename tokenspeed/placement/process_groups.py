@@ -77,8 +77,11 @@ class ParallelGroups:
         return self.handles[kind]
 
 
-def create_parallel_groups(topology: Topology, rank: int) -> ParallelGroups:
-    """This rank's handle of every parallel group (collective: every rank of the world calls it)."""
+def create_parallel_groups(topology: Topology, rank: int, *, timeout_s: float | None = None) -> ParallelGroups:
+    """This rank's handle of every parallel group (collective: every rank of the world calls it).
+
+    `timeout_s` bounds the groups' collectives (None: the world's timeout), so the world can be joined
+    with a generous timeout (ranks start at their own pace) and each step still fail fast."""
     if topology.world_size > 1:
         if not dist.is_initialized():
             raise ParallelConfigError("torch.distributed is not initialised: call init_distributed first")
@@ -97,7 +100,8 @@ def create_parallel_groups(topology: Topology, rank: int) -> ParallelGroups:
             elif whole_world and world is not None:
                 process_group = world  # DENSE_TP and MOE_TP_EP share the world's group
             else:
-                process_group = dist.new_group(list(ranks))
+                timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
+                process_group = dist.new_group(list(ranks), timeout=timeout)
                 world = process_group if whole_world else world
             if rank in ranks:
                 handles[kind] = GroupHandle(kind, ranks, ranks.index(rank), process_group)

@@ -1,0 +1,274 @@
+"""Multi-rank execution on the CPU (gloo, 2 ranks, fp32): every family at TP=2 against TP=1.
+
+For each family one TP=1 and one TP=2 engine run the same two workloads:
+
+- synchronous steps with log-probabilities of every prompt and generated
+  position: greedy tokens identical, log-probabilities (log-softmaxed logits)
+  within 1e-5;
+- an overlapped run built to hit the scheduler's paths: prompts that share
+  pages with the first run (prefix-cache hits), a per-step token budget below
+  the prompt lengths (chunked prefill) and a KV pool too small for the batch
+  (preemption, counted): greedy tokens identical.
+
+MoE families run with expert parallelism (EP=2) where marked, the others with
+their experts split by intermediate size; DeepSeek runs MLA with its heads
+split over the ranks. Then: a killed worker gives `EngineDead` within 10 s
+and leaves no process; bad combinations are refused before any process
+starts; each rank reads exactly its share of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from tests.checkpoints import make_checkpoint, make_deepseek_checkpoint, prompts
+from tokenspeed import LLM, SamplingParams
+from tokenspeed.config import EngineConfig
+from tokenspeed.errors import EngineDead, InvalidRequest, TokenSpeedError
+from tokenspeed.models.config import ModelConfig
+from tokenspeed.models.loader import find_weight_files
+from tokenspeed.models.parallel.weight_sharding import rule_for
+
+# family -> expert parallel at TP=2
+FAMILIES = {
+    "llama": False,
+    "qwen2": False,  # one kv head: replicated on both ranks; q/k/v bias
+    "qwen3": False,
+    "mistral": False,
+    "qwen3_moe": True,
+    "mixtral": False,
+    "deepseek_v3": True,
+    "deepseek_v2_greedy": False,
+}
+LOGPROB_TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tp_checkpoints")
+    made = {}
+    for family in FAMILIES:
+        make = make_deepseek_checkpoint if family.startswith("deepseek") else make_checkpoint
+        made[family] = make(family, root / family)
+    return made
+
+
+def _engine(folder: Path, tp: int, ep: bool) -> LLM:
+    return LLM(
+        str(folder),
+        skip_tokenizer_init=True,
+        show_progress=False,
+        device="cpu",
+        dtype="float32",
+        max_model_len=128,
+        page_size=16,
+        num_kv_pages=14,  # 8 pages for one max-length request; the overlapped batch needs more: preemption
+        max_num_batched_tokens=40,  # below the longest prompts: chunked prefill
+        tensor_parallel_size=tp,
+        enable_expert_parallel=ep and tp > 1,
+    )
+
+
+def _checkpoint_share(folder: Path, llm: LLM) -> None:
+    """Each rank read 1/N of every sharded tensor's bytes and every replicated tensor whole, measured."""
+    config = ModelConfig.from_pretrained(folder)
+    topology = llm.core.config.parallel_config().topology()
+    sharded = replicated = 0
+    for path in find_weight_files(folder):
+        with safe_open(str(path), framework="pt") as f:
+            for name in list(f.keys()):  # a safe_open handle is not iterable
+                nbytes = 4 * math.prod(f.get_slice(name).get_shape())
+                if rule_for(name, config, topology).sharded:
+                    sharded += nbytes
+                else:
+                    replicated += nbytes
+    stats = llm.core.executor.read_stats  # type: ignore[attr-defined]
+    assert len(stats) == topology.world_size
+    for share in stats:
+        assert (share.sharded_bytes, share.replicated_bytes) == (sharded // topology.world_size, replicated)
+
+
+def _run(llm: LLM) -> dict[str, object]:
+    first = prompts(3, seed=5, min_len=20, max_len=40)
+    exact = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=3, prompt_logprobs=3)
+    sync = llm.generate([{"prompt_token_ids": p} for p in first], exact, use_tqdm=False)
+    # prefixes of the first prompts (cache hits) and fresh prompts, more than the pool holds at once
+    batch = [p + [7, 8, 9] for p in first] + prompts(5, seed=9, min_len=30, max_len=60)
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    overlapped = llm.generate([{"prompt_token_ids": p} for p in batch], greedy, use_tqdm=False)
+    return {
+        "sync": sync,
+        "tokens": [o.outputs[0].token_ids for o in overlapped],
+        "cached": sum(o.num_cached_tokens for o in overlapped),
+        "preemptions": llm.core.scheduler.num_preemptions,
+    }
+
+
+def _positions(output) -> list[dict[int, float]]:  # type: ignore[no-untyped-def]
+    positions = [p for p in (output.prompt_logprobs or []) if p is not None]
+    positions += output.outputs[0].logprobs
+    return [{token: lp.logprob for token, lp in position.items()} for position in positions]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_two_ranks_match_one(folders, family):
+    ep = FAMILIES[family]
+    results = {}
+    for tp in (1, 2):
+        llm = _engine(folders[family], tp, ep)
+        try:
+            results[tp] = _run(llm)
+            if tp > 1 and family in ("qwen3_moe", "llama"):  # EP experts; a tied vocab-parallel head
+                _checkpoint_share(folders[family], llm)
+        finally:
+            llm.shutdown()
+    one, two = results[1], results[2]
+    for a, b in zip(one["sync"], two["sync"], strict=True):  # type: ignore[call-overload]
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for step, (pa, pb) in enumerate(zip(_positions(a), _positions(b), strict=True)):
+            assert pa.keys() == pb.keys(), f"{family}: top tokens differ at position {step}"
+            for token, logprob in pa.items():
+                assert abs(logprob - pb[token]) < LOGPROB_TOLERANCE, (family, step, token, logprob, pb[token])
+    assert one["tokens"] == two["tokens"], family
+    assert two["cached"] > 0, "the run must hit the prefix cache"
+    assert two["preemptions"] > 0, "the run must preempt a request"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_worker_gives_engine_dead_within_10_s_and_no_process_is_left(folders):
+    llm = _engine(folders["llama"], 2, False)
+    executor = llm.core.executor
+    pids = executor.worker_pids  # type: ignore[attr-defined]
+    assert pids and all(_alive(pid) for pid in pids)
+    killed_at: list[float] = []
+
+    def kill() -> None:
+        time.sleep(0.5)
+        killed_at.append(time.monotonic())
+        os.kill(pids[0], 9)
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    batch = prompts(4, seed=11, min_len=20, max_len=40)
+    try:
+        with pytest.raises(EngineDead):
+            for _ in range(200):  # keeps generating until the kill lands
+                llm.generate([{"prompt_token_ids": p} for p in batch],
+                             SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True), use_tqdm=False)
+        raised_at = time.monotonic()
+    finally:
+        killer.join()
+        llm.shutdown()
+    assert raised_at - killed_at[0] < 10.0
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_a_hung_worker_gives_engine_dead_after_the_collective_timeout(folders, monkeypatch):
+    """A rank that stops answering (SIGSTOP: alive, silent) fails its peers' next collective after the
+    timeout (3 s here, 10 s by default on the CPU); shutdown then ends the stopped process too."""
+    monkeypatch.setenv("TOKENSPEED_RANK_TIMEOUT_S", "3")
+    llm = _engine(folders["llama"], 2, False)
+    pid = llm.core.executor.worker_pids[0]  # type: ignore[attr-defined]
+    batch = prompts(2, seed=12, min_len=10, max_len=20)
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    try:
+        llm.generate([{"prompt_token_ids": p} for p in batch], greedy, use_tqdm=False)
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        with pytest.raises(EngineDead):
+            llm.generate([{"prompt_token_ids": p} for p in batch], greedy, use_tqdm=False)
+        assert time.monotonic() - stopped_at < 10.0
+    finally:
+        llm.shutdown()
+    assert not _alive(pid)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(tensor_parallel_size=3), "does not divide the 4 attention heads"),
+        (dict(tensor_parallel_size=2, enable_dp_attention=True), "not executed yet"),
+        (dict(tensor_parallel_size=2, speculative_config={"method": "ngram", "num_speculative_tokens": 2}), "one rank only"),
+        (dict(tensor_parallel_size=0), "tensor_parallel_size"),
+        (dict(tensor_parallel_size=2, enable_expert_parallel=True), "expert parallelism needs a mixture-of-experts"),
+    ],
+)
+def test_bad_combinations_are_refused_before_any_rank_starts(folders, changes, message):
+    with pytest.raises((InvalidRequest, TokenSpeedError)) as error:
+        LLM(str(folders["llama"]), skip_tokenizer_init=True, show_progress=False, device="cpu", **changes)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "single_rank_option",
+    [
+        dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+        dict(quantization="fp8"),
+        dict(kv_cache_dtype="fp8"),
+        dict(host_kv_cache_bytes=1 << 20),
+    ],
+    ids=["speculative_config", "quantization", "kv_cache_dtype", "host_kv_cache_bytes"],
+)
+def test_single_rank_features_with_several_ranks_are_refused_by_the_config(single_rank_option):
+    with pytest.raises(InvalidRequest, match="one rank only"):
+        EngineConfig(tensor_parallel_size=2, **single_rank_option).validate()
+    EngineConfig(tensor_parallel_size=1, **single_rank_option).validate()
+
+
+def test_cli_flags_carry_vllm_names_into_the_engine_config():
+    import argparse
+
+    from tokenspeed.engine_args import add_engine_args, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    config = engine_config_from_args(parser.parse_args(["-tp", "2", "--enable-expert-parallel"]))
+    assert (config.tensor_parallel_size, config.enable_expert_parallel, config.enable_dp_attention) == (2, True, False)
+    config = engine_config_from_args(parser.parse_args(["--tensor-parallel-size", "4", "--enable-dp-attention"]))
+    assert config.parallel_config().topology().attn_dp == 4
+
+
+def test_the_plan_executor_at_world_size_one_is_the_family_forward(folders):
+    """At one rank the compiled plan has no collective and `PlannedModel` runs the family's modules in the
+    plan's order: same tokens and logprobs as the family's own forward (no process spawned)."""
+    from tokenspeed.models.parallel.planned_model import PlannedModel
+    from tokenspeed.placement.compiler import compile_plan
+    from tokenspeed.placement.model_graph import describe_model
+    from tokenspeed.placement.parallel_config import ParallelConfig
+    from tokenspeed.placement.process_groups import create_parallel_groups
+
+    folder = folders["deepseek_v3"]
+    batch = prompts(3, seed=21, min_len=5, max_len=30)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3)
+    outputs = []
+    for planned in (False, True):
+        llm = _engine(folder, 1, False)
+        try:
+            if planned:
+                executor = llm.core.executor
+                config = ModelConfig.from_pretrained(folder)
+                topology = ParallelConfig().validate_for_model(config)
+                plan = compile_plan(describe_model(config), topology, dtype_bytes=4)
+                assert not plan.collectives()
+                model = PlannedModel(executor.model, plan, create_parallel_groups(topology, 0))  # type: ignore[attr-defined]
+                executor.runner.model = model  # type: ignore[attr-defined]
+            outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+            outputs.append([(o.outputs[0].token_ids, _positions(o)) for o in outs])
+        finally:
+            llm.shutdown()
+    assert outputs[0] == outputs[1]

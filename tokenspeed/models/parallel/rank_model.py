@@ -1,0 +1,109 @@
+"""Build and load one rank's model: local sizes, only this rank's slices of the checkpoint, the compiled plan.
+
+`build_rank_model` is what a rank of a multi-rank executor calls instead of
+`executor.load_model`: the family builds from its local config
+(`local_config.py`) under the rank's context (vocab-parallel embedding and
+head, this EP rank's experts), the weights come through
+`ShardedCheckpointReader` (a rank never reads, let alone materialises, a
+tensor it does not hold), and the model is wrapped in `PlannedModel`, which
+runs the compiler's op list. Names are checked as the single-device loader
+checks them: every parameter filled, no tensor left without a home.
+
+A row-parallel bias (`o_proj`, `down_proj`) is read whole by every rank of
+its group and kept on the group's first rank only, so the sum of the partial
+outputs carries it once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tokenspeed.models.config import ModelConfig
+from tokenspeed.models.loader import WeightLoadError, _copy_into, _NameMap, _shown, load_dummy_weights
+from tokenspeed.models.parallel.local_config import local_model_config
+from tokenspeed.models.parallel.planned_model import PlannedModel
+from tokenspeed.models.parallel.sharded_reader import ReadStats, ShardedCheckpointReader
+from tokenspeed.models.registry import build_model
+from tokenspeed.placement.compiler import compile_plan
+from tokenspeed.placement.model_graph import describe_model
+from tokenspeed.placement.placements import ParallelGroup
+from tokenspeed.placement.process_groups import ParallelGroups
+from tokenspeed.placement.rank_context import RankContext, building_for_rank
+
+_ROW_PARALLEL = {"o_proj": ParallelGroup.ATTN_TP, "down_proj": ParallelGroup.DENSE_TP}
+
+
+def build_rank_model(
+    config: ModelConfig,
+    folder: Path | None,
+    groups: ParallelGroups,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int = 0,
+) -> tuple[PlannedModel, ReadStats | None]:
+    """This rank's model, loaded (`folder` None: seeded dummy weights), and what it read."""
+    topology = groups.topology
+    with building_for_rank(RankContext(groups)):
+        model = build_model(local_model_config(config, topology), dtype=dtype, device=device)
+    stats = None
+    if folder is None:
+        load_dummy_weights(model, seed=seed)
+    else:
+        stats = load_rank_weights(model, folder, config, groups)
+    _keep_row_biases_once(model, groups)
+    model.eval()
+    plan = compile_plan(describe_model(config), topology, dtype_bytes=torch.finfo(dtype).bits // 8)
+    return PlannedModel(model, plan, groups), stats
+
+
+def load_rank_weights(model: nn.Module, folder: Path, config: ModelConfig, groups: ParallelGroups) -> ReadStats:
+    reader = ShardedCheckpointReader(folder, config, groups.topology, groups.rank)
+    name_map = _NameMap(model)
+    expected = name_map.expected()
+    params = dict(model.named_parameters())
+    seen = set()
+    unexpected: list[str] = []
+    with torch.no_grad():
+        for name, tensor, _part in reader:
+            if _is_mtp_layer(name, config):
+                continue  # not built on N ranks (`local_config.py`)
+            target = name_map.resolve(name)
+            if target is None:
+                continue
+            if target not in expected:
+                unexpected.append(name)
+                continue
+            _copy_into(model, params, target, name, tensor)
+            seen.add(target)
+    missing = [hf for target, hf in expected.items() if target not in seen]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {_shown(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {_shown(unexpected)}")
+    if problems:
+        raise WeightLoadError(
+            f"checkpoint {folder} does not match {config.architecture} on rank {groups.rank}: " + "; ".join(problems)
+        )
+    return reader.stats
+
+
+def _is_mtp_layer(name: str, config: ModelConfig) -> bool:
+    parts = name.split(".")
+    return len(parts) > 2 and parts[:2] == ["model", "layers"] and int(parts[2]) >= config.num_layers
+
+
+def _keep_row_biases_once(model: nn.Module, groups: ParallelGroups) -> None:
+    for name, module in model.named_modules():
+        group = _ROW_PARALLEL.get(name.rpartition(".")[2])
+        bias = getattr(module, "bias", None)
+        if group is None or not isinstance(bias, torch.Tensor):
+            continue
+        handle = groups[group]
+        if handle.size > 1 and handle.rank != 0:
+            with torch.no_grad():
+                bias.zero_()
