@@ -51,6 +51,7 @@ PLUGIN_ENTRY_POINT_GROUP = "tokenspeed.kernels"
 _BUILTIN_MODULES = (
     "tokenspeed.kernels.attention.paged_reference",
     "tokenspeed.kernels.attention.decode_torch_batched",
+    "tokenspeed.kernels.attention.extend_torch_sdpa",
     "tokenspeed.kernels.kvstore.reference",
     "tokenspeed.kernels.norm.rms_reference",
     "tokenspeed.kernels.rope.reference",
