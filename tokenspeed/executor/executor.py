@@ -38,6 +38,7 @@ from tokenspeed.config import (
     resolve_dtype,
 )
 from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest
+from tokenspeed.executor.cpu_threads import apply_cpu_threads
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from tokenspeed.executor.memory_check import check_fits, weight_bytes
 from tokenspeed.executor.model_runner import ModelRunner, StepHandle
@@ -105,8 +106,6 @@ class Executor:
         for item in config.kernel_overrides:
             set_kernel_override(*parse_kernel_override(item))
         torch.manual_seed(config.seed)
-        if config.cpu_threads is not None and self.device.type == "cpu":
-            torch.set_num_threads(config.cpu_threads)
         # Weights and the KV pool must fit before anything is allocated (memory_check.py). The
         # pool's size is known now unless a GPU's free memory sizes it; then its floor counts.
         one_request = self._pages_for_one_request()
@@ -130,6 +129,9 @@ class Executor:
             seed=config.seed,
             progress=progress,
         )
+
+        if self.device.type == "cpu":  # every front end: explicit --cpu-threads, else sized to the model
+            apply_cpu_threads(config.cpu_threads, sum(p.numel() for p in self.model.parameters()))
 
         if speculator is not None:
             self.speculator = speculator(self)
