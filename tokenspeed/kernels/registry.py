@@ -54,6 +54,7 @@ _BUILTIN_MODULES = (
     "tokenspeed.kernels.attention.extend_torch_sdpa",
     "tokenspeed.kernels.kvstore.reference",
     "tokenspeed.kernels.norm.rms_reference",
+    "tokenspeed.kernels.norm.rms_cpu",
     "tokenspeed.kernels.rope.reference",
     "tokenspeed.kernels.activation.reference",
     "tokenspeed.kernels.sampling.reference",
