@@ -56,7 +56,7 @@ def test_kernels_explains_the_choice_for_a_gpu_and_honours_overrides():
 def test_kernels_on_the_cpu_and_bad_arguments():
     result = tokenspeed("kernels", "--trait", "head_dim=64", "--workload", "num_tokens=1-8")
     assert result.returncode == 0, result.stderr
-    assert "norm.rms [platform=cpu dtype=float32] -> reference" in result.stdout
+    assert "norm.rms [platform=cpu dtype=float32] -> torch_fp32" in result.stdout
     assert "rejected: platform 'cpu' not in ['cuda']" in result.stdout
     assert tokenspeed("kernels", "--family", "no-such-family").returncode == 2
     bad = tokenspeed("kernels", "--workload", "num_tokens")

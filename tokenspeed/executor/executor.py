@@ -46,7 +46,7 @@ from tokenspeed.executor.memory_check import check_fits, weight_bytes
 from tokenspeed.executor.model_runner import ModelRunner, StepHandle
 from tokenspeed.executor.rank_setup import RankSetup
 from tokenspeed.executor.speculator import Speculator
-from tokenspeed.kernels import check_override_environment, set_kernel_override
+from tokenspeed.kernels import check_override_environment, scoped_kernel_overrides
 from tokenspeed.kvcache import KVLayout
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 from tokenspeed.layers.fp8_weights import fp8_weight_allocation
@@ -135,8 +135,20 @@ class Executor:
             raise ModelNotSupported("FP8 weights or an FP8 KV cache with tensor_parallel_size > 1 are not supported yet.")
 
         check_override_environment()
-        for item in config.kernel_overrides:
-            set_kernel_override(*parse_kernel_override(item))
+        with scoped_kernel_overrides(parse_kernel_override(item) for item in config.kernel_overrides):
+            self._build(model_folder, dummy_weights=dummy_weights, progress=progress, speculator=speculator)
+
+    def _build(
+        self,
+        model_folder: Path,
+        *,
+        dummy_weights: bool,
+        progress: bool,
+        speculator: Callable[[Executor], Speculator] | None,
+    ) -> None:
+        """Load the model, size and allocate the KV pool, capture CUDA graphs: every step that
+        picks kernels, so it runs under this engine's kernel overrides."""
+        config, rank = self.config, self.rank
         torch.manual_seed(config.seed)
         # Weights and the KV pool must fit before anything is allocated (memory_check.py). The
         # pool's size is known now unless a GPU's free memory sizes it; then its floor counts.

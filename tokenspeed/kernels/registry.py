@@ -28,7 +28,8 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum
 from importlib import import_module, metadata
@@ -312,6 +313,26 @@ def set_kernel_override(family: str, mode: str, name: str | None) -> None:
 def clear_kernel_overrides() -> None:
     with _lock:
         _overrides.clear()
+
+
+@contextmanager
+def scoped_kernel_overrides(overrides: Iterable[tuple[str, str, str]]) -> Iterator[None]:
+    """Apply `(family, mode, name)` overrides inside the block, then put back what was there.
+
+    An engine's `kernel_overrides` are its own: layers pick their kernels while the model is
+    built, so the overrides need to hold only then. Left in place they would silently change
+    the kernels of the next engine (or test) built in the same process.
+    """
+    with _lock:
+        saved = dict(_overrides)
+    try:
+        for family, mode, name in overrides:
+            set_kernel_override(family, mode, name)
+        yield
+    finally:
+        with _lock:
+            _overrides.clear()
+            _overrides.update(saved)
 
 
 def check_kernel_override(family: str, mode: str, name: str) -> None:
