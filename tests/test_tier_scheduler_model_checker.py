@@ -19,7 +19,8 @@ minute on a loaded 2-core machine; the number of states explored is printed.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from functools import partial
 
 from tests.kv_tier_sim import FakeClock, layout
@@ -33,6 +34,7 @@ from tests.test_model_checker import (
     do_step,
     explore,
 )
+from tests.test_overlap_model_checker import OverlapWorld, overlap_actions
 from tokenspeed.kvcache import KVTierConfig
 from tokenspeed.scheduler import SamplingParams, Scheduler, SchedulerConfig
 from tokenspeed.scheduler.fsm import Retracted
@@ -172,3 +174,68 @@ def test_every_interleaving_when_the_host_is_too_small_to_save_everything() -> N
                                moves=tier_moves, make_world=new_tier_world, max_states=MAX_STATES)
     print(f"tier scheduler model checker, one host slot: {states} states")
     assert states > 50 and "retract" in coverage
+
+
+# ---- tiers with overlap: a plan is built before the previous plan's copies are confirmed ------------
+
+
+class TierOverlapWorld(OverlapWorld, TierWorld):
+    def settled(self) -> bool:
+        """Every request finished and reported. A step in flight with copies only may remain: with a host
+        tier smaller than the device's cached pages an idle scheduler keeps emitting write-back (see
+        `test_an_idle_scheduler_stops_writing_back`), which is not what this checker's liveness is about."""
+        return not self.scheduler.has_unfinished() and (self.pending is None or not self.pending.rows)
+
+    def extra_key(self) -> tuple[object, ...]:
+        kv = self.scheduler.kv
+        assert kv.host is not None
+        in_flight = sorted((op.kind.value, op.device_page, op.host_slot) for op in kv.copies.in_flight())
+        return (*OverlapWorld.extra_key(self), *TierWorld.extra_key(self), tuple(kv.pool._pins),
+                tuple(kv.host.pool._pins), tuple(in_flight))
+
+
+def new_tier_overlap_world(config: SchedulerConfig) -> World:
+    clock = FakeClock()
+    scheduler = Scheduler(config, clock=clock)
+    executor = SimulatedExecutor(config.num_pages, config.page_size, VOCAB, history=scheduler.token_history)
+    world = TierOverlapWorld(scheduler, executor)
+    world.clock = clock
+    return world
+
+
+def _with_tier_events(move: Callable[[World], None], world: World) -> None:
+    """`move`, noting which tier mechanisms it exercised (as `tier_step` does)."""
+    s = world.scheduler
+    before = copy.copy(s.kv.counters)
+    retractions = s.num_retractions
+    move(world)
+    if s.num_retractions > retractions:
+        world.events.add("retract")
+    for event, name in (("restore", "pages_restored"), ("spill", "pages_spilled"), ("host hit", "host_hit_pages")):
+        if getattr(s.kv.counters, name) > getattr(before, name):
+            world.events.add(event)
+    s.kv.check_invariants()
+
+
+def tier_overlap_moves(world: World, specs: list[Spec], reference: Reference) -> Actions:
+    """The engine's overlapped step (the one liveness follows), its synchronous fallback, a bare resolve,
+    then submit / abort between any of them."""
+    found: Actions = [(name, partial(_with_tier_events, move)) for name, move in overlap_actions(world, specs, reference)
+                      if name in ("step", "sync step", "resolve")]
+    return found + [move for move in tier_moves(world, specs, reference) if move[0] != "step"]
+
+
+def test_every_overlapped_interleaving_with_a_host_tier_smaller_than_the_cached_pages() -> None:
+    """Issue 13: two finished prompts leave more cached device pages (4) than the host's 3 slots hold, so
+    write-back churns (each copy evicts the slot of a page still cached on the device). With overlap a
+    plan is built while the previous plan's write-back still pins cached pages, and "c", whose prompt
+    needs every device page at once, was never admitted. Liveness (overlapped steps alone finish every
+    request) fails without the rule that a step in which a request waits for copy-held pages emits no
+    write-back."""
+    specs: list[Spec] = [Spec("a", (1, 2, 2, 2), max_tokens=1), Spec("b", (0, 3, 2, 3), max_tokens=1),
+                         Spec("c", (3, 3, 0, 2, 1, 2, 2), max_tokens=1)]
+    config = replace(tier_config(num_pages=4, host_slots=3), max_num_batched_tokens=8)
+    states, coverage = explore(config, specs, liveness_bound=80, moves=tier_overlap_moves,
+                               make_world=new_tier_overlap_world, max_states=MAX_STATES)
+    print(f"tier scheduler model checker with overlap, three host slots: {states} states, coverage {sorted(coverage)}")
+    assert states > 100 and "spill" in coverage

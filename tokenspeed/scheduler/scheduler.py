@@ -96,6 +96,8 @@ class _Step:
     requests: list[Request] = field(default_factory=list)  # aligned with rows
     scheduled: set[int] = field(default_factory=set)  # id() of requests with a row
     preempted: bool = False
+    # A request waits this step for pages that tier copies hold: no new write-back (see `_add_copies`).
+    starved: bool = False
 
     def reserve(self, request: Request, num_tokens: int) -> None:
         """`request` runs this step with `num_tokens` tokens (its row is added later)."""
@@ -290,7 +292,7 @@ class Scheduler:
         if not step.preempted:
             self._admit(step)
         plan = ExecutionPlan(step_id=self._step_id, rows=step.rows)
-        self._add_copies(plan)
+        self._add_copies(plan, step)
         if not plan.is_empty():
             plan.released_request_ids, self._released = self._released, []
             self._inflight = _Inflight(plan.step_id, step.requests)
@@ -306,6 +308,7 @@ class Scheduler:
             while not self.kv.can_allocate(grow):
                 if self.kv.can_allocate_soon(grow):  # copies in flight hold the pages: wait a step for them
                     step.preempted = True  # and admit nobody into them meanwhile
+                    step.starved = True
                     return False
                 victim = next(r for r in reversed(self._running) if id(r) not in step.scheduled)
                 if self.retract_on_preempt:
@@ -340,6 +343,7 @@ class Scheduler:
             chunk = min(request.num_tokens - computed, step.budget)
             grow = self.kv.pages_for(computed + chunk) - len(table)
             if not self.kv.can_allocate(grow):
+                step.starved = self.kv.can_allocate_soon(grow)
                 table.release()
                 return
             self.kv.allocate(table, grow)
@@ -365,7 +369,9 @@ class Scheduler:
                 continue  # its copies to the host have not landed yet: the others may go
             # Room for its pages and, unless its last page has room, one more for the next token.
             extra = 1 if retraction.num_computed_tokens % size == 0 else 0
-            if not self.kv.can_allocate(restore_cost(self.kv, retraction) + extra):
+            need = restore_cost(self.kv, retraction) + extra
+            if not self.kv.can_allocate(need):
+                step.starved = self.kv.can_allocate_soon(need)
                 return False
             restored = self.kv.restore(retraction)
             self._retracted.remove(request)
@@ -453,14 +459,26 @@ class Scheduler:
         if session is not None and self.kv.enable_prefix_caching:
             self.kv.retain(request.table, session, request.sampling.cache_ttl)
 
-    def _add_copies(self, plan: ExecutionPlan) -> None:
-        """Hand the plan the tier copies emitted while it was built, plus this step's write-back batch."""
+    def _add_copies(self, plan: ExecutionPlan, step: _Step) -> None:
+        """Hand the plan the tier copies emitted while it was built, plus this step's write-back batch.
+
+        No device -> host write-back in a step in which a request waits for pages that copies hold
+        (`step.starved`): a write-back source is pinned until its copy is confirmed, and with overlap
+        the next plan is built before this one's copies are. With a host tier smaller than the
+        device's cached pages, every batch evicts host slots of pages still cached on the device, so
+        the next batch copies those again: some pages were always pinned when the next plan was
+        built, and a request needing all but a few of the cached pages (a long prefill chunk, a
+        restore) waited for them forever (issue 13). Skipping one batch lets the copies in flight
+        drain; the pages are allocatable for the next plan built after they land. Write-back resumes
+        once nobody waits, so at worst a page evicted meanwhile is a drop (cache, not tokens).
+        Host -> disk write-back pins host slots only, so it goes on.
+        """
         kv = self.kv
         if kv.host is None:
             return
         batch = self.config.writeback_pages_per_step
         if batch:
-            kv.writeback(batch, max_disk_pages=batch if kv.disk is not None else 0)
+            kv.writeback(0 if step.starved else batch, max_disk_pages=batch if kv.disk is not None else 0)
         plan.copies = kv.take_copies()
         # Nothing else to run while copies are in flight (a retraction to land, a disk read): wait for them.
         plan.wait_for_copies = not plan.rows and len(kv.copies) > 0
