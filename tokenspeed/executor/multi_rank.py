@@ -80,12 +80,28 @@ def check_topology(config: EngineConfig, model_config: ModelConfig) -> Topology:
     device = resolve_device(config.device)
     available = torch.cuda.device_count() if device.type == "cuda" else 0
     parallel.check_devices(available, device.type)
-    if topology.dp_attention or topology.moe_all_to_all:
+    if topology.moe_all_to_all:
         raise ParallelConfigError(
-            "enable_dp_attention is not executed yet: token-sharded layouts (DP attention, all-to-all MoE) "
-            "have a compiled plan but no multi-rank execution; run MLA models with attention TP instead"
+            "all2all_backend='alltoall' is not executed yet: the MoE all-to-all has a compiled plan but no "
+            "multi-rank execution; use the all-gather / reduce-scatter backend"
         )
+    if topology.dp_attention:
+        check_dp_attention(model_config, topology)
     return topology
+
+
+def check_dp_attention(model_config: ModelConfig, topology: Topology) -> None:
+    """DP attention as executed: MLA models, one rank per attention group (data_parallel_size == world)."""
+    if model_config.mla is None:
+        raise ParallelConfigError(
+            f"enable_dp_attention runs MLA models (DeepSeek V2/V3, Kimi) only; {model_config.architecture} "
+            "splits its kv heads under tensor parallelism instead: drop enable_dp_attention"
+        )
+    if topology.attn_tp != 1:
+        raise ParallelConfigError(
+            f"enable_dp_attention needs data_parallel_size == tensor_parallel_size (one rank per attention "
+            f"group); got {topology.attn_dp} groups of {topology.attn_tp} ranks"
+        )
 
 
 def _worker_main(
