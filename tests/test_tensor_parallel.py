@@ -174,6 +174,7 @@ def test_dp_attention_matches_one_rank(folders, family):
                 runner = llm.core.executor.local.runner  # type: ignore[attr-defined]
                 placement = runner.attention_ranks
                 assert placement is not None and placement.steps_with_idle_rank >= 5
+                assert min(placement.placements) >= 3, placement.placements  # both ranks held requests
                 assert runner.graphs is None
         finally:
             llm.shutdown()
@@ -311,3 +312,16 @@ def test_the_plan_executor_at_world_size_one_is_the_family_forward(folders):
         finally:
             llm.shutdown()
     assert outputs[0] == outputs[1]
+
+
+def test_dp_attention_needs_one_rank_per_attention_group(folders):
+    """`EngineConfig` always asks for one group per rank; a topology with 2-rank attention groups is refused."""
+    from tokenspeed.executor.multi_rank import check_dp_attention
+    from tokenspeed.placement.parallel_config import ParallelConfig, ParallelConfigError
+
+    config = ModelConfig.from_pretrained(folders["deepseek_v3"])
+    topology = ParallelConfig(tensor_parallel_size=4, enable_dp_attention=True, data_parallel_size=2).topology()
+    with pytest.raises(ParallelConfigError, match="one rank per attention group"):
+        check_dp_attention(config, topology)
+    check_dp_attention(config, ParallelConfig(tensor_parallel_size=2, enable_dp_attention=True,
+                                              data_parallel_size=2).topology())

@@ -63,6 +63,7 @@ class AttentionRanks:
         self._load = [0] * num_ranks  # tokens held by each rank's requests
         self._page_home: dict[int, int] = {}
         self.steps_with_idle_rank = 0  # steps with rows where some rank had none (observability, tests)
+        self.placements = [0] * num_ranks  # fresh placements (admissions, resumptions) per rank
 
     def rank_of(self, request_id: str) -> int | None:
         return self._rank_of.get(request_id)
@@ -105,6 +106,7 @@ class AttentionRanks:
         if rank is None:
             rank = min(range(self.num_ranks), key=lambda r: (self._load[r], r))
         self._rank_of[row.request_id] = rank
+        self.placements[rank] += 1
         return rank
 
     def _home_of_cached(self, step_id: int, row: ScheduledRow) -> int | None:

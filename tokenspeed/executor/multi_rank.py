@@ -11,7 +11,10 @@ NCCL on CUDA, device `cuda:<rank>`). A step:
    forward pass (the compiled plan's collectives keep them in lock-step),
    gathers the whole logits and samples with the same seeds, so every rank
    holds the step's sampled ids on its device: the next plan's placeholder
-   inputs (overlap scheduling) resolve locally, nothing is sent back.
+   inputs (overlap scheduling) resolve locally, nothing is sent back. Under
+   DP attention each rank runs attention over its own requests' rows only
+   (`attention_ranks.py` places them, the same way on every rank); the
+   gathered logits and the sampling are still whole on every rank.
 2. `collect(handle)`: rank 0's result, as on one device.
 
 Failure, never a hang: every collective has a bounded timeout
