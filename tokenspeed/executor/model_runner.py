@@ -231,6 +231,14 @@ class ModelRunner:
         batch = to_forward_batch(
             host, self.staging, self.kv.page_size, None if previous is None else previous.sampled, self.page_tables
         )
+        num_rows = len(local.rows)
+        if num_rows and local_layout.num_tokens == num_rows and self.max_model_len is not None:
+            # decode-only on this rank: split-KV counts by bucket, as the one-device runner sizes them
+            rows_bucket = next((b for b in self.graph_sizes if b >= num_rows), num_rows)
+            bound = context_class(batch.attn.max_seq_len, self.max_model_len)
+            batch.attn.num_kv_splits = decode_kv_splits(
+                rows_bucket, self.kv.k[0].shape[2], bound, self.device, mla_heads=self.mla_heads
+            )
         logits = self._forward_dp(batch, step)
         layout = lay_out(plan)
         if layout.prompt_slices:
