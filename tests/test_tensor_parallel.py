@@ -16,8 +16,8 @@ split over the ranks. Then: a killed worker gives `EngineDead` within 10 s
 and leaves no process; bad combinations are refused before any process
 starts; each rank reads exactly its share of the checkpoint.
 
-DP attention (`enable_dp_attention`, 2 attention ranks): DeepSeek-V3 (EP=2)
-and DeepSeek-V2 against TP=1 on the same workloads, plus a lone request (one
+DP attention (`enable_dp_attention`, 2 attention ranks): DeepSeek-V3 (EP=2),
+DeepSeek-V2 and Qwen3-MoE (GQA, EP=2) against TP=1 on the same workloads, plus a lone request (one
 rank idle for whole steps) and the placement checked from rank 0's runner:
 a prefix-cache hit lands on the rank that wrote the prefix.
 """
@@ -159,10 +159,11 @@ def _lone_request(llm: LLM) -> list[int]:
     return list(out.outputs[0].token_ids)
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2_greedy"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2_greedy", "qwen3_moe"])
 def test_dp_attention_matches_one_rank(folders, family):
-    """DP attention 2 (V3 with its experts over EP=2) vs TP=1: same greedy tokens, logprobs within 1e-5,
-    through prefix hits, chunked prefill, a preemption and steps where one rank holds no request."""
+    """DP attention 2 (V3 and Qwen3-MoE with their experts over EP=2; Qwen3-MoE is GQA) vs TP=1: same
+    greedy tokens, logprobs within 1e-5, through prefix hits, chunked prefill, a preemption and steps
+    where one rank holds no request."""
     ep = FAMILIES[family]
     results, lone = {}, {}
     for tp in (1, 2):
@@ -242,7 +243,7 @@ def test_a_hung_worker_gives_engine_dead_after_the_collective_timeout(folders, m
     ("changes", "message"),
     [
         (dict(tensor_parallel_size=3), "does not divide the 4 attention heads"),
-        (dict(tensor_parallel_size=2, enable_dp_attention=True), "runs MLA models"),
+        (dict(tensor_parallel_size=2, enable_dp_attention=True), "tied word embeddings"),
         (dict(tensor_parallel_size=2, speculative_config={"method": "ngram", "num_speculative_tokens": 2}), "one rank only"),
         (dict(tensor_parallel_size=0), "tensor_parallel_size"),
         (dict(tensor_parallel_size=2, enable_expert_parallel=True), "expert parallelism needs a mixture-of-experts"),

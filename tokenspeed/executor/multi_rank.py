@@ -94,11 +94,15 @@ def check_topology(config: EngineConfig, model_config: ModelConfig) -> Topology:
 
 
 def check_dp_attention(model_config: ModelConfig, topology: Topology) -> None:
-    """DP attention as executed: MLA models, one rank per attention group (data_parallel_size == world)."""
-    if model_config.mla is None:
+    """DP attention as executed: one rank per attention group (data_parallel_size == world), an untied LM head.
+
+    Meant for MLA models (DeepSeek V2/V3, Kimi), whose one latent head TP cannot split; GQA models run
+    it too (each rank holds all kv heads of its own requests). A tied LM head cannot: the embedding is
+    whole on every rank under DP attention while the head is vocab-parallel."""
+    if model_config.tie_word_embeddings:
         raise ParallelConfigError(
-            f"enable_dp_attention runs MLA models (DeepSeek V2/V3, Kimi) only; {model_config.architecture} "
-            "splits its kv heads under tensor parallelism instead: drop enable_dp_attention"
+            f"enable_dp_attention cannot run {model_config.architecture} with tied word embeddings (each rank "
+            "embeds with the whole table, the LM head is split by vocabulary); drop enable_dp_attention"
         )
     if topology.attn_tp != 1:
         raise ParallelConfigError(
