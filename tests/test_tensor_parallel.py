@@ -15,6 +15,11 @@ their experts split by intermediate size; DeepSeek runs MLA with its heads
 split over the ranks. Then: a killed worker gives `EngineDead` within 10 s
 and leaves no process; bad combinations are refused before any process
 starts; each rank reads exactly its share of the checkpoint.
+
+DP attention (`enable_dp_attention`, 2 attention ranks): DeepSeek-V3 (EP=2),
+DeepSeek-V2 and Qwen3-MoE (GQA, EP=2) against TP=1 on the same workloads, plus a lone request (one
+rank idle for whole steps) and the placement checked from rank 0's runner:
+a prefix-cache hit lands on the rank that wrote the prefix.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return made
 
 
-def _engine(folder: Path, tp: int, ep: bool) -> LLM:
+def _engine(folder: Path, tp: int, ep: bool, dp_attention: bool = False) -> LLM:
     return LLM(
         str(folder),
         skip_tokenizer_init=True,
@@ -74,6 +79,7 @@ def _engine(folder: Path, tp: int, ep: bool) -> LLM:
         max_num_batched_tokens=40,  # below the longest prompts: chunked prefill
         tensor_parallel_size=tp,
         enable_expert_parallel=ep and tp > 1,
+        enable_dp_attention=dp_attention and tp > 1,
     )
 
 
@@ -130,7 +136,10 @@ def test_two_ranks_match_one(folders, family):
                 _checkpoint_share(folders[family], llm)
         finally:
             llm.shutdown()
-    one, two = results[1], results[2]
+    _assert_same(family, results[1], results[2])
+
+
+def _assert_same(family: str, one: dict[str, object], two: dict[str, object]) -> None:
     for a, b in zip(one["sync"], two["sync"], strict=True):  # type: ignore[call-overload]
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         for step, (pa, pb) in enumerate(zip(_positions(a), _positions(b), strict=True)):
@@ -140,6 +149,38 @@ def test_two_ranks_match_one(folders, family):
     assert one["tokens"] == two["tokens"], family
     assert two["cached"] > 0, "the run must hit the prefix cache"
     assert two["preemptions"] > 0, "the run must preempt a request"
+
+
+def _lone_request(llm: LLM) -> list[int]:
+    """One request alone: under DP attention the other rank has no rows for every step of it."""
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    (out,) = llm.generate([{"prompt_token_ids": prompts(1, seed=31, min_len=50, max_len=60)[0]}], params,
+                          use_tqdm=False)
+    return list(out.outputs[0].token_ids)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2_greedy", "qwen3_moe"])
+def test_dp_attention_matches_one_rank(folders, family):
+    """DP attention 2 (V3 and Qwen3-MoE with their experts over EP=2; Qwen3-MoE is GQA) vs TP=1: same
+    greedy tokens, logprobs within 1e-5, through prefix hits, chunked prefill, a preemption and steps
+    where one rank holds no request."""
+    ep = FAMILIES[family]
+    results, lone = {}, {}
+    for tp in (1, 2):
+        llm = _engine(folders[family], tp, ep, dp_attention=True)
+        try:
+            results[tp] = _run(llm)
+            lone[tp] = _lone_request(llm)
+            if tp > 1:
+                runner = llm.core.executor.local.runner  # type: ignore[attr-defined]
+                placement = runner.attention_ranks
+                assert placement is not None and placement.steps_with_idle_rank >= 5
+                assert min(placement.placements) >= 3, placement.placements  # both ranks held requests
+                assert runner.graphs is None
+        finally:
+            llm.shutdown()
+    _assert_same(family, results[1], results[2])
+    assert lone[1] == lone[2]
 
 
 def _alive(pid: int) -> bool:
@@ -202,7 +243,7 @@ def test_a_hung_worker_gives_engine_dead_after_the_collective_timeout(folders, m
     ("changes", "message"),
     [
         (dict(tensor_parallel_size=3), "does not divide the 4 attention heads"),
-        (dict(tensor_parallel_size=2, enable_dp_attention=True), "not executed yet"),
+        (dict(tensor_parallel_size=2, enable_dp_attention=True), "tied word embeddings"),
         (dict(tensor_parallel_size=2, speculative_config={"method": "ngram", "num_speculative_tokens": 2}), "one rank only"),
         (dict(tensor_parallel_size=0), "tensor_parallel_size"),
         (dict(tensor_parallel_size=2, enable_expert_parallel=True), "expert parallelism needs a mixture-of-experts"),
@@ -272,3 +313,16 @@ def test_the_plan_executor_at_world_size_one_is_the_family_forward(folders):
         finally:
             llm.shutdown()
     assert outputs[0] == outputs[1]
+
+
+def test_dp_attention_needs_one_rank_per_attention_group(folders):
+    """`EngineConfig` always asks for one group per rank; a topology with 2-rank attention groups is refused."""
+    from tokenspeed.executor.multi_rank import check_dp_attention
+    from tokenspeed.placement.parallel_config import ParallelConfig, ParallelConfigError
+
+    config = ModelConfig.from_pretrained(folders["deepseek_v3"])
+    topology = ParallelConfig(tensor_parallel_size=4, enable_dp_attention=True, data_parallel_size=2).topology()
+    with pytest.raises(ParallelConfigError, match="one rank per attention group"):
+        check_dp_attention(config, topology)
+    check_dp_attention(config, ParallelConfig(tensor_parallel_size=2, enable_dp_attention=True,
+                                              data_parallel_size=2).topology())

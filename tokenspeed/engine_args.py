@@ -61,7 +61,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--enable-expert-parallel", action="store_true",
                        help="split routed experts by expert over the ranks instead of by intermediate size")
     group.add_argument("--enable-dp-attention", action="store_true",
-                       help="data-parallel attention over the ranks (SGLang's flag; for MLA models)")
+                       help="data-parallel attention over the ranks (SGLang's flag; for MLA models): each rank "
+                            "runs attention over its own requests; eager only (no CUDA graphs)")
 
     add_kv_tier_args(parser)
 

@@ -39,6 +39,7 @@ from tokenspeed.config import (
     resolve_kv_cache_dtype,
 )
 from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest, ModelNotSupported
+from tokenspeed.executor.attention_ranks import AttentionRanks
 from tokenspeed.executor.cpu_threads import apply_cpu_threads
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from tokenspeed.executor.kv_tiers import HostKVTier, default_host_kv_cache_bytes
@@ -57,6 +58,7 @@ from tokenspeed.models.parallel.local_config import local_model_config
 from tokenspeed.models.parallel.rank_model import build_rank_model
 from tokenspeed.models.parallel.sharded_reader import ReadStats
 from tokenspeed.models.quant_config import Fp8Config, resolve_quantization
+from tokenspeed.placement.placements import ParallelGroup
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
 
 logger = logging.getLogger("tokenspeed.executor")
@@ -218,6 +220,10 @@ class Executor:
             graph_sizes=graph_batch_sizes(self._graph_max_bs()),
         )
         self.runner.speculation = self.speculator
+        if rank is not None and rank.groups.topology.dp_attention:
+            topology = rank.groups.topology
+            self.runner.attention_ranks = AttentionRanks(topology.attn_dp, config.page_size)
+            self.runner.attention_rank = topology.coordinate(ParallelGroup.ATTN_DP, rank.rank)
         self.runner.verify_query_len = self._verify_query_len()
         self.kv_layout = self._kv_layout()
         self.tiers = self._open_host_tier()
@@ -321,6 +327,10 @@ class Executor:
 
     def _capture_graphs(self, *, scratch_page: int) -> DecodeGraphs | None:
         if self.device.type != "cuda" or self.config.enforce_eager:
+            return None
+        if self.rank is not None and self.rank.groups.topology.dp_attention:
+            # each rank's batch (and its padded gathers) changes shape with the placement: not captured yet
+            logger.info("CUDA graphs off: DP attention runs eagerly (enable_dp_attention)")
             return None
         q_len = self._verify_query_len()
         graphs = DecodeGraphs(

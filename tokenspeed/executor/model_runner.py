@@ -22,6 +22,12 @@ K/V is written at all k+1 positions and its logits are computed at all of
 them. What is accepted, and what a device drafter drafts, is decided by the
 `Speculator` (`speculator.py`, implemented in `spec/`); the runner lays the
 rows out, runs the hooks in order, and returns 1 .. k+1 tokens per verify row.
+
+DP attention (`attention_ranks` set): the runner keeps page tables for its own
+requests only and runs the forward pass over its own rows
+(`dp_attention_step.py`); the model's gathers make every rank's logits whole,
+they are put back in the plan's order, and from there sampling runs on the
+whole plan as on one device, on every rank alike. Always eager (no graphs).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import torch
 
 from tokenspeed.batch.forward_batch import ForwardBatch
 from tokenspeed.batch.kv_storage import PagedKVStorage
+from tokenspeed.executor.attention_ranks import AttentionRanks
 from tokenspeed.executor.batch_builder import RowSpec, StagingRing, build_host_batch, to_forward_batch
 from tokenspeed.executor.cuda_graphs import (
     VERIFY_MAX_TOKENS,
@@ -41,12 +48,14 @@ from tokenspeed.executor.cuda_graphs import (
     decode_kv_splits,
     mla_query_heads,
 )
+from tokenspeed.executor.dp_attention_step import DPStep, dp_step
 from tokenspeed.executor.logits_processors import DeviceGrammarMasks
 from tokenspeed.executor.page_tables import RequestPageTables
 from tokenspeed.executor.sampler import Draws, Sampler, SampleSpec, prompt_token_logprobs
 from tokenspeed.executor.speculator import DraftRows, ProposedDrafts, Speculator, StepTail
 from tokenspeed.executor.step_layout import PromptLogprobSlice, StepLayout, lay_out, verify_graph_query_len
 from tokenspeed.executor.verify_step import VerifiedTokens, verify_batch
+from tokenspeed.models.parallel.planned_model import DPRows, TokenRows
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, RowOutput
 
 
@@ -122,10 +131,15 @@ class ModelRunner:
         # k+1 of the verify batches CUDA graphs run (1: none): on a GPU every verify step that fits is laid
         # out so, graphs on or off, so both give the same tokens.
         self.verify_query_len = 1
+        # DP attention: the placement of requests over the attention ranks, and this rank's index there.
+        self.attention_ranks: AttentionRanks | None = None
+        self.attention_rank = 0
 
     @torch.inference_mode()
     def launch(self, plan: ExecutionPlan, previous: StepHandle | None = None) -> StepHandle:
         handle = StepHandle(plan)
+        if self.attention_ranks is not None:
+            return self._launch_dp(plan, previous, handle)
         table_slots = self.page_tables.apply(plan)
         if not plan.rows:
             return handle
@@ -190,6 +204,62 @@ class ModelRunner:
             replayed = None if bucket is None else (bucket, q_len, batch.attn.num_kv_splits)
             self._observe(layout, batch, hidden, table_slots, handle, replayed)
         return handle
+
+    def _launch_dp(self, plan: ExecutionPlan, previous: StepHandle | None, handle: StepHandle) -> StepHandle:
+        """A DP-attention step: this rank's rows forward, every rank's logits back in plan order, then
+        sampling over the whole plan (see the module docstring)."""
+        assert self.attention_ranks is not None
+        step = dp_step(plan, self.attention_ranks.split(plan), self.attention_rank)
+        local = step.local
+        table_slots = self.page_tables.apply(local)
+        if not plan.rows:
+            return handle
+        if plan.has_drafts:
+            raise RuntimeError(f"plan {plan.step_id} carries drafts: speculative decoding is not run with DP attention")
+        local_layout = lay_out(local)
+        host = build_host_batch(
+            [RowSpec(tokens, r.start_position) for tokens, r in zip(local_layout.tokens, local.rows)],
+            page_size=self.kv.page_size,
+            logits_indices=local_layout.logits_indices,
+            placeholder_source=None if previous is None else previous.stream_index,
+            row_ids=[r.request_id for r in local.rows],
+            pad_rows_to=1 if step.idle else 0,  # an idle rank runs one filler token on the scratch page
+            scratch_page=self.scratch_page,
+            tables=self.page_tables,
+            table_slots=table_slots,
+        )
+        batch = to_forward_batch(
+            host, self.staging, self.kv.page_size, None if previous is None else previous.sampled, self.page_tables
+        )
+        num_rows = len(local.rows)
+        if num_rows and local_layout.num_tokens == num_rows and self.max_model_len is not None:
+            # decode-only on this rank: split-KV counts by bucket, as the one-device runner sizes them
+            rows_bucket = next((b for b in self.graph_sizes if b >= num_rows), num_rows)
+            bound = context_class(batch.attn.max_seq_len, self.max_model_len)
+            batch.attn.num_kv_splits = decode_kv_splits(
+                rows_bucket, self.kv.k[0].shape[2], bound, self.device, mla_heads=self.mla_heads
+            )
+        logits = self._forward_dp(batch, step)
+        layout = lay_out(plan)
+        if layout.prompt_slices:
+            handle.prompt_logprobs = (logits, layout.prompt_slices)
+        self._sample(plan, logits, layout, handle)
+        self._publish_last_tokens(plan, layout, handle)
+        return handle
+
+    def _forward_dp(self, batch: ForwardBatch, step: DPStep) -> torch.Tensor:
+        """This rank's forward and LM head; the gathered logits, in the whole plan's order."""
+        model = self.model
+        model.dp_rows = DPRows(
+            tokens=TokenRows(step.num_tokens, step.padded_tokens),
+            logits=TokenRows(step.num_logits, step.padded_logits),
+        )
+        try:
+            hidden = model(batch, self.kv)
+            logits = model.compute_logits(hidden.index_select(0, batch.logits_indices))
+        finally:
+            model.dp_rows = None
+        return self._rows_of(logits, step.logits_order)
 
     def _sample(self, plan: ExecutionPlan, logits: torch.Tensor, layout: StepLayout, handle: StepHandle) -> None:
         """One draw per plain sampling row, keyed by the row's seed and sample index."""

@@ -11,7 +11,10 @@ NCCL on CUDA, device `cuda:<rank>`). A step:
    forward pass (the compiled plan's collectives keep them in lock-step),
    gathers the whole logits and samples with the same seeds, so every rank
    holds the step's sampled ids on its device: the next plan's placeholder
-   inputs (overlap scheduling) resolve locally, nothing is sent back.
+   inputs (overlap scheduling) resolve locally, nothing is sent back. Under
+   DP attention each rank runs attention over its own requests' rows only
+   (`attention_ranks.py` places them, the same way on every rank); the
+   gathered logits and the sampling are still whole on every rank.
 2. `collect(handle)`: rank 0's result, as on one device.
 
 Failure, never a hang: every collective has a bounded timeout
@@ -80,12 +83,32 @@ def check_topology(config: EngineConfig, model_config: ModelConfig) -> Topology:
     device = resolve_device(config.device)
     available = torch.cuda.device_count() if device.type == "cuda" else 0
     parallel.check_devices(available, device.type)
-    if topology.dp_attention or topology.moe_all_to_all:
+    if topology.moe_all_to_all:
         raise ParallelConfigError(
-            "enable_dp_attention is not executed yet: token-sharded layouts (DP attention, all-to-all MoE) "
-            "have a compiled plan but no multi-rank execution; run MLA models with attention TP instead"
+            "all2all_backend='alltoall' is not executed yet: the MoE all-to-all has a compiled plan but no "
+            "multi-rank execution; use the all-gather / reduce-scatter backend"
         )
+    if topology.dp_attention:
+        check_dp_attention(model_config, topology)
     return topology
+
+
+def check_dp_attention(model_config: ModelConfig, topology: Topology) -> None:
+    """DP attention as executed: one rank per attention group (data_parallel_size == world), an untied LM head.
+
+    Meant for MLA models (DeepSeek V2/V3, Kimi), whose one latent head TP cannot split; GQA models run
+    it too (each rank holds all kv heads of its own requests). A tied LM head cannot: the embedding is
+    whole on every rank under DP attention while the head is vocab-parallel."""
+    if model_config.tie_word_embeddings:
+        raise ParallelConfigError(
+            f"enable_dp_attention cannot run {model_config.architecture} with tied word embeddings (each rank "
+            "embeds with the whole table, the LM head is split by vocabulary); drop enable_dp_attention"
+        )
+    if topology.attn_tp != 1:
+        raise ParallelConfigError(
+            f"enable_dp_attention needs data_parallel_size == tensor_parallel_size (one rank per attention "
+            f"group); got {topology.attn_dp} groups of {topology.attn_tp} ranks"
+        )
 
 
 def _worker_main(

@@ -55,6 +55,14 @@ class StepLayout:
 
 
 
+def logits_rows(row: ScheduledRow) -> int:
+    """Logits rows `lay_out` gives `row`: its scored prompt positions, then k+1 (verify) or its one sample."""
+    scored = len(prompt_logprob_positions(row))
+    if row.num_draft_tokens:
+        return scored + row.num_draft_tokens + 1
+    return scored + (1 if row.sample else 0)
+
+
 def verify_graph_query_len(plan: ExecutionPlan, query_len: int) -> bool:
     """Whether every row fits a verify batch of `query_len` tokens a row: decode rows (some with
     drafts) of at most `query_len` tokens, no prompt logprobs."""

@@ -22,8 +22,10 @@ Execution on N ranks: every family builds at local size
 (`models/parallel/local_config.py`, `vocab.py`), loads only its slices
 (`models/parallel/rank_model.py`) and runs the compiled op list
 (`models/parallel/planned_model.py`); `executor/multi_rank.py` spawns the
-ranks and hands them each step's plan. Token-sharded layouts (DP attention,
-all-to-all MoE) are compiled and printed but not executed yet.
+ranks and hands them each step's plan. DP attention runs with one rank per
+attention group (`executor/attention_ranks.py` places requests, the dim-0
+gathers and scatters pad to equal shards); the all-to-all MoE backend is
+compiled and printed but not executed yet.
 
 Import the concrete modules directly: this package stays import-light.
 """

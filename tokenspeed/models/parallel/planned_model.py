@@ -12,12 +12,22 @@ compute op, by its module's kind (embedding, norm, GQA or MLA attention,
 MLP or MoE, LM head). The ops of the LM head (and the final gather of the
 vocabulary slices, so every rank, rank 0 included, samples from whole
 logits) run in `compute_logits`; everything before them in `forward`.
+
+Token-sharded layouts (DP attention, `Shard(0, ATTN_DP)`): each rank holds
+its own requests' rows, and the counts differ from rank to rank, but gloo and
+NCCL gather and scatter equal shards. So the runner states, before each step,
+how many rows this rank holds and how many every rank pads to (`dp_rows`:
+one `TokenRows` for the body's tokens, one for the LM head's logits rows); a
+dim-0 all-gather pads this rank's rows with zeros to that count first, and a
+dim-0 reduce-scatter keeps only this rank's real rows of its padded shard.
+The gathered tensor is rank-major (rank r's rows at `[r * padded, ...)`): the
+runner puts the logits back in the plan's row order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,6 +58,30 @@ class PlanExecutionError(RuntimeError):
     """The compiled plan names something this model cannot run."""
 
 
+@dataclass(frozen=True, slots=True)
+class TokenRows:
+    """Rows of a token-sharded tensor on this rank (`local`), and the equal shard every rank pads to."""
+
+    local: int
+    padded: int
+
+
+@dataclass(frozen=True, slots=True)
+class DPRows:
+    """One step's row counts under DP attention: the decoder's tokens, and the rows the LM head scores."""
+
+    tokens: TokenRows
+    logits: TokenRows
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    if x.shape[0] == rows:
+        return x
+    if x.shape[0] > rows:
+        raise PlanExecutionError(f"{x.shape[0]} rows on this rank, but the step pads shards to {rows}")
+    return torch.cat([x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))])
+
+
 class PlannedModel(nn.Module):
     def __init__(self, model: nn.Module, plan: CompiledPlan, groups: ParallelGroups) -> None:
         super().__init__()
@@ -60,6 +94,7 @@ class PlannedModel(nn.Module):
         # Only the reference fits a process group (all-reduce, then the norm): then the norm's own
         # registry kernel does the norm, which on a GPU is the fast one rather than torch ops.
         self._fused = None if fused.band == Band.REFERENCE else fused.impl
+        self.dp_rows: DPRows | None = None  # set by the runner before each step under DP attention
         self._body: list[Step] = []
         self._head: list[Step] = []
         for op in plan.ops:
@@ -97,6 +132,8 @@ class PlannedModel(nn.Module):
         dim = 0 if op.dim is None else op.dim
         if kind is OpKind.ALL_REDUCE:
             return lambda h, r, b, kv: (all_reduce(h, group), r)
+        if kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER) and dim == 0:
+            return self._token_step(op, group)
         if kind is OpKind.ALL_GATHER:
             return lambda h, r, b, kv: (all_gather(h, group, dim=dim), r)
         if kind is OpKind.REDUCE_SCATTER:
@@ -105,6 +142,21 @@ class PlannedModel(nn.Module):
             f"{kind.value} at {op.module.name}: token-sharded layouts (DP attention, all-to-all MoE) "
             "are not executed yet"
         )
+
+    def _token_step(self, op: PlanOp, group: GroupHandle) -> Step:
+        """A dim-0 (token) gather or scatter: equal shards, padded to this step's `dp_rows`."""
+        head = op.module.kind is ModuleKind.LM_HEAD
+        gather = op.kind is OpKind.ALL_GATHER
+
+        def step(h: torch.Tensor, r: torch.Tensor | None, b: Any, kv: Any) -> State:
+            if self.dp_rows is None:
+                raise PlanExecutionError(f"{op.kind.value} of tokens at {op.module.name}: the step set no dp_rows")
+            rows = self.dp_rows.logits if head else self.dp_rows.tokens
+            if gather:
+                return all_gather(_pad_rows(h, rows.padded), group, dim=0), r
+            return reduce_scatter(h, group, dim=0)[: rows.local], r
+
+        return step
 
     def _fused_norm(self, op: PlanOp) -> Step:
         norm = self.inner.get_submodule(op.module.name)
