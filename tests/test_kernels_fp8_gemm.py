@@ -64,7 +64,7 @@ from tokenspeed.kernels.registry import Band, select_kernel, set_kernel_override
 triton = pytest.importorskip("triton")  # imported here, after tests.triton_interpreter set the mode
 tl = pytest.importorskip("triton.language")
 
-test_interpreter_suite_in_fresh_process = fresh_process_test(__file__)
+test_interpreter_suite_in_fresh_process = fresh_process_test(__file__, slow=True)
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 

@@ -27,7 +27,7 @@ from tokenspeed.kernels.moe.experts_triton import DECODE_TILES, TileConfig
 from tokenspeed.kernels.quant.fp8 import PER_CHANNEL_BLOCK, dequantize_weight, quantize_weight_block
 from tokenspeed.kernels.registry import select_kernel
 
-test_interpreter_suite_in_fresh_process = fresh_process_test(__file__)
+test_interpreter_suite_in_fresh_process = fresh_process_test(__file__, slow=True)
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 TINY_TILES = TileConfig(block_m=16, block_n_up=32, block_n_down=64, block_k=128, num_warps=4, num_stages=1)

@@ -34,7 +34,7 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 CONFIGS = [None, GemvConfig(1, 8, 32, 4, 1), GemvConfig(1, 4, 16, 4, 2), GemvConfig(16, 16, 32, 4, 2)]
 
 
-test_interpreter_suite_in_fresh_process = fresh_process_test(__file__)
+test_interpreter_suite_in_fresh_process = fresh_process_test(__file__, slow=True)
 
 
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:

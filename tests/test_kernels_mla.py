@@ -157,7 +157,7 @@ def test_references_are_selected_on_cpu_and_registered_for_cuda() -> None:
 # --- Triton kernels under the interpreter ------------------------------------------------------
 
 
-test_interpreter_suite_in_fresh_process = fresh_process_test(__file__)
+test_interpreter_suite_in_fresh_process = fresh_process_test(__file__, slow=True)
 
 
 DECODE_CASES = [

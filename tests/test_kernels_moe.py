@@ -288,7 +288,7 @@ def test_registry_serves_the_references_on_cpu() -> None:
     )
 
 
-test_interpreter_suite_in_fresh_process = fresh_process_test(__file__, "-k", "triton")
+test_interpreter_suite_in_fresh_process = fresh_process_test(__file__, "-k", "triton", slow=True)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ triton = pytest.importorskip("triton")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests compile and run the kernels")
+@pytest.mark.slow  # ~45 s of compiling; the GPU suite compiles and runs the same kernels
 def test_triton_kernels_compile_for_hopper_without_spills() -> None:
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     if not ptxas.exists():

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -382,6 +383,7 @@ SHARED: list[tuple[int, ...]] = [(1, 2, 3), (1, 2, 4, 5, 6)]  # share page (1, 2
 CORE = {"drop", "host hit", "retract", "restore load", "restore reacquire", "retention eviction"}
 
 
+@pytest.mark.slow  # ~35 s exhaustive; the tier scheduler checker covers tiers in make test
 def test_every_interleaving_on_all_tiers() -> None:
     world = new_world(DISJOINT, num_pages=2, host_slots=1, disk_files=1, max_ticks=1, max_in_flight=1)
     states, coverage = explore(world, max_states=60_000)
@@ -389,6 +391,7 @@ def test_every_interleaving_on_all_tiers() -> None:
     assert coverage >= CORE | {"disk hit", "bad disk file", "retention expired"}, coverage
 
 
+@pytest.mark.slow  # ~35 s exhaustive
 def test_every_interleaving_with_a_prefix_shared_by_live_requests() -> None:
     world = new_world(SHARED, num_pages=3, host_slots=2, disk_files=0, max_ticks=0, max_in_flight=1)
     states, coverage = explore(world, max_states=60_000)

@@ -120,6 +120,7 @@ def overlap_actions(world: World, specs: list[Spec], reference: Reference) -> Ac
 EXERCISED = {"evict", "natural length", "natural stop", "preempt", "prefix hit", "same-step hit"}
 
 
+@pytest.mark.slow  # ~18 s exhaustive; the smallest-pool checker stays in make test
 def test_every_overlapped_interleaving_keeps_books_and_tokens() -> None:
     states, coverage = explore(config(num_pages=5), SPECS, 80, overlap_actions, new_overlap_world)
     assert states > 1000 and coverage == EXERCISED

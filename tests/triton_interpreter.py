@@ -34,8 +34,12 @@ interpreted = pytest.mark.skipif(
 )
 
 
-def fresh_process_test(path: str, *pytest_args: str) -> Callable[[], None]:
-    """A test that reruns the test file `path` (with `pytest_args`) under the interpreter in a new process."""
+def fresh_process_test(path: str, *pytest_args: str, slow: bool = False) -> Callable[[], None]:
+    """A test that reruns the test file `path` (with `pytest_args`) under the interpreter in a new process.
+
+    `slow`: the suite takes over ten seconds interpreted, so it runs in `make test-slow`, not in
+    `make test` (which must finish on two cores within CI's fifteen minutes).
+    """
 
     @pytest.mark.skipif(
         INTERPRETING or torch.cuda.is_available(), reason="the kernels already run in-process"
@@ -46,4 +50,4 @@ def fresh_process_test(path: str, *pytest_args: str) -> Callable[[], None]:
         result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
 
-    return test_interpreter_suite_in_fresh_process
+    return pytest.mark.slow(test_interpreter_suite_in_fresh_process) if slow else test_interpreter_suite_in_fresh_process
