@@ -343,7 +343,7 @@ class Scheduler:
             chunk = min(request.num_tokens - computed, step.budget)
             grow = self.kv.pages_for(computed + chunk) - len(table)
             if not self.kv.can_allocate(grow):
-                step.starved = self.kv.can_allocate_soon(grow)
+                step.starved |= self.kv.can_allocate_soon(grow)
                 table.release()
                 return
             self.kv.allocate(table, grow)
@@ -371,7 +371,7 @@ class Scheduler:
             extra = 1 if retraction.num_computed_tokens % size == 0 else 0
             need = restore_cost(self.kv, retraction) + extra
             if not self.kv.can_allocate(need):
-                step.starved = self.kv.can_allocate_soon(need)
+                step.starved |= self.kv.can_allocate_soon(need)
                 return False
             restored = self.kv.restore(retraction)
             self._retracted.remove(request)
