@@ -21,17 +21,16 @@ On the CPU (`--device cpu`, a tiny checkpoint folder as `--model`) it is a smoke
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from tensor_parallel_tpot import result_document
 
 
 def _time_generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> float:
@@ -106,13 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": args.dtype,
     }
     metrics: dict[str, float] = {}
-    result = {
-        "command": " ".join(["python", *sys.argv]),
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "metrics": metrics,
-    }
+    result = result_document(metrics)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     n = args.ranks
     configs = {"tp1": (1, False), "tp": (n, False), "dp": (n, True)}

@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -57,6 +58,17 @@ def measure(model: str, tp: int, input_len: int, output_len: int, repeats: int, 
             torch.cuda.empty_cache()
 
 
+def result_document(metrics: dict[str, float]) -> dict[str, Any]:
+    """The results JSON of a multi-rank benchmark: its command, devices and date around `metrics`."""
+    return {
+        "command": " ".join(["python", *sys.argv]),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "metrics": metrics,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--model", default="llama-3.1-8b")
@@ -70,13 +82,7 @@ def main() -> int:
     args = parser.parse_args()
     extra = {"max_model_len": args.max_model_len, "max_num_seqs": 8, "skip_tokenizer_init": True}
     metrics: dict[str, float] = {}
-    result = {
-        "command": " ".join(["python", *sys.argv]),
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "metrics": metrics,
-    }
+    result = result_document(metrics)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for tp in args.tp:
         tpot = measure(args.model, tp, args.input_len, args.output_len, args.repeats, extra)

@@ -100,11 +100,11 @@ def tier_config(num_pages: int, host_slots: int) -> SchedulerConfig:
     )
 
 
-def new_tier_world(config: SchedulerConfig) -> World:
+def new_tier_world(config: SchedulerConfig, world_type: type[TierWorld] = TierWorld) -> World:
     clock = FakeClock()
     scheduler = Scheduler(config, clock=clock)
     executor = SimulatedExecutor(config.num_pages, config.page_size, VOCAB, history=scheduler.token_history)
-    world = TierWorld(scheduler, executor)
+    world = world_type(scheduler, executor)
     world.clock = clock
     return world
 
@@ -195,12 +195,7 @@ class TierOverlapWorld(OverlapWorld, TierWorld):
 
 
 def new_tier_overlap_world(config: SchedulerConfig) -> World:
-    clock = FakeClock()
-    scheduler = Scheduler(config, clock=clock)
-    executor = SimulatedExecutor(config.num_pages, config.page_size, VOCAB, history=scheduler.token_history)
-    world = TierOverlapWorld(scheduler, executor)
-    world.clock = clock
-    return world
+    return new_tier_world(config, TierOverlapWorld)
 
 
 def _with_tier_events(move: Callable[[World], None], world: World) -> None:
