@@ -144,6 +144,97 @@ def test_write_back_never_displaces_host_slots_protected_longer() -> None:
     kv.check_invariants()
 
 
+def four_turns(kv: KVCache, sim: TierSim) -> list[list[int]]:
+    """Four released 2-page prompts: 8 cached device pages, evicted in this order."""
+    turns = [[10 * t + i for i in range(4)] for t in range(4)]
+    for turn in turns:
+        computed(kv, sim, turn).release()
+    return turns
+
+
+def host_copies_of(kv: KVCache, pages: list[int]) -> set[bytes]:
+    assert kv.host is not None
+    held = {kv.host.index.hash_of(slot) for slot in range(kv.host.pool.num_pages)}
+    return {h for h in (kv.index.hash_of(page) for page in pages) if h in held}
+
+
+def test_an_idle_cache_with_a_host_tier_smaller_than_its_cached_pages_stops_writing_back() -> None:
+    """Issue 13: 8 cached device pages, 3 host slots, nothing running. Write-back used to evict the host
+    copy of a page still cached on the device to copy another one, which the next batch copied back:
+    3 copies a step forever. A copy only displaces a redundant copy of a page the device evicts later,
+    so the host ends up holding the 3 pages the device evicts first, and then nothing moves."""
+    kv = tiered_cache(num_pages=8, page_size=PS, host_slots=3)
+    sim = TierSim(kv)
+    four_turns(kv, sim)
+    copies = []
+    for _ in range(1000):
+        copies.append(kv.writeback(max_pages=2))
+        sim.finish_all()
+        kv.check_invariants()
+    assert sum(copies) == 3 and not any(copies[2:]), f"{sum(copies)} copies in 1000 idle steps"
+    order = kv.pool.eviction_order()
+    assert host_copies_of(kv, order[:3]) == {kv.index.hash_of(p) for p in order[:3]}
+    computed(kv, sim, [90, 91, 92, 93]).release()  # the device evicts its 2 coldest pages: both saved
+    assert kv.counters.device_drops == 0
+
+
+def test_write_back_moves_host_copies_to_the_pages_the_device_evicts_next() -> None:
+    """After hits reorder the device, the host copies of pages that are now evicted last give way to
+    the new coldest pages (one copy each, no churn); unique host copies are not touched for that."""
+    kv = tiered_cache(num_pages=8, page_size=PS, host_slots=3)
+    sim = TierSim(kv)
+    turns = four_turns(kv, sim)
+    kv.writeback(max_pages=8)
+    sim.finish_all()
+    kv.match_prefix(turns[0], 2).release()  # the first turn is hit: the device now evicts it last
+    order = kv.pool.eviction_order()
+    assert kv.writeback(max_pages=8) == 2
+    sim.finish_all()
+    assert host_copies_of(kv, order[:3]) == {kv.index.hash_of(p) for p in order[:3]}
+    assert kv.writeback(max_pages=8) == 0
+    kv.check_invariants()
+
+
+def test_write_back_gives_up_unique_host_copies_only_for_the_next_batch_of_evictions() -> None:
+    """A host copy whose device page is gone is the only one left: write-back evicts it to copy a page
+    the device will evict within the next batch, never to copy one further down the eviction order."""
+    kv = tiered_cache(num_pages=4, page_size=PS, host_slots=2)
+    sim = TierSim(kv)
+    computed(kv, sim, A).release()
+    kv.writeback(max_pages=2)
+    sim.finish_all()
+    computed(kv, sim, B).release()  # evicts A from the device: the host holds its only copy
+    computed(kv, sim, [9, 9, 9, 9]).release()
+    assert kv.counters.device_drops == 0 and kv.lookup(A, 2)[1].tier is Tier.HOST
+    assert kv.writeback(max_pages=1) == 1  # the coldest device page may take a unique copy's slot
+    sim.finish_all()
+    assert [loc.tier for loc in kv.lookup(A, 2)] == [Tier.HOST]  # A's leaf (the host's LRU) went
+    assert kv.writeback(max_pages=1) == 0, "the next page is beyond a batch of 1: A's first page stays"
+    assert kv.writeback(max_pages=2) == 1  # within a batch of 2 it goes
+    sim.finish_all()
+    assert kv.lookup(A, 2) == []
+    kv.check_invariants()
+
+
+def test_an_idle_cache_with_a_disk_smaller_than_the_host_stops_writing_to_disk() -> None:
+    """The same churn one tier down: 6 cached host slots, 2 disk files. Host -> disk write-back used to
+    evict the file of a page the host still held to write another, then write that one back again:
+    2 writes a step forever. A file of a page the host holds only gives way to a slot evicted sooner."""
+    kv = tiered_cache(num_pages=8, page_size=PS, host_slots=6, disk_files=2)
+    sim = TierSim(kv)
+    four_turns(kv, sim)
+    to_disk = []
+    for _ in range(200):
+        kv.writeback(max_pages=4, max_disk_pages=4)
+        sim.finish_all()
+        to_disk.append(kv.counters.pages_spilled_to_disk)
+    assert kv.host is not None and kv.disk is not None
+    assert to_disk[-1] == 2 and to_disk[2] == to_disk[-1], f"{to_disk[-1]} disk writes in 200 idle steps"
+    coldest = kv.host.pool.eviction_order()[:2]
+    assert all(kv.disk.contains(kv.host.index.hash_of(slot) or b"") for slot in coldest)
+    kv.check_invariants()
+
+
 def test_confirming_unknown_or_impossible_copies_raises_and_changes_nothing() -> None:
     kv = tiered_cache(num_pages=2, page_size=PS, host_slots=2)
     sim = TierSim(kv)

@@ -291,3 +291,27 @@ def test_a_small_host_tier_never_starves_a_request_of_write_back_pinned_pages(
     s.check_invariants()
     assert s.kv.stats().referenced == 0 and s.kv.stats().draining == 0
     assert len(s.kv.copies) == 0 and s.kv.pool.num_pinned == 0
+
+
+@pytest.mark.parametrize("writeback", [2, 64])
+def test_an_idle_scheduler_stops_writing_back(writeback: int) -> None:
+    """Issue 13: finished turns leave more cached device pages (12) than the host tier holds (4 slots).
+    Write-back used to evict host copies of pages still cached on the device and copy them back the
+    next step, so an engine with nothing to do kept copying (about 3,000 copies in 1,000 idle steps).
+    Now the idle scheduler makes at most one copy per host slot, then plans nothing."""
+    s, ex = make(12, host_slots=4, budget=24, writeback=writeback)
+    for i in range(6):
+        s.submit(f"s{i}", [10 + i] * 4, params(max_tokens=2))
+    run_all(s, ex)
+    assert s.kv.pool.num_cached_unreferenced > 4
+    spilled = s.kv.counters.pages_spilled
+    copies = []
+    for _ in range(1000):
+        plan = s.next_plan()
+        copies.append(len(plan.copies))
+        if not plan.is_empty():
+            s.advance(plan, ex.run(plan))
+    s.check_invariants()
+    assert sum(copies) <= 4 and not any(copies[4:]), f"{sum(copies)} copies in 1000 idle steps"
+    assert s.kv.counters.pages_spilled - spilled == sum(copies)
+    assert len(s.kv.copies) == 0 and s.kv.pool.num_pinned == 0

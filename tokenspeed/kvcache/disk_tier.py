@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tokenspeed.kvcache.copy_ops import CopyOp
@@ -110,12 +111,18 @@ class DiskTier:
     def eviction_order(self) -> list[bytes]:
         return list(self._entries)
 
-    def reserve(self, page_hash: bytes) -> str | None:
-        """Make room for a new file of `page_hash` (pending, pinned by its write); its name, or None if full."""
+    def reserve(self, page_hash: bytes, may_evict: Callable[[bytes], bool] | None = None) -> str | None:
+        """Make room for a new file of `page_hash` (pending, pinned by its write); its name, or None if full.
+
+        Evicts the least recently used files that no copy uses and `may_evict` accepts
+        (write-back spares files of pages the host holds: see `tier_transfers.writeback`).
+        """
         if page_hash in self._entries:
             raise KVCacheError("page is already on disk; reserve only pages the disk tier lacks")
         while len(self._entries) >= self.capacity:
-            victim = next((h for h, e in self._entries.items() if not e.pins), None)
+            victim = next(
+                (h for h, e in self._entries.items() if not e.pins and (may_evict is None or may_evict(h))), None
+            )
             if victim is None:
                 return None
             self._drop(victim)

@@ -232,14 +232,32 @@ class PagePool:
         assert all(p is not None for p in pages), "allocatable pages were miscounted"
         return [p for p in pages if p is not None]
 
-    def allocate_one(self, evict_retained_before: float) -> int | None:
+    def allocate_one(self, evict_retained_before: float, spare: Callable[[int], bool] | None = None) -> int | None:
         """One page with refcount 1, or None (soft: for copies, never for a request's own KV).
 
         Takes a free page, else evicts an unprotected cached page, else a retained one
         expiring before `evict_retained_before` (a copy never displaces a page its own
-        session values more than the page being copied).
+        session values more than the page being copied). Cached pages for which `spare`
+        says True are skipped, as pinned ones are (write-back spares host copies of
+        pages the device still holds: see `tier_transfers.writeback`).
         """
-        return self._take(evict_retained_before)
+        return self._take(evict_retained_before, spare)
+
+    def reclaim(self, page: int) -> int:
+        """Evict this cached, unreferenced, unpinned page now and hand it out with refcount 1.
+
+        For a caller that picked the victim itself (write-back trading a redundant host
+        copy for a more urgent one); the prefix index forgets the page as on any eviction.
+        """
+        if self._refcount[page] or not self._cached[page] or self._pins[page]:
+            raise PageRefError(f"page {page} is not a cached, unreferenced page without copies in flight")
+        self._expire()
+        protected = page in self._kept
+        self._leave_eviction_order(page)
+        self._evict(page, protected)
+        self._refcount[page] = 1
+        self._num_referenced += 1
+        return page
 
     def incref(self, page: int) -> None:
         """Take one more reference: a prefix-cache hit (possibly on a page another request holds)."""
@@ -323,31 +341,39 @@ class PagePool:
 
     # ---- internals --------------------------------------------------------------------
 
-    def _take(self, evict_retained_before: float) -> int | None:
+    def _take(self, evict_retained_before: float, spare: Callable[[int], bool] | None = None) -> int | None:
         if self._free:
             page = self._free.popleft()
         else:
             self._expire()
-            victim = self._victim(evict_retained_before)
+            victim = self._victim(evict_retained_before, spare)
             if victim is None:
                 return None
             page, protected = victim
-            self._cached[page] = False
-            self._retention.pop(page, None)
-            if self._on_evict is not None:
-                self._on_evict(page, protected)
+            self._evict(page, protected)
         self._refcount[page] = 1
         self._num_referenced += 1
         return page
 
-    def _victim(self, evict_retained_before: float) -> tuple[int, bool] | None:
-        """The next unpinned cached page to evict, and whether a retention still protected it."""
+    def _evict(self, page: int, protected: bool) -> None:
+        """`page` left its eviction order for reuse: the index forgets it."""
+        self._cached[page] = False
+        self._retention.pop(page, None)
+        if self._on_evict is not None:
+            self._on_evict(page, protected)
+
+    def _victim(self, evict_retained_before: float, spare: Callable[[int], bool] | None) -> tuple[int, bool] | None:
+        """The next unpinned, unspared cached page to evict, and whether a retention still protected it."""
         pinned = self._pinned
         for page in self._lru:
-            if page not in pinned:
+            if page not in pinned and (spare is None or not spare(page)):
                 del self._lru[page]
                 return page, False
-        retained = self._kept.pop_first(lambda p: p not in pinned, evict_retained_before)
+
+        def eligible(p: int) -> bool:
+            return p not in pinned and (spare is None or not spare(p))
+
+        retained = self._kept.pop_first(eligible, evict_retained_before)
         return None if retained is None else (retained, True)
 
     def _enter_eviction_order(self, page: int) -> None:

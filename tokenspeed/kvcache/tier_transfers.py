@@ -24,7 +24,10 @@ confirmed, after which evicting it loses nothing. A page evicted before any
 copy was made is a drop (`TierCounters.device_drops`): allocation never waits
 for a copy, so under a burst the pool stays live and only the cache suffers.
 A copy never displaces a host slot its session protects longer than the page
-being copied (`PagePool.allocate_one`).
+being copied (`PagePool.allocate_one`), nor the host copy of a page the device
+still caches for a page evicted later (`_WritebackSlots`): so with a host tier
+smaller than the device's cached pages write-back converges instead of copying
+the same pages round and round (issue 13).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import partial
 from typing import TYPE_CHECKING
 
 from tokenspeed.kvcache.block_table import BlockTable
@@ -120,16 +124,18 @@ def writeback(kv: KVCache, max_pages: int, horizon: int | None, max_disk_pages: 
     if host is None:
         return 0
     emitted = 0
-    for page in _first(kv.pool.iter_evictable(), horizon):
+    order = list(_first(kv.pool.iter_evictable(), horizon)) if max_pages > 0 else []
+    slots = _WritebackSlots(kv, order, lookahead=max_pages)
+    for rank, page in enumerate(order):
         if emitted >= max_pages:
             break
         page_hash = kv.index.hash_of(page)
         assert page_hash is not None, "an evictable page is always indexed"
         if kv.pool.is_pending(page) or host.index.lookup(page_hash) is not None:
             continue  # still being loaded, or already on the host (or being copied there)
-        slot = host.pool.allocate_one(evict_retained_before=kv.pool.protection(page))
+        slot = slots.take(page, rank)
         if slot is None:
-            break  # every host slot is owned, in flight, or protected longer
+            break  # every host slot is owned, in flight, protected longer, or a copy as urgent
         host.index.insert(page_hash, slot)
         record = kv.pool.retention(page)
         if record is not None:
@@ -143,20 +149,110 @@ def writeback(kv: KVCache, max_pages: int, horizon: int | None, max_disk_pages: 
     if disk is None:
         return emitted
     to_disk = 0
-    for slot in _first(host.pool.iter_evictable(), horizon):
+    host_order = list(_first(host.pool.iter_evictable(), horizon)) if max_disk_pages > 0 else []
+    host_rank: dict[bytes, int] = {}  # filled when the disk is full (a file must be given up)
+    for rank, slot in enumerate(host_order):
         if to_disk >= max_disk_pages:
             break
         page_hash = host.index.hash_of(slot)
         assert page_hash is not None, "an evictable slot is always indexed"
         if host.pool.is_pending(slot) or disk.contains(page_hash):
             continue  # not landed yet, or already on disk
-        name = disk.reserve(page_hash)
+        if len(disk) >= disk.capacity and not host_rank:
+            host_rank = {h: r for r, s in enumerate(host_order) if (h := host.index.hash_of(s)) is not None}
+        name = disk.reserve(page_hash, partial(_may_drop_file, host_rank, rank, max_disk_pages))
         if name is None:
-            break  # every file is being read or written
+            break  # every file is being read or written, or one write-back must keep
         host.pool.pin(slot)
         kv.copies.emit(CopyKind.HOST_TO_DISK, host_slot=slot, page_hash=page_hash, file_name=name)
         to_disk += 1
     return emitted + to_disk
+
+
+class _WritebackSlots:
+    """Which host slot a write-back copy of the device page at `rank` (in eviction order) may take.
+
+    A host copy of a page the device still caches is redundant until the device evicts the
+    page; write-back exists to have it ready by then. Displacing such a copy for another
+    one is what made write-back churn (issue 13): with a host tier smaller than the
+    device's cached pages, each copy evicted (host LRU) the copy of a page still on the
+    device, which the next batch copied back, forever, even on an idle engine. So a copy
+    takes, in order:
+
+    1. a free slot;
+    2. the copy of the device page evicted last, if it is evicted after this page and
+       beyond the next batch (`lookahead`: the pages the device may evict before write-back
+       runs again): nothing is lost now, and that copy was not needed soon;
+    3. within the next batch only, a host-only copy (its device page is gone), in the host's
+       eviction order and never one its session protects longer than this page: by LRU
+       over both tiers it is older than any page the device still holds, and a page about
+       to leave the device is worth more; further ahead, giving up a unique copy to
+       duplicate a page the device keeps would only shrink what the two tiers hold;
+    4. the copy of the device page evicted last, if it is evicted after this page.
+
+    The copy of a page the device is not about to evict (referenced, or beyond the horizon)
+    is never displaced by write-back. Every copy thus consumes a free or
+    host-only slot, or trades a copy for one of a page evicted sooner; while nothing
+    allocates (an idle engine) neither source refills, so write-back makes at most about
+    one copy per host slot and then stops, holding the pages the device evicts first.
+    """
+
+    __slots__ = ("kv", "order", "lookahead", "_next")
+
+    def __init__(self, kv: KVCache, order: list[int], lookahead: int) -> None:
+        self.kv = kv
+        self.order = order  # device pages in eviction order (within the horizon)
+        self.lookahead = lookahead
+        self._next = len(order) - 1  # cursor of rules 2 and 4, from the page evicted last down
+
+    def take(self, page: int, rank: int) -> int | None:
+        host = self.kv.host
+        assert host is not None
+        if host.pool.num_free:
+            return host.pool.allocate_one(evict_retained_before=math.inf)
+        later = self._latest_copy(rank)
+        if later is not None and later[0] >= self.lookahead:
+            return self._reclaim(later[1])
+        if rank < self.lookahead:
+            slot = host.pool.allocate_one(self.kv.pool.protection(page), spare=self._on_device)
+            if slot is not None:
+                return slot
+        return None if later is None else self._reclaim(later[1])
+
+    def _latest_copy(self, rank: int) -> tuple[int, int] | None:
+        """(rank, host slot) of the unpinned host copy of the device page evicted last, after `rank`."""
+        host = self.kv.host
+        assert host is not None
+        while self._next > rank:
+            page_hash = self.kv.index.hash_of(self.order[self._next])
+            slot = None if page_hash is None else host.index.lookup(page_hash)
+            if slot is not None and not host.pool.pins(slot):
+                return self._next, slot
+            self._next -= 1
+        return None
+
+    def _reclaim(self, slot: int) -> int:
+        assert self.kv.host is not None
+        self._next -= 1
+        return self.kv.host.pool.reclaim(slot)
+
+    def _on_device(self, slot: int) -> bool:
+        """The host slot's page is still cached (or in use) on the device: its copy is not unique."""
+        assert self.kv.host is not None
+        page_hash = self.kv.host.index.hash_of(slot)
+        return page_hash is not None and self.kv.index.lookup(page_hash) is not None
+
+
+def _may_drop_file(host_rank: dict[bytes, int], rank: int, lookahead: int, page_hash: bytes) -> bool:
+    """Host -> disk write-back of the host slot at `rank` may give up the file of `page_hash`.
+
+    The same rule as `_WritebackSlots`, one tier down: a file of a page the host still
+    holds is redundant until the host evicts it, so it only gives way to a slot the host
+    evicts sooner; a disk-only file, only to a slot within the next batch (`lookahead`).
+    Otherwise a disk smaller than the host's cached slots is rewritten forever (issue 13).
+    """
+    held = host_rank.get(page_hash)
+    return rank < lookahead if held is None else held > rank
 
 
 def prefetch(kv: KVCache, token_ids: Sequence[int], max_pages: int) -> int:

@@ -465,10 +465,12 @@ class Scheduler:
         No device -> host write-back in a step in which a request waits for pages that copies hold
         (`step.starved`): a write-back source is pinned until its copy is confirmed, and with overlap
         the next plan is built before this one's copies are. With a host tier smaller than the
-        device's cached pages, every batch evicts host slots of pages still cached on the device, so
-        the next batch copies those again: some pages were always pinned when the next plan was
-        built, and a request needing all but a few of the cached pages (a long prefill chunk, a
-        restore) waited for them forever (issue 13). Skipping one batch lets the copies in flight
+        device's cached pages, every batch used to evict host slots of pages still cached on the
+        device, so the next batch copied those again: some pages were always pinned when the next
+        plan was built, and a request needing all but a few of the cached pages (a long prefill
+        chunk, a restore) waited for them forever (issue 13). Write-back now converges (it never
+        trades a host copy for a less urgent one: `tier_transfers._WritebackSlots`), but under load
+        any batch still pins its sources for a step, so the rule stays. Skipping one batch lets the copies in flight
         drain; the pages are allocatable for the next plan built after they land. Write-back resumes
         once nobody waits, so at worst a page evicted meanwhile is a drop (cache, not tokens).
         Host -> disk write-back pins host slots only, so it goes on.
