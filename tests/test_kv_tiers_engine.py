@@ -219,3 +219,17 @@ def test_a_small_host_tier_does_not_starve_a_long_prompt(folder):
         llm.core._resolve_inflight()
     scheduler.check_invariants()
     assert scheduler.kv.stats().referenced == 0 and len(scheduler.kv.copies) == 0
+    # Idle: write-back converges (at most one copy per host slot), then the engine copies nothing. It
+    # used to evict host copies of pages still cached on the device and copy them back, step after step.
+    assert scheduler.kv.pool.num_cached_unreferenced > tiers.num_slots
+    spilled = scheduler.kv.counters.pages_spilled
+    for _ in range(100):
+        step()
+    while llm.core.has_unfinished():
+        llm.core._resolve_inflight()
+    settled = scheduler.kv.counters.pages_spilled
+    assert settled - spilled <= tiers.num_slots
+    for _ in range(200):
+        step()
+    assert scheduler.kv.counters.pages_spilled == settled and not llm.core.has_unfinished()
+    scheduler.check_invariants()
