@@ -11,7 +11,8 @@ weights and KV pool as
 
 - once per step (`DecodeStep`): cos/sin rows of the positions laid out for a
   rotate-half without slicing, the flat page index of every row's visible
-  pages, and the mask of its positions;
+  pages, and the additive mask of its positions (SDPA would rebuild it from a
+  boolean one in every layer);
 - per layer ~40 ops: residual add + RMSNorm, QKV GEMM, q/k RMSNorm as one
   norm over all heads (one weight row per head), RoPE over q and k at once
   (`x * cos + flip(x) * sin`), K/V written with `index_copy_` into flat views
@@ -71,7 +72,7 @@ class DecodeStep:
     sin: torch.Tensor  # [rows, 1, 2, head_dim // 2]: (-sin, sin)
     slots: torch.Tensor  # [rows] int64
     pages: torch.Tensor  # [rows * span_pages] int64: each row's pages, 0 past its end
-    visible: torch.Tensor  # [rows, 1, 1, span] bool
+    mask: torch.Tensor  # [rows, 1, 1, span] fp32: 0 where visible, -inf past the row's end
     span: int  # positions gathered per row (span_pages * page_size)
 
 
@@ -192,13 +193,15 @@ class CPUDecodeForward:
         lens = attn.seq_lens_tensor.long()[:, None]
         owned = torch.arange(0, span, self.page_size) < lens  # [rows, span_pages]
         pages = attn.page_table[:, :span_pages].long().masked_fill_(~owned, 0).reshape(-1)
-        visible = (torch.arange(span) < lens).view(rows, 1, 1, span)
+        # SDPA turns a boolean mask into this additive one in every call; here it is made once a step.
+        hidden = (torch.arange(span) >= lens).view(rows, 1, 1, span)
+        mask = torch.zeros(hidden.shape, dtype=torch.float32).masked_fill_(hidden, float("-inf"))
         return DecodeStep(
             cos=torch.cat((cos, cos), dim=2),
             sin=torch.cat((-sin, sin), dim=2),
             slots=attn.slot_mapping,
             pages=pages,
-            visible=visible,
+            mask=mask,
             span=span,
         )
 
@@ -230,7 +233,7 @@ class CPUDecodeForward:
                 qk[:, :heads].view(rows, kv_heads, group, head_dim),
                 keys.transpose(1, 2),
                 values.transpose(1, 2),
-                attn_mask=step.visible,
+                attn_mask=step.mask,
                 scale=self.scale,
             )
             residual = stream
