@@ -90,7 +90,7 @@ def _why_not(model: torch.nn.Module, kv: PagedKVStorage) -> str | None:
     from tokenspeed.kernels.norm.rms_cpu import rms_norm_torch_fp32
     from tokenspeed.kernels.rope.reference import apply_rope_reference
     from tokenspeed.layers.mlp import GatedMLP
-    from tokenspeed.models.llama import DecoderLayer, DenseDecoderForCausalLM
+    from tokenspeed.models.llama import DecoderLayer, DecoderModel, DenseDecoderForCausalLM
 
     if not isinstance(model, DenseDecoderForCausalLM):
         return f"{type(model).__name__} is not a dense decoder"
@@ -99,7 +99,7 @@ def _why_not(model: torch.nn.Module, kv: PagedKVStorage) -> str | None:
     if model.dtype != torch.float32 or any(p.device.type != "cpu" for p in model.parameters()):
         return "only fp32 weights on the CPU"
     inner = model.model
-    if type(inner).forward is not type(inner).__mro__[0].forward or not inner.layers:
+    if type(inner) is not DecoderModel or not inner.layers:
         return "a custom decoder stack"
     if model.lm_head.weight.dtype != torch.float32:
         return "the LM head is not fp32"
