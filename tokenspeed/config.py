@@ -55,6 +55,9 @@ class EngineConfig:
     cuda_graph_max_bs: int | None = None
     # Overlap scheduling: plan step N+1 on the host while the device runs step N.
     disable_overlap: bool = False
+    # CPU: decode-only steps of a dense fp32 decoder run the step-shared, few-op forward
+    # (executor/cpu_decode.py) instead of the layers' eager one; set: the layers run every step.
+    disable_cpu_decode_forward: bool = False
     # Kernel overrides "family.mode=name", applied before the model is built (`--kernel`).
     kernel_overrides: tuple[str, ...] = ()
     # torch intra-op threads on the CPU (None: torch's default in-process; the server's engine

@@ -40,6 +40,7 @@ from tokenspeed.config import (
 )
 from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest, ModelNotSupported
 from tokenspeed.executor.attention_ranks import AttentionRanks
+from tokenspeed.executor.cpu_decode import CPUDecodeForward
 from tokenspeed.executor.cpu_threads import apply_cpu_threads
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from tokenspeed.executor.kv_tiers import HostKVTier, default_host_kv_cache_bytes
@@ -220,6 +221,8 @@ class Executor:
             graph_sizes=graph_batch_sizes(self._graph_max_bs()),
         )
         self.runner.speculation = self.speculator
+        if self.device.type == "cpu" and rank is None and self.speculator is None and not config.disable_cpu_decode_forward:
+            self.runner.cpu_decode = CPUDecodeForward.build(self.model, self.kv)
         if rank is not None and rank.groups.topology.dp_attention:
             topology = rank.groups.topology
             self.runner.attention_ranks = AttentionRanks(topology.attn_dp, config.page_size)

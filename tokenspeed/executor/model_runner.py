@@ -41,6 +41,7 @@ from tokenspeed.batch.forward_batch import ForwardBatch
 from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.executor.attention_ranks import AttentionRanks
 from tokenspeed.executor.batch_builder import RowSpec, StagingRing, build_host_batch, to_forward_batch
+from tokenspeed.executor.cpu_decode import CPUDecodeForward
 from tokenspeed.executor.cuda_graphs import (
     VERIFY_MAX_TOKENS,
     DecodeGraphs,
@@ -123,6 +124,8 @@ class ModelRunner:
         self.scratch_page = scratch_page if scratch_page is not None else 0
         self.page_tables = RequestPageTables(device, scratch_page=self.scratch_page)
         self.graphs = graphs
+        # CPU: decode-only steps run the few-op decode forward (`cpu_decode.py`); None: the model's layers.
+        self.cpu_decode: CPUDecodeForward | None = None
         self.max_model_len = max_model_len
         # Decode batches are sized by these buckets (for split-KV counts) even when running eagerly.
         self.graph_sizes = graph_sizes or []
@@ -191,7 +194,11 @@ class ModelRunner:
             if layout.logits_indices != list(range(logits.shape[0])):
                 logits = logits.index_select(0, batch.logits_indices)
         else:
-            hidden = self.model(batch, self.kv)
+            cpu_decode = self.cpu_decode
+            if cpu_decode is not None and q_len == 1 and uniform and not pad_rows and proposed is None:
+                hidden = cpu_decode.run(batch)
+            else:
+                hidden = self.model(batch, self.kv)
             logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
 
         if layout.prompt_slices:

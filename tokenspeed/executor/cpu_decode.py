@@ -1,0 +1,255 @@
+"""The CPU decode forward: a decode-only step of a dense decoder in few torch ops.
+
+On the CPU a small model's decode step is dispatch-bound: the eager layers
+issue ~120 aten calls per layer (measured on the embedded model: 494 per step,
+~5 us each against ~0.4 ms of weight streaming), most of them rebuilding, in
+every layer, things that depend only on the step: the RoPE rows of each
+position, each row's page index and visibility mask, the checks on the
+slots. `CPUDecodeForward` is to the CPU what `DecodeGraphs` is to a GPU: the
+runner hands it decode-only steps, and it runs them on the model's own
+weights and KV pool as
+
+- once per step (`DecodeStep`): cos/sin rows of the positions laid out for a
+  rotate-half without slicing, the flat page index of every row's visible
+  pages, and the additive mask of its positions (SDPA would rebuild it from a
+  boolean one in every layer);
+- per layer ~40 ops: residual add + RMSNorm, QKV GEMM, q/k RMSNorm as one
+  norm over all heads (one weight row per head), RoPE over q and k at once
+  (`x * cos + flip(x) * sin`), K/V written with `index_copy_` into flat views
+  of the caches made once, the pages gathered with `index_select` and one
+  fused SDPA call with GQA folded into the query length (as
+  `attention.decode=torch_batched`), o_proj, the MLP.
+
+The arithmetic is that of the eager layers with the CPU kernels they select
+(`norm.rms=torch_fp32`, `rope.apply=reference`, `attention.decode=torch_batched`,
+`kvstore.write=reference`, `activation.silu_and_mul=reference`, plain GEMMs):
+the same ops on the same operands in the same order, so the hidden states are
+equal bit for bit (tested); the rotation's `x1*cos - x2*sin` becomes
+`x1*cos + x2*(-sin)`, which IEEE arithmetic rounds identically. A model that
+those kernels do not serve (another dtype, fp8 weights or KV, sliding
+windows, partial rotary, biases, MoE layers, a kernel override) gets no
+`CPUDecodeForward` and runs eagerly through its layers, as does every step
+that is not decode-only. Off switch: `--disable-cpu-decode-forward`
+(`EngineConfig.disable_cpu_decode_forward`).
+
+Why not torch.compile (measured on the 2-vCPU dev host, torch 2.13, this op
+sequence with K/V write + attention as one custom op, inductor C++ codegen):
+dynamic shapes compiled in 9-21 s (static ones in 48 s, and a static graph
+would recompile every 16 tokens as the page span grows); the compiled stack
+ran 0.82-0.85 ms against 0.88-0.90 ms for this eager sequence at one row
+(512-token context), and 5.2 ms against 5.0-5.4 ms at 16 rows. What is left
+is GEMMs, page gathers and SDPA, which inductor calls as the same extern
+kernels, so a few percent does not pay for the compile; CPU decode stays eager
+(`enforce_eager` keeps its meaning: CUDA graphs off).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tokenspeed.batch.forward_batch import ForwardBatch
+from tokenspeed.batch.kv_storage import PagedKVStorage
+
+logger = logging.getLogger("tokenspeed.executor")
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [(heads + 2 kv_heads) * head_dim, hidden]
+    qk_norm: torch.Tensor | None  # [heads + kv_heads, head_dim]: q_norm's weight per q head, k_norm's per kv head
+    o_proj: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    k_flat: torch.Tensor  # the layer's K cache as [pages * page_size, kv_heads, head_dim] (a view)
+    v_flat: torch.Tensor
+    k_pages: torch.Tensor  # as [pages, page_size * kv_heads * head_dim] (a view), for gathering whole pages
+    v_pages: torch.Tensor
+
+
+@dataclass(slots=True)
+class DecodeStep:
+    """What every layer of one decode step shares, built once per step."""
+
+    cos: torch.Tensor  # [rows, 1, 2, head_dim // 2]: (cos, cos) of each row's position
+    sin: torch.Tensor  # [rows, 1, 2, head_dim // 2]: (-sin, sin)
+    slots: torch.Tensor  # [rows] int64
+    pages: torch.Tensor  # [rows * span_pages] int64: each row's pages, 0 past its end
+    mask: torch.Tensor  # [rows, 1, 1, span] fp32: 0 where visible, -inf past the row's end
+    span: int  # positions gathered per row (span_pages * page_size)
+
+
+def _why_not(model: torch.nn.Module, kv: PagedKVStorage) -> str | None:
+    """Why `CPUDecodeForward` cannot run `model` (None: it can)."""
+    from tokenspeed.kernels.activation.reference import silu_and_mul_reference
+    from tokenspeed.kernels.norm.rms_cpu import rms_norm_torch_fp32
+    from tokenspeed.kernels.rope.reference import apply_rope_reference
+    from tokenspeed.layers.mlp import GatedMLP
+    from tokenspeed.models.llama import DecoderLayer, DecoderModel, DenseDecoderForCausalLM
+
+    if not isinstance(model, DenseDecoderForCausalLM):
+        return f"{type(model).__name__} is not a dense decoder"
+    if getattr(model, "dp_rows", None) is not None or getattr(model, "placement", None) is not None:
+        return "the model is split over ranks"
+    if model.dtype != torch.float32 or any(p.device.type != "cpu" for p in model.parameters()):
+        return "only fp32 weights on the CPU"
+    inner = model.model
+    if type(inner) is not DecoderModel or not inner.layers:
+        return "a custom decoder stack"
+    if model.lm_head.weight.dtype != torch.float32:
+        return "the LM head is not fp32"
+    rotary = inner.rotary_emb
+    if rotary.rotary_dim != rotary.head_dim or rotary._kernel is not apply_rope_reference:
+        return "partial rotary or a RoPE kernel override"
+    if not kv.v or any(t.dtype != torch.float32 for t in (*kv.k, *kv.v)):
+        return "the KV cache is not fp32 K and V"
+    norms = [inner.norm]
+    for layer in inner.layers:
+        if type(layer) is not DecoderLayer or not isinstance(layer.mlp, GatedMLP):
+            return "a layer other than attention + gated MLP"
+        attn, mlp = layer.self_attn, layer.mlp
+        if attn.sliding_window is not None:
+            return "sliding-window attention"
+        backend = attn.attention_backend
+        if backend.decode.name != "torch_batched" or backend.write.name != "reference":
+            return "an attention kernel override"
+        if mlp._act is not silu_and_mul_reference or mlp._fused_max_tokens >= 0:
+            return "an activation kernel override"
+        for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            if linear.bias is not None or linear._fp8_gemm is not None or linear.decode_max_tokens >= 0:
+                return "biases, fp8 weights or a decode GEMM kernel"
+        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+        if attn.q_norm is not None and attn.k_norm is not None:
+            norms += [attn.q_norm, attn.k_norm]
+            if attn.q_norm.eps != attn.k_norm.eps:
+                return "q and k norms with different eps"
+    if any(norm._kernel is not rms_norm_torch_fp32 for norm in norms):
+        return "an RMSNorm kernel override"
+    return None
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`norm.rms=torch_fp32`'s arithmetic, op for op."""
+    return weight * (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps))
+
+
+class CPUDecodeForward:
+    """Decode-only steps of an eligible dense decoder on the CPU (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, kv: PagedKVStorage) -> None:
+        inner = model.model  # type: ignore[union-attr]
+        first = inner.layers[0].self_attn
+        self.model = model
+        self.embedding = inner.embed_tokens.weight
+        self.final_norm = inner.norm.weight
+        self.eps = inner.norm.eps
+        self.num_heads, self.num_kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
+        self.scale = first.scale
+        self.page_size = kv.page_size
+        self.cos_cache = inner.rotary_emb.cos_cache
+        self.sin_cache = inner.rotary_emb.sin_cache
+        self.layers: list[LayerWeights] = []
+        self.layer_eps: list[tuple[float, float, float]] = []
+        for index, layer in enumerate(inner.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            qk_norm = None
+            qk_eps = 0.0
+            if attn.q_norm is not None and attn.k_norm is not None:
+                qk_norm = torch.cat([
+                    attn.q_norm.weight.expand(self.num_heads, -1), attn.k_norm.weight.expand(self.num_kv_heads, -1)
+                ])
+                qk_eps = attn.q_norm.eps
+            k_cache, v_cache = kv.k[index], kv.v[index]
+            self.layers.append(LayerWeights(
+                input_norm=layer.input_layernorm.weight,
+                qkv=attn.qkv_proj.weight,
+                qk_norm=qk_norm,
+                o_proj=attn.o_proj.weight,
+                post_norm=layer.post_attention_layernorm.weight,
+                gate_up=mlp.gate_up_proj.weight,
+                down=mlp.down_proj.weight,
+                k_flat=k_cache.view(-1, *k_cache.shape[2:]),
+                v_flat=v_cache.view(-1, *v_cache.shape[2:]),
+                k_pages=k_cache.view(k_cache.shape[0], -1),
+                v_pages=v_cache.view(v_cache.shape[0], -1),
+            ))
+            self.layer_eps.append((layer.input_layernorm.eps, qk_eps, layer.post_attention_layernorm.eps))
+
+    @classmethod
+    def build(cls, model: torch.nn.Module, kv: PagedKVStorage) -> CPUDecodeForward | None:
+        """The decode forward of `model`, or None (logged) where the eager layers must run."""
+        reason = _why_not(model, kv)
+        if reason is not None:
+            logger.info("CPU decode forward off: %s", reason)
+            return None
+        return cls(model, kv)
+
+    def prepare(self, batch: ForwardBatch) -> DecodeStep:
+        attn = batch.attn
+        rows = batch.num_tokens
+        half = self.head_dim // 2
+        cos = self.cos_cache[batch.positions].view(rows, 1, 1, half)
+        sin = self.sin_cache[batch.positions].view(rows, 1, 1, half)
+        span_pages = -(-attn.max_seq_len // self.page_size)
+        span = span_pages * self.page_size
+        assert attn.seq_lens_tensor is not None
+        lens = attn.seq_lens_tensor.long()[:, None]
+        owned = torch.arange(0, span, self.page_size) < lens  # [rows, span_pages]
+        pages = attn.page_table[:, :span_pages].long().masked_fill_(~owned, 0).reshape(-1)
+        # SDPA turns a boolean mask into this additive one in every call; here it is made once a step.
+        hidden = (torch.arange(span) >= lens).view(rows, 1, 1, span)
+        mask = torch.zeros(hidden.shape, dtype=torch.float32).masked_fill_(hidden, float("-inf"))
+        return DecodeStep(
+            cos=torch.cat((cos, cos), dim=2),
+            sin=torch.cat((-sin, sin), dim=2),
+            slots=attn.slot_mapping,
+            pages=pages,
+            mask=mask,
+            span=span,
+        )
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """Hidden states after the final norm, `[rows, hidden]`; this step's K/V land in the pool."""
+        step = self.prepare(batch)
+        rows = batch.num_tokens
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        q_width, kv_width = heads * head_dim, kv_heads * head_dim
+        group = heads // kv_heads
+        stream = F.embedding(batch.input_ids, self.embedding)
+        residual: torch.Tensor | None = None
+        for w, (eps_in, eps_qk, eps_post) in zip(self.layers, self.layer_eps):
+            if residual is not None:
+                stream = stream + residual
+            qkv = F.linear(_rms(stream, w.input_norm, eps_in), w.qkv)
+            qk = qkv[:, : q_width + kv_width].view(rows, heads + kv_heads, head_dim)
+            if w.qk_norm is not None:
+                qk = _rms(qk, w.qk_norm, eps_qk)
+            halves = qk.view(rows, heads + kv_heads, 2, head_dim // 2)
+            qk = (halves * step.cos + halves.flip(2) * step.sin).view(rows, heads + kv_heads, head_dim)
+            k = qk[:, heads:]
+            v = qkv[:, q_width + kv_width :].view(rows, kv_heads, head_dim)
+            w.k_flat.index_copy_(0, step.slots, k)
+            w.v_flat.index_copy_(0, step.slots, v)
+            keys = w.k_pages.index_select(0, step.pages).view(rows, step.span, kv_heads, head_dim)
+            values = w.v_pages.index_select(0, step.pages).view(rows, step.span, kv_heads, head_dim)
+            out = F.scaled_dot_product_attention(
+                qk[:, :heads].view(rows, kv_heads, group, head_dim),
+                keys.transpose(1, 2),
+                values.transpose(1, 2),
+                attn_mask=step.mask,
+                scale=self.scale,
+            )
+            residual = stream
+            stream = F.linear(out.reshape(rows, q_width), w.o_proj) + residual
+            gate_up = F.linear(_rms(stream, w.post_norm, eps_post), w.gate_up)
+            gate, up = gate_up.chunk(2, dim=-1)
+            residual = stream
+            stream = F.linear(F.silu(gate) * up, w.down)
+        if residual is not None:
+            stream = stream + residual
+        return _rms(stream, self.final_norm, self.eps)
