@@ -22,9 +22,18 @@ from tokenspeed.models.embedded.materialize import (
     write_model_folder,
 )
 from tokenspeed.models.embedded.training.deepseek_net import DeepseekNet
-from tokenspeed.models.embedded.training.eagle import EagleHead, eagle_config, eagle_loss
+from tokenspeed.models.embedded.training.eagle import (
+    EAGLE1_RECIPE,
+    RECIPE,
+    RECIPES,
+    EagleHead,
+    EagleRecipe,
+    eagle_config,
+    eagle_loss,
+)
 from tokenspeed.models.embedded.training.nets import build_net
 from tokenspeed.models.embedded.training.qwen3_net import Qwen3Net
+from tokenspeed.models.embedded.training.run import DEFAULT_EAGLE_RECIPE
 
 SMALL_DENSE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=16, initializer_range=0.1)
@@ -108,6 +117,26 @@ def test_eagle_head_has_the_documented_layout_and_learns():
         optimizer.zero_grad()
         losses.append(float(loss))
     assert losses[-1] < 0.8 * losses[0]
+
+
+def test_eagle_loss_terms_of_a_recipe():
+    """Each term of `EagleRecipe` counts with its weight; the EAGLE-1 recipe is feature + 0.1 x soft CE."""
+    torch.manual_seed(3)
+    target = Qwen3Net({**package_config("embedded"), **SMALL_DENSE})
+    head = EagleHead(eagle_config(target.config, 64))
+    ids = torch.randint(7, 4096, (2, 16))
+    hidden = target(ids).detach()
+    embed, lm_head = target.model.embed_tokens.weight.detach(), target.head_weight.detach()
+    loss, parts = eagle_loss(head, hidden, ids, embed, lm_head, noise=False, recipe=EAGLE1_RECIPE)
+    assert torch.allclose(loss, parts["feature_loss"] + 0.1 * parts["token_loss"])
+    full = EagleRecipe(feature_weight=0.5, token_weight=1.0, hard_token_weight=0.25, second_step_weight=0.5)
+    loss, parts = eagle_loss(head, hidden, ids, embed, lm_head, noise=False, recipe=full)
+    first = 0.5 * parts["feature_loss"] + parts["token_loss"] + 0.25 * parts["hard_token_loss"]
+    second = 0.5 * parts["second_feature_loss"] + parts["second_token_loss"] + 0.25 * parts["second_hard_token_loss"]
+    assert torch.allclose(loss, first + 0.5 * second)
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in head.parameters())
+    assert RECIPES[DEFAULT_EAGLE_RECIPE] == RECIPE
 
 
 def test_shipped_configs_fit_the_size_budget():

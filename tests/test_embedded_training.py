@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.checkpoints import load_hf
 from tokenspeed import LLM, SamplingParams
 from tokenspeed.cli import main as cli_main
 from tokenspeed.eval_ppl import engine_metrics, transformers_metrics
+from tokenspeed.models.embedded.materialize import package_config, package_dir
 from tokenspeed.models.embedded.training import run
 from tokenspeed.models.embedded.training.corpus import CorpusOptions, held_out_windows
+from tokenspeed.models.embedded.training.eagle import EagleHead
 
 
 def _sha(path) -> str:
@@ -108,3 +112,42 @@ def test_eval_ppl_command(smoke, tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["windows"] == 3 and result["bits_per_byte_abs_diff"] < 1e-3
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+
+
+def test_eagle_only_run_trains_a_head_on_the_shipped_weights(tmp_path):
+    """`--models eagle`: the shipped `embedded` weights are read, never written; the head has the shipped shape."""
+    shipped = package_dir() / "model.safetensors"
+    before = _sha(shipped)
+    args = ["--out", str(tmp_path), "--smoke", "--models", "eagle", "--steps-eagle", "2", "--seed", "1"]
+    assert run.main(args) == 0
+    assert _sha(shipped) == before
+    record = json.loads((tmp_path / "train_embedded.json").read_text())
+    assert set(record["metrics"]) == {"embedded", "total_wall_time_s"} and set(record["metrics"]["embedded"]) == {"eagle"}
+    eagle = record["metrics"]["embedded"]["eagle"]
+    assert eagle["target_heldout_top1"] > 0.2, "the trained target, not random weights"
+    assert eagle["recipe"]["name"] == run.DEFAULT_EAGLE_RECIPE and record["phases"]["eagle"]["steps"] == 2
+    config = json.loads((tmp_path / "embedded" / "eagle" / "config.json").read_text())
+    assert config == package_config("embedded", draft=True)
+    EagleHead(config).load_hf_state_dict(load_file(str(tmp_path / "embedded" / "eagle" / "model.safetensors")))
+    assert not (tmp_path / "embedded" / "model.safetensors").exists()
+    assert not (tmp_path / "package").exists(), "smoke weights are never offered for commit"
+
+
+def test_merged_record_keeps_the_base_models_and_the_heads_own_run():
+    base = json.loads((Path(__file__).resolve().parent.parent / run.BASE_RECORD).read_text())
+    original = json.dumps(base)
+    eagle_run = {
+        "command": "python3 scripts/train_embedded.py --models eagle --out /o", "device": "GPU", "date": "today",
+        "versions": {"torch": "x"}, "seed": 0, "compile": True, "data_files_sha256": base["data_files_sha256"],
+        "corpus": {"files": 1}, "metrics": {"embedded": {"eagle": {"next_next_top1": 0.6}}, "total_wall_time_s": 9.0},
+        "phases": {"eagle": {"steps": 7}},
+    }
+    merged = run.merge_eagle_record(base, eagle_run)
+    assert json.dumps(base) == original, "the base record is not modified in place"
+    entry = merged["metrics"]["embedded"].pop("eagle")
+    base["metrics"]["embedded"].pop("eagle")
+    assert merged["metrics"] == base["metrics"] and merged["command"] == base["command"]
+    assert merged["phases"]["eagle"] == {"steps": 7} and merged["phases"]["embedded"] == base["phases"]["embedded"]
+    assert entry["next_next_top1"] == 0.6
+    assert entry["run"]["command"] == eagle_run["command"] and entry["run"]["date"] == "today"
+    assert entry["run"]["same_data_as_base"] and entry["run"]["total_wall_time_s"] == 9.0

@@ -29,12 +29,20 @@ EAGLE's: the target is frozen, the loss is smooth-L1 between `f'_{p+1}` and
 `f_{p+1}` plus 0.1 x cross-entropy of the draft's token distribution against
 the target's own distribution at p+1 (so the head learns to agree with the
 target, which is what acceptance measures), with uniform noise on the input
-features for robustness to its own drafted features.
+features for robustness to its own drafted features. `EagleRecipe` holds the
+weights; `RECIPES` names the ones compared in
+`benchmarks/results/cpu/eagle_recipe_ab.md` (issue 14). There, at equal steps,
+the peak learning rate was the lever (1e-3 -> 6e-3: top-1 +0.11, agreement
++0.14; the command's `--eagle-lr` is now 6e-3); a token weight of 1.0
+(`token1`) helped only at the old 1e-3 and lost at 6e-3, and hard labels (the
+text's t_{p+2}), no noise or a second, self-fed step did not help the first
+draft, so the loss stays EAGLE-1's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,9 +57,24 @@ from tokenspeed.models.embedded.training.blocks import (
     rope_tables,
 )
 
-FEATURE_LOSS_WEIGHT = 1.0
-TOKEN_LOSS_WEIGHT = 0.1
-FEATURE_NOISE = 0.1  # half-width of the uniform noise added to the target features while training
+
+@dataclass(frozen=True, slots=True)
+class EagleRecipe:
+    """The loss of one training step (weights of its terms, and the feature noise)."""
+
+    feature_weight: float = 1.0  # smooth-L1 between f'_{p+1} and f_{p+1}
+    token_weight: float = 0.1  # cross-entropy of the draft against the target's distribution at p+1
+    hard_token_weight: float = 0.0  # cross-entropy of the draft against the text's t_{p+2}
+    feature_noise: float = 0.1  # half-width of the uniform noise added to the input features
+    second_step_weight: float = 0.0  # the same loss on a second draft step fed the head's own features
+
+    def to_dict(self) -> dict[str, float]:
+        return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
+
+
+EAGLE1_RECIPE = EagleRecipe()  # EAGLE-1's loss, the recipe of the first shipped head
+RECIPES = {"eagle1": EAGLE1_RECIPE, "token1": EagleRecipe(token_weight=1.0)}
+RECIPE = EAGLE1_RECIPE  # the training command's default
 
 
 def eagle_config(target: Mapping[str, Any], intermediate_size: int) -> dict[str, Any]:
@@ -122,6 +145,35 @@ class EagleHead(nn.Module):
                 param.copy_(tensors[name])
 
 
+def _step_loss(
+    head: EagleHead,
+    features: torch.Tensor,
+    following: torch.Tensor,
+    next_ids: torch.Tensor,
+    truth: torch.Tensor,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    recipe: EagleRecipe,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """One draft step: features f_p `[b, n, h]` and tokens t_{p+1} predict f_{p+1} (`following`) and t_{p+2}.
+
+    `truth` `[b, n - 1]` is t_{p+2} for all but the last position (whose t_{p+2} lies past the window).
+    """
+    predicted = head(F.embedding(next_ids, embed), features)
+    feature_loss = F.smooth_l1_loss(predicted.float(), following.float())
+    with torch.no_grad():
+        target_probs = F.linear(following, lm_head).float().softmax(-1)
+    draft_logprobs = F.linear(predicted, lm_head).float().log_softmax(-1)
+    token_loss = -(target_probs * draft_logprobs).sum(-1).mean()
+    loss = recipe.feature_weight * feature_loss + recipe.token_weight * token_loss
+    metrics = {"feature_loss": feature_loss.detach(), "token_loss": token_loss.detach()}
+    if recipe.hard_token_weight:
+        hard = F.nll_loss(draft_logprobs[:, :-1].flatten(0, 1), truth.flatten())
+        loss = loss + recipe.hard_token_weight * hard
+        metrics["hard_token_loss"] = hard.detach()
+    return loss, predicted, metrics
+
+
 def eagle_loss(
     head: EagleHead,
     target_hidden: torch.Tensor,
@@ -129,20 +181,22 @@ def eagle_loss(
     embed: torch.Tensor,
     lm_head: torch.Tensor,
     noise: bool = True,
+    recipe: EagleRecipe = RECIPE,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """EAGLE's loss on one batch; `target_hidden` `[b, s, h]` are the frozen target's features of `ids` `[b, s]`.
+    """The recipe's loss on one batch; `target_hidden` `[b, s, h]` are the frozen target's features of `ids` `[b, s]`.
 
     The feature noise draws from torch's global generator (seeded by the command), which
-    `torch.compile` supports, unlike an explicit generator.
+    `torch.compile` supports, unlike an explicit generator. A second step (when weighted)
+    feeds the head its own predicted features f'_{p+1} with the tokens t_{p+2}, as drafting
+    token 2 onwards does, and is scored against f_{p+2} and t_{p+3}.
     """
     features, following = target_hidden[:, :-1], target_hidden[:, 1:]
-    if noise:
-        features = features + (2 * torch.rand_like(features) - 1) * FEATURE_NOISE
-    predicted = head(F.embedding(ids[:, 1:], embed), features)
-    feature_loss = F.smooth_l1_loss(predicted.float(), following.float())
-    with torch.no_grad():
-        target_probs = F.linear(following, lm_head).float().softmax(-1)
-    draft_logprobs = F.linear(predicted, lm_head).float().log_softmax(-1)
-    token_loss = -(target_probs * draft_logprobs).sum(-1).mean()
-    loss = FEATURE_LOSS_WEIGHT * feature_loss + TOKEN_LOSS_WEIGHT * token_loss
-    return loss, {"feature_loss": feature_loss.detach(), "token_loss": token_loss.detach()}
+    if noise and recipe.feature_noise:
+        features = features + (2 * torch.rand_like(features) - 1) * recipe.feature_noise
+    loss, predicted, metrics = _step_loss(head, features, following, ids[:, 1:], ids[:, 2:], embed, lm_head, recipe)
+    if recipe.second_step_weight:
+        second, _, second_metrics = _step_loss(head, predicted[:, :-1], target_hidden[:, 2:], ids[:, 2:], ids[:, 3:],
+                                               embed, lm_head, recipe)
+        loss = loss + recipe.second_step_weight * second
+        metrics |= {f"second_{k}": v for k, v in second_metrics.items()}
+    return loss, metrics

@@ -25,6 +25,15 @@ capped installed packages; the stdlib alone is too small). Batches are
 thousand optimizer steps. The log's `sized` line and `tokens_per_s` show what
 the machine actually did.
 
+`--models eagle` (without `embedded`) trains only the EAGLE head, on the
+shipped `embedded` weights (`load_shipped_dense`: the package's bf16 file,
+frozen; it is read, never written), with the whole `--time-budget` for that
+phase. Its `package/` holds the head's `eagle/` files and
+`benchmarks/results/h200/train_embedded.json`: the committed record
+(`--base-record`) with the head's entry and phase replaced and the head's own
+command, device and date under `metrics.embedded.eagle.run`
+(`merge_eagle_record`); the base models' metrics stay as they were.
+
 Every metric is computed from the exported weights (rounded to bf16, as
 shipped), in fp32, on `--eval-windows` held-out windows of `--seq-len` tokens.
 """
@@ -54,12 +63,13 @@ from tokenspeed.models.embedded.materialize import (
     WEIGHTS_FILE,
     package_config,
     package_dir,
+    trained_weights_file,
     write_model_folder,
     write_weights,
 )
 from tokenspeed.models.embedded.training import corpus as corpus_mod
 from tokenspeed.models.embedded.training.deepseek_net import DeepseekNet
-from tokenspeed.models.embedded.training.eagle import EagleHead, eagle_loss
+from tokenspeed.models.embedded.training.eagle import RECIPES, EagleHead, eagle_loss
 from tokenspeed.models.embedded.training.loop import JsonLog, PhaseSpec, WindowBatches, run_phase
 from tokenspeed.models.embedded.training.metrics import language_model_metrics, next_next_metrics
 from tokenspeed.models.embedded.training.qwen3_net import Qwen3Net
@@ -68,6 +78,8 @@ from tokenspeed.models.embedded.training.verify import transformers_logit_differ
 logger = logging.getLogger("tokenspeed.models")
 
 PHASE_SHARES = {"embedded": 0.42, "eagle": 0.13, "embedded-moe": 0.45}
+DEFAULT_EAGLE_RECIPE = "eagle1"
+BASE_RECORD = Path("benchmarks/results/h200/train_embedded.json")  # relative to the repository root (the cwd)
 EVAL_RESERVE_S = 12.0  # per phase: final evaluation, transformers check and export on the GPU
 MTP_LOSS_WEIGHT = 0.3
 BIAS_UPDATE_RATE = 1e-3
@@ -88,20 +100,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto", help="torch.compile the training step (auto: on CUDA)")
     p.add_argument("--time-budget", type=float, default=450.0, help="seconds for the whole command (time-budgeted phases)")
-    p.add_argument("--models", default="embedded,embedded-moe", help="which models (the EAGLE head comes with embedded)")
+    p.add_argument("--models", default="embedded,embedded-moe",
+                   help="which models (the EAGLE head comes with embedded); `eagle` alone: only the head, on the shipped "
+                        "`embedded` weights")
     p.add_argument("--steps-embedded", type=int, default=None, help="fixed steps instead of the time budget")
     p.add_argument("--steps-eagle", type=int, default=None, help="fixed steps instead of the time budget")
     p.add_argument("--steps-moe", type=int, default=None, help="fixed steps instead of the time budget")
     p.add_argument("--batch-size", type=int, default=128, help="windows per step")
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per training and evaluation window")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate of the main models")
-    p.add_argument("--eagle-lr", type=float, default=1e-3, help="peak learning rate of the EAGLE head")
+    p.add_argument("--eagle-lr", type=float, default=6e-3,
+                   help="peak learning rate of the EAGLE head (issue 14: 6e-3, was 1e-3)")
+    p.add_argument("--eagle-recipe", choices=sorted(RECIPES), default=DEFAULT_EAGLE_RECIPE,
+                   help="the EAGLE head's loss (training/eagle.py)")
+    p.add_argument("--eagle-intermediate-size", type=int, default=None,
+                   help="the head's MLP width (default: the shipped eagle/config.json's)")
+    p.add_argument("--base-record", type=Path, default=BASE_RECORD,
+                   help="`--models eagle`: the committed record the head's results are merged into")
     p.add_argument("--eval-windows", type=int, default=512, help="held-out windows scored at the end")
     p.add_argument("--sources", default=",".join(corpus_mod.SOURCES), help="corpus sources")
     p.add_argument("--site-budget-mb", type=float, default=96.0, help="bytes of installed packages' sources")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, corpus and step counts: seconds on a CPU")
     p.add_argument("--no-verify", action="store_true", help="skip the transformers logit check of the exports")
     args = p.parse_args(argv)
+    unknown = sorted(set(args.models.split(",")) - {"embedded", "eagle", "embedded-moe"})
+    if unknown:
+        p.error(f"unknown models {unknown}")
     if args.smoke:
         defaults = dict(steps_embedded=8, steps_eagle=4, steps_moe=8, sources="stdlib")
         for key, value in defaults.items():
@@ -109,6 +133,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 setattr(args, key, value)
         args.batch_size, args.seq_len, args.eval_windows = min(args.batch_size, 4), min(args.seq_len, 32), min(args.eval_windows, 8)
     return args
+
+
+def load_shipped_dense(device: torch.device) -> Qwen3Net:
+    """The shipped `embedded` model (the package's config and bf16 weights, held in fp32), frozen."""
+    from safetensors.torch import load_file
+
+    path = trained_weights_file("embedded")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no shipped weights of `embedded` to train a draft head on")
+    net = Qwen3Net(package_config("embedded"))
+    net.load_hf_state_dict(load_file(str(path)))
+    net.requires_grad_(False)
+    return net.to(device)
 
 
 class TimeBudget:
@@ -157,6 +194,12 @@ class Trainer:
     def _wanted(self, phase: str) -> bool:
         models = self.args.models.split(",")
         return (phase == "eagle" and "embedded" in models) or phase in models
+
+    @property
+    def eagle_only(self) -> bool:
+        """`--models eagle` without `embedded`: the head is trained on the shipped, frozen `embedded` weights."""
+        models = self.args.models.split(",")
+        return "eagle" in models and "embedded" not in models
 
     def _spec(self, name: str, steps: int | None, lr: float) -> PhaseSpec:
         a = self.args
@@ -233,7 +276,10 @@ class Trainer:
 
     def train_eagle(self, target: Qwen3Net) -> None:
         a = self.args
-        config = _config("eagle", a.smoke)
+        config = _config("eagle", a.smoke and not self.eagle_only)  # the shipped target has the shipped width
+        if a.eagle_intermediate_size is not None:
+            config = {**config, "intermediate_size": a.eagle_intermediate_size}
+        recipe = RECIPES[a.eagle_recipe]
         head = EagleHead(config).to(self.device)
         target.requires_grad_(False)
         embed, lm_head = target.model.embed_tokens.weight, target.head_weight
@@ -242,7 +288,7 @@ class Trainer:
             with self._autocast():
                 with torch.no_grad():
                     hidden = target(batch)
-                return eagle_loss(head, hidden, batch, embed, lm_head)
+                return eagle_loss(head, hidden, batch, embed, lm_head, recipe=recipe)
 
         spec = self._spec("eagle", a.steps_eagle, a.eagle_lr)
         result = self._phase("eagle", spec, list(head.parameters()), step, a.seq_len)
@@ -252,11 +298,16 @@ class Trainer:
         (self.out / "embedded" / EAGLE_DIR).mkdir(parents=True, exist_ok=True)
         (self.out / "embedded" / EAGLE_DIR / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         write_weights(self.out / "embedded" / EAGLE_DIR / WEIGHTS_FILE, tensors)
-        self._package(f"{EAGLE_DIR}/{WEIGHTS_FILE}", tensors)
-        self.record["metrics"]["embedded"]["eagle"] = {
+        self._package(f"{EAGLE_DIR}/{WEIGHTS_FILE}", tensors, config=config)
+        entry: dict[str, Any] = {
             "params": _count(tensors), "training_tokens": result["tokens"], "wall_time_s": result["seconds"],
             "next_next_top1": metrics["top1"], "next_next_agreement": metrics["agreement"],
+            "intermediate_size": config["intermediate_size"], "recipe": {"name": a.eagle_recipe, **recipe.to_dict()},
         }
+        if self.eagle_only:  # the target's own score on these windows: proof that the shipped weights were read
+            entry["target_heldout_top1"] = language_model_metrics(target, lm_head, self.windows,
+                                                                  self.corpus.token_bytes)["top1"]
+        self.record["metrics"].setdefault("embedded", {})["eagle"] = entry
 
     def train_moe(self) -> None:
         a = self.args
@@ -296,12 +347,17 @@ class Trainer:
             round(float(row.max() / row.mean()), 3) for row in loads
         ]
 
-    def _package(self, relpath: str, tensors: dict[str, torch.Tensor]) -> None:
-        """The files to commit, at their repository paths (not for smoke shapes: they would not fit the configs)."""
+    def _package(self, relpath: str, tensors: dict[str, torch.Tensor], config: dict[str, Any] | None = None) -> None:
+        """The files to commit, at their repository paths (not for smoke shapes: they would not fit the configs).
+
+        `config`: written beside the weights (the draft head's, whose width `--eagle-intermediate-size` may change).
+        """
         if not self.args.smoke:
             target = self.out / "package" / "tokenspeed" / "models" / "embedded" / relpath
             target.parent.mkdir(parents=True, exist_ok=True)
             write_weights(target, tensors)
+            if config is not None:
+                (target.parent / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     def _record_model(self, name: str, folder: Path, net: nn.Module, tensors: dict[str, torch.Tensor],
                       result: dict[str, Any], metrics: dict[str, float], package_file: str = WEIGHTS_FILE) -> None:
@@ -323,6 +379,38 @@ class Trainer:
         """Written after every phase, so a later failure keeps what was trained."""
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "train_embedded.json").write_text(json.dumps(self.record, indent=2) + "\n")
+
+    def package_merged_record(self) -> None:
+        """`--models eagle`: the committed record with this run's head merged in, at its repository path."""
+        base = self.args.base_record
+        if self.args.smoke or not base.is_file():
+            logger.warning("no merged record written (%s)", "smoke run" if self.args.smoke else f"{base} absent")
+            return
+        merged = merge_eagle_record(json.loads(base.read_text()), self.record)
+        target = self.out / "package" / base
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(merged, indent=2) + "\n")
+
+
+RUN_KEYS = ("command", "device", "date", "versions", "seed", "compile", "data_files_sha256")
+
+
+def merge_eagle_record(base: dict[str, Any], eagle_run: dict[str, Any]) -> dict[str, Any]:
+    """`base` (a full run's record) with the EAGLE head of `eagle_run` (a `--models eagle` run's) in its place.
+
+    The base models' metrics, phases and top-level command stay as they were; the head's entry
+    (`metrics.embedded.eagle`) and phase (`phases.eagle`) are replaced, and the entry carries its
+    own run (`run`: command, device, date, versions, seed, wall time, data hash and corpus of the
+    head's run; `same_data_as_base` compares the data hashes).
+    """
+    merged = json.loads(json.dumps(base))
+    entry = dict(eagle_run["metrics"]["embedded"]["eagle"])
+    entry["run"] = {k: eagle_run[k] for k in RUN_KEYS if k in eagle_run} | {
+        "total_wall_time_s": eagle_run["metrics"].get("total_wall_time_s"), "corpus": eagle_run.get("corpus")}
+    entry["run"]["same_data_as_base"] = eagle_run.get("data_files_sha256") == base.get("data_files_sha256")
+    merged["metrics"]["embedded"]["eagle"] = entry
+    merged["phases"]["eagle"] = eagle_run["phases"]["eagle"]
+    return merged
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -347,6 +435,11 @@ def main(argv: list[str] | None = None) -> int:
         trainer.save_record()
         trainer.train_eagle(dense)
         trainer.save_record()
+    elif trainer.eagle_only:
+        trainer.train_eagle(load_shipped_dense(trainer.device))
+        trainer.record["metrics"]["total_wall_time_s"] = round(time.perf_counter() - start, 1)
+        trainer.save_record()
+        trainer.package_merged_record()
     if trainer._wanted("embedded-moe"):
         trainer.train_moe()
     trainer.record["metrics"]["total_wall_time_s"] = round(time.perf_counter() - start, 1)
