@@ -1,5 +1,6 @@
-"""The CPU decode forward (`executor/cpu_decode.py`) equals the model's eager layers bit for bit, and the
-engine's greedy tokens are the same with it on and off (`disable_cpu_decode_forward`)."""
+"""The CPU decode forward (`executor/cpu_decode.py`) equals the model's eager layers bit for bit, on
+decode-only steps and on steps with prompt chunks (prefill, mixed), and the engine's greedy tokens are
+the same with it on and off (`disable_cpu_decode_forward`, `disable_cpu_prefill_forward`)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,63 @@ def test_decode_forward_equals_layers_bitwise(checkpoints, family: str, lengths:
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("rows", [
+    [(0, 37)],  # a prompt from position 0: causal on its own K/V
+    [(0, 130)],
+    [(20, 30)],  # a chunk after a cached prefix (off a page boundary)
+    [(32, 17)],
+    [(0, 40), (33, 1), (0, 1), (64, 17)],  # mixed: prompt chunks and decodes
+    [(16, 1), (5, 1), (48, 64)],
+])
+def test_prompt_steps_equal_layers_bitwise(checkpoints, family: str, rows: list[tuple[int, int]]) -> None:
+    """Steps with prompt chunks (rows of (cached prefix, new tokens)): hidden states and written K/V equal to
+    the eager layers' (extend kernel, decodes batched), bit for bit."""
+    model, config = _model(checkpoints[family])
+    num_pages = sum(-(-(a + b) // PAGE_SIZE) for a, b in rows) + 3
+    pool = list(range(num_pages))
+    random.Random(len(rows)).shuffle(pool)
+    specs, used, logits, tokens = [], 0, [], 0
+    rng = random.Random(5)
+    for prefix, new in rows:
+        pages = pool[used : used + -(-(prefix + new) // PAGE_SIZE)]
+        used += len(pages)
+        specs.append(RowSpec([rng.randrange(config.vocab_size) for _ in range(new)], prefix, pages))
+        tokens += new
+        logits.append(tokens - 1)
+    batch = build_forward_batch(specs, PAGE_SIZE, logits_indices=logits)
+    eager_kv, fast_kv = _kv(config, num_pages, 1), _kv(config, num_pages, 1)
+    fast = CPUDecodeForward.build(model, fast_kv)
+    assert fast is not None and fast.serves(batch)
+    with torch.inference_mode():
+        expected = model(batch, eager_kv)
+        got = fast.run(batch)
+    assert torch.equal(got, expected)
+    for a, b in zip((*eager_kv.k, *eager_kv.v), (*fast_kv.k, *fast_kv.v)):
+        assert torch.equal(a, b)
+
+
+def test_serves_what_the_layers_send_to_extend_or_decode(checkpoints) -> None:
+    """Rows of one equal length up to 16 tokens take the verify kernel in the layers: those run eagerly;
+    each switch leaves its kind of step to the layers."""
+    model, config = _model(checkpoints["qwen3"])
+    kv = _kv(config, 8, 0)
+
+    def batch(lengths):
+        rows = [RowSpec(list(range(3, 3 + n)), 0, [2 * i, 2 * i + 1]) for i, n in enumerate(lengths)]
+        return build_forward_batch(rows, PAGE_SIZE, logits_indices=[0])
+
+    both = CPUDecodeForward.build(model, kv)
+    assert both is not None
+    assert both.serves(batch([1, 1])) and both.serves(batch([20])) and both.serves(batch([5, 1]))
+    assert not both.serves(batch([5, 5])) and not both.serves(batch([3]))
+    decode_only = CPUDecodeForward.build(model, kv, prefill=False)
+    assert decode_only is not None and decode_only.serves(batch([1])) and not decode_only.serves(batch([20]))
+    prefill_only = CPUDecodeForward.build(model, kv, decode=False)
+    assert prefill_only is not None and not prefill_only.serves(batch([1])) and prefill_only.serves(batch([20]))
+    assert CPUDecodeForward.build(model, kv, decode=False, prefill=False) is None
+
+
 def test_not_built_where_its_kernels_do_not_run(checkpoints) -> None:
     """A kernel override (or biases: qwen2) keeps every step on the model's layers."""
     folder = checkpoints["llama"]
@@ -72,16 +130,15 @@ def test_not_built_where_its_kernels_do_not_run(checkpoints) -> None:
     assert CPUDecodeForward.build(model, _kv(config, 4, 0)) is None
 
 
-def _greedy(folder, **engine_args) -> tuple[list[list[int]], int]:
+def _greedy(folder, **engine_args) -> tuple[list[list[int]], dict[str, int]]:
     llm = LLM(str(folder), skip_tokenizer_init=True, show_progress=False, **engine_args)
     runner = llm.core.executor.runner
-    calls = 0
+    calls = {"decode": 0, "prompt": 0}
     if runner.cpu_decode is not None:
         run = runner.cpu_decode.run
 
         def counted(batch):
-            nonlocal calls
-            calls += 1
+            calls["decode" if batch.attn.max_query_len == 1 else "prompt"] += 1
             return run(batch)
 
         runner.cpu_decode.run = counted
@@ -94,18 +151,41 @@ def _greedy(folder, **engine_args) -> tuple[list[list[int]], int]:
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_engine_greedy_tokens_same_on_and_off(checkpoints, family: str) -> None:
     on, calls = _greedy(checkpoints[family])
-    off, off_calls = _greedy(checkpoints[family], disable_cpu_decode_forward=True)
-    assert calls > 10 and off_calls == 0  # decode steps did take it, and the switch turns it off
-    assert on == off
+    no_decode, no_decode_calls = _greedy(checkpoints[family], disable_cpu_decode_forward=True)
+    no_prefill, no_prefill_calls = _greedy(checkpoints[family], disable_cpu_prefill_forward=True)
+    off, off_calls = _greedy(checkpoints[family], disable_cpu_decode_forward=True, disable_cpu_prefill_forward=True)
+    # both kinds of step did take it, and each switch turns its kind off
+    assert calls["decode"] > 10 and calls["prompt"] >= 1
+    assert no_decode_calls == {"decode": 0, "prompt": calls["prompt"]}
+    assert no_prefill_calls == {"decode": calls["decode"], "prompt": 0}
+    assert off_calls == {"decode": 0, "prompt": 0}
+    assert on == no_decode == no_prefill == off
+
+
+def test_engine_greedy_tokens_same_with_cached_prefixes_and_chunks(checkpoints) -> None:
+    """Prompts sharing a prefix (cached chunks), chunked prefill mixed with running decodes: same tokens
+    with the forward on and off."""
+    rng = random.Random(3)
+    shared = [rng.randrange(3, 200) for _ in range(40)]
+    work = [{"prompt_token_ids": shared + [rng.randrange(3, 200) for _ in range(n)]} for n in (5, 30, 70, 90)]
+
+    def run(**engine_args):
+        llm = LLM(str(checkpoints["qwen3"]), skip_tokenizer_init=True, show_progress=False,
+                  max_num_batched_tokens=48, **engine_args)
+        out = llm.generate(work, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+        llm.shutdown()
+        return [list(o.outputs[0].token_ids) for o in out]
+
+    assert run() == run(disable_cpu_decode_forward=True, disable_cpu_prefill_forward=True)
 
 
 def test_embedded_model_greedy_tokens_same_on_and_off() -> None:
     def run(**engine_args):
         llm = LLM(show_progress=False, **engine_args)
-        assert (llm.core.executor.runner.cpu_decode is None) == bool(engine_args)
+        assert (llm.core.executor.runner.cpu_decode is None) == bool(engine_args)  # both switches: none built
         out = llm.generate(["def fib(n):", "Write a haiku about caches."],
                            SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
         llm.shutdown()
         return [o.outputs[0].token_ids for o in out]
 
-    assert run() == run(disable_cpu_decode_forward=True)
+    assert run() == run(disable_cpu_decode_forward=True, disable_cpu_prefill_forward=True)

@@ -58,6 +58,9 @@ class EngineConfig:
     # CPU: decode-only steps of a dense fp32 decoder run the step-shared, few-op forward
     # (executor/cpu_decode.py) instead of the layers' eager one; set: the layers run every step.
     disable_cpu_decode_forward: bool = False
+    # CPU: steps with prompt chunks (prefill alone or mixed with decodes) run the same step-shared forward
+    # (attention of a chunk with no cached prefix on its own new K/V); set: those steps run the layers.
+    disable_cpu_prefill_forward: bool = False
     # Kernel overrides "family.mode=name", applied before the model is built (`--kernel`).
     kernel_overrides: tuple[str, ...] = ()
     # torch intra-op threads on the CPU (None: torch's default in-process; the server's engine

@@ -28,9 +28,21 @@ equal bit for bit (tested); the rotation's `x1*cos - x2*sin` becomes
 `x1*cos + x2*(-sin)`, which IEEE arithmetic rounds identically. A model that
 those kernels do not serve (another dtype, fp8 weights or KV, sliding
 windows, partial rotary, biases, MoE layers, a kernel override) gets no
-`CPUDecodeForward` and runs eagerly through its layers, as does every step
-that is not decode-only. Off switch: `--disable-cpu-decode-forward`
-(`EngineConfig.disable_cpu_decode_forward`).
+`CPUDecodeForward` and runs eagerly through its layers. Off switch:
+`--disable-cpu-decode-forward` (`EngineConfig.disable_cpu_decode_forward`).
+
+Steps with prompt chunks (a prefill alone, or mixed with the running
+requests' decodes: the usual step of a server under load) run the same layer
+sequence (`serves`); only attention differs, and it is the layers' extend
+kernel (`attention.extend=torch_sdpa`) op for op: the decode rows batched as
+above (their pages and mask made once a step), each prompt chunk in one SDPA
+call, causal (`is_causal`) on this step's own K/V when it has no cached
+prefix (the layers gather them back from the pages they were just written
+to: the same values), else on its gathered pages with a visibility mask
+made once a step. Bit-equal to the layers too (tested). Steps whose rows all
+have one length of 2..16 tokens go to the verify kernel in the layers, and
+stay there. Off switch: `--disable-cpu-prefill-forward`
+(`EngineConfig.disable_cpu_prefill_forward`).
 
 Why not torch.compile (measured on the 2-vCPU dev host, torch 2.13, this op
 sequence with K/V write + attention as one custom op, inductor C++ codegen):
@@ -53,6 +65,7 @@ import torch.nn.functional as F
 
 from tokenspeed.batch.forward_batch import ForwardBatch
 from tokenspeed.batch.kv_storage import PagedKVStorage
+from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 
 logger = logging.getLogger("tokenspeed.executor")
 
@@ -73,15 +86,29 @@ class LayerWeights:
 
 
 @dataclass(slots=True)
-class DecodeStep:
-    """What every layer of one decode step shares, built once per step."""
+class PromptRow:
+    """A row with several new tokens (a prompt chunk) in a step: what its attention needs, built once."""
 
-    cos: torch.Tensor  # [rows, 1, 2, head_dim // 2]: (cos, cos) of each row's position
-    sin: torch.Tensor  # [rows, 1, 2, head_dim // 2]: (-sin, sin)
-    slots: torch.Tensor  # [rows] int64
-    pages: torch.Tensor  # [rows * span_pages] int64: each row's pages, 0 past its end
-    mask: torch.Tensor  # [rows, 1, 1, span] fp32: 0 where visible, -inf past the row's end
-    span: int  # positions gathered per row (span_pages * page_size)
+    start: int  # its first token in the batch
+    end: int
+    seq_len: int  # KV length after this step
+    pages: torch.Tensor | None  # int64 pages of positions 0..seq_len-1; None: no cached prefix, attend the new K/V
+    visible: torch.Tensor | None  # [q_len, seq_len] bool; None: plain causal (`is_causal`)
+
+
+@dataclass(slots=True)
+class DecodeStep:
+    """What every layer of one step shares, built once per step."""
+
+    cos: torch.Tensor  # [tokens, 1, 2, head_dim // 2]: (cos, cos) of each token's position
+    sin: torch.Tensor  # [tokens, 1, 2, head_dim // 2]: (-sin, sin)
+    slots: torch.Tensor  # [tokens] int64
+    # The one-token (decode) rows:
+    pages: torch.Tensor | None  # [decode rows * span_pages] int64: each row's pages, 0 past its end (None: none)
+    mask: torch.Tensor | None  # [decode rows, 1, 1, span] fp32: 0 where visible, -inf past the row's end
+    span: int  # positions gathered per decode row (span_pages * page_size)
+    decode_tokens: torch.Tensor | None = None  # mixed steps: the decode rows' tokens (None: all rows decode)
+    prompts: tuple[PromptRow, ...] = ()  # the rows with several new tokens, in batch order
 
 
 def _why_not(model: torch.nn.Module, kv: PagedKVStorage) -> str | None:
@@ -141,8 +168,12 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 class CPUDecodeForward:
     """Decode-only steps of an eligible dense decoder on the CPU (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, kv: PagedKVStorage) -> None:
+    def __init__(
+        self, model: torch.nn.Module, kv: PagedKVStorage, *, decode: bool = True, prefill: bool = True
+    ) -> None:
         inner = model.model  # type: ignore[union-attr]
+        self.decode = decode  # decode-only steps
+        self.prefill = prefill  # steps with prompt chunks (prefill only or mixed with decodes)
         first = inner.layers[0].self_attn
         self.model = model
         self.embedding = inner.embed_tokens.weight
@@ -181,71 +212,115 @@ class CPUDecodeForward:
             self.layer_eps.append((layer.input_layernorm.eps, qk_eps, layer.post_attention_layernorm.eps))
 
     @classmethod
-    def build(cls, model: torch.nn.Module, kv: PagedKVStorage) -> CPUDecodeForward | None:
-        """The decode forward of `model`, or None (logged) where the eager layers must run."""
+    def build(
+        cls, model: torch.nn.Module, kv: PagedKVStorage, *, decode: bool = True, prefill: bool = True
+    ) -> CPUDecodeForward | None:
+        """The CPU forward of `model` for the step kinds asked for, or None (logged) where the eager layers
+        must run every step."""
+        if not (decode or prefill):
+            return None
         reason = _why_not(model, kv)
         if reason is not None:
             logger.info("CPU decode forward off: %s", reason)
             return None
-        return cls(model, kv)
+        return cls(model, kv, decode=decode, prefill=prefill)
+
+    def serves(self, batch: ForwardBatch) -> bool:
+        """Whether `run` takes this step (unpadded, not speculative: the runner checks those): decode-only
+        steps, and with `prefill` on the steps with prompt chunks that the eager layers send to the extend
+        kernel (rows of one equal length up to `VERIFY_MAX_QUERY_LEN` take the verify kernel there)."""
+        attn = batch.attn
+        rows = len(attn.seq_lens)
+        q_len = attn.max_query_len
+        if q_len == 1 and batch.num_tokens == rows:
+            return self.decode
+        if not self.prefill or rows == 0:
+            return False
+        return not (batch.num_tokens == rows * q_len and q_len <= VERIFY_MAX_QUERY_LEN)
 
     def prepare(self, batch: ForwardBatch) -> DecodeStep:
         attn = batch.attn
-        rows = batch.num_tokens
+        tokens = batch.num_tokens
         half = self.head_dim // 2
-        cos = self.cos_cache[batch.positions].view(rows, 1, 1, half)
-        sin = self.sin_cache[batch.positions].view(rows, 1, 1, half)
-        span_pages = -(-attn.max_seq_len // self.page_size)
+        cos = self.cos_cache[batch.positions].view(tokens, 1, 1, half)
+        sin = self.sin_cache[batch.positions].view(tokens, 1, 1, half)
+        cos, sin = torch.cat((cos, cos), dim=2), torch.cat((-sin, sin), dim=2)
+        if attn.max_query_len == 1 and tokens == len(attn.seq_lens):  # decode-only
+            assert attn.seq_lens_tensor is not None
+            pages, mask, span = self._decode_rows(attn.page_table, attn.seq_lens_tensor.long(), attn.max_seq_len)
+            return DecodeStep(cos=cos, sin=sin, slots=attn.slot_mapping, pages=pages, mask=mask, span=span)
+        starts, lens = attn.query_start, attn.seq_lens
+        decode_rows: list[int] = []
+        prompts: list[PromptRow] = []
+        for row, seq_len in enumerate(lens):
+            start, end = starts[row], starts[row + 1]
+            if end - start == 1:
+                decode_rows.append(row)
+            elif end > start:
+                prompts.append(self._prompt_row(attn.page_table[row], start, end, seq_len))
+        pages = mask = decode_tokens = None
+        span = 0
+        if decode_rows:
+            index = torch.tensor(decode_rows, dtype=torch.long)
+            decode_tokens = torch.tensor([starts[row] for row in decode_rows], dtype=torch.long)
+            pages, mask, span = self._decode_rows(
+                attn.page_table.index_select(0, index), torch.tensor([lens[row] for row in decode_rows])[:, None],
+                max(lens[row] for row in decode_rows),
+            )
+        return DecodeStep(cos=cos, sin=sin, slots=attn.slot_mapping, pages=pages, mask=mask, span=span,
+                          decode_tokens=decode_tokens, prompts=tuple(prompts))
+
+    def _decode_rows(
+        self, page_table: torch.Tensor, lens: torch.Tensor, max_seq_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """One-token rows (lens `[rows]` or `[rows, 1]`): their pages, additive mask and span."""
+        rows = page_table.shape[0]
+        lens = lens.view(rows, 1)
+        span_pages = -(-max_seq_len // self.page_size)
         span = span_pages * self.page_size
-        assert attn.seq_lens_tensor is not None
-        lens = attn.seq_lens_tensor.long()[:, None]
         owned = torch.arange(0, span, self.page_size) < lens  # [rows, span_pages]
-        pages = attn.page_table[:, :span_pages].long().masked_fill_(~owned, 0).reshape(-1)
+        pages = page_table[:, :span_pages].long().masked_fill_(~owned, 0).reshape(-1)
         # SDPA turns a boolean mask into this additive one in every call; here it is made once a step.
         hidden = (torch.arange(span) >= lens).view(rows, 1, 1, span)
         mask = torch.zeros(hidden.shape, dtype=torch.float32).masked_fill_(hidden, float("-inf"))
-        return DecodeStep(
-            cos=torch.cat((cos, cos), dim=2),
-            sin=torch.cat((-sin, sin), dim=2),
-            slots=attn.slot_mapping,
-            pages=pages,
-            mask=mask,
-            span=span,
-        )
+        return pages, mask, span
+
+    def _prompt_row(self, page_table_row: torch.Tensor, start: int, end: int, seq_len: int) -> PromptRow:
+        """A prompt chunk's row, as `extend_attention_torch_sdpa` attends it."""
+        q_len = end - start
+        if q_len > seq_len:
+            raise ValueError(f"a row has {q_len} new tokens but only {seq_len} cached positions")
+        if q_len == seq_len:  # no cached prefix: its keys are this step's, causally
+            return PromptRow(start, end, seq_len, None, None)
+        pages = page_table_row[: -(-seq_len // self.page_size)].long()
+        q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
+        visible = torch.arange(seq_len)[None, :] <= q_pos
+        return PromptRow(start, end, seq_len, pages, visible)
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Hidden states after the final norm, `[rows, hidden]`; this step's K/V land in the pool."""
+        """Hidden states after the final norm, `[tokens, hidden]`; this step's K/V land in the pool."""
         step = self.prepare(batch)
-        rows = batch.num_tokens
+        tokens = batch.num_tokens
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
-        group = heads // kv_heads
         stream = F.embedding(batch.input_ids, self.embedding)
         residual: torch.Tensor | None = None
         for w, (eps_in, eps_qk, eps_post) in zip(self.layers, self.layer_eps):
             if residual is not None:
                 stream = stream + residual
             qkv = F.linear(_rms(stream, w.input_norm, eps_in), w.qkv)
-            qk = qkv[:, : q_width + kv_width].view(rows, heads + kv_heads, head_dim)
+            qk = qkv[:, : q_width + kv_width].view(tokens, heads + kv_heads, head_dim)
             if w.qk_norm is not None:
                 qk = _rms(qk, w.qk_norm, eps_qk)
-            halves = qk.view(rows, heads + kv_heads, 2, head_dim // 2)
-            qk = (halves * step.cos + halves.flip(2) * step.sin).view(rows, heads + kv_heads, head_dim)
+            halves = qk.view(tokens, heads + kv_heads, 2, head_dim // 2)
+            qk = (halves * step.cos + halves.flip(2) * step.sin).view(tokens, heads + kv_heads, head_dim)
             k = qk[:, heads:]
-            v = qkv[:, q_width + kv_width :].view(rows, kv_heads, head_dim)
+            v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
             w.k_flat.index_copy_(0, step.slots, k)
             w.v_flat.index_copy_(0, step.slots, v)
-            keys = w.k_pages.index_select(0, step.pages).view(rows, step.span, kv_heads, head_dim)
-            values = w.v_pages.index_select(0, step.pages).view(rows, step.span, kv_heads, head_dim)
-            out = F.scaled_dot_product_attention(
-                qk[:, :heads].view(rows, kv_heads, group, head_dim),
-                keys.transpose(1, 2),
-                values.transpose(1, 2),
-                attn_mask=step.mask,
-                scale=self.scale,
-            )
+            out = self._attend(w, step, qk[:, :heads], k, v)
             residual = stream
-            stream = F.linear(out.reshape(rows, q_width), w.o_proj) + residual
+            stream = F.linear(out.reshape(tokens, q_width), w.o_proj) + residual
             gate_up = F.linear(_rms(stream, w.post_norm, eps_post), w.gate_up)
             gate, up = gate_up.chunk(2, dim=-1)
             residual = stream
@@ -253,3 +328,49 @@ class CPUDecodeForward:
         if residual is not None:
             stream = stream + residual
         return _rms(stream, self.final_norm, self.eps)
+
+    def _attend(
+        self, w: LayerWeights, step: DecodeStep, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """Attention of every token of the step, `[tokens, heads, head_dim]` (or a view of that shape)."""
+        if not step.prompts:
+            return self._attend_decode(w, step, q)
+        out = torch.empty(q.shape, dtype=q.dtype)
+        if step.decode_tokens is not None:
+            decoded = self._attend_decode(w, step, q.index_select(0, step.decode_tokens))
+            out[step.decode_tokens] = decoded.reshape(-1, self.num_heads, self.head_dim)
+        group = self.num_heads // self.num_kv_heads
+        for row in step.prompts:
+            start, end = row.start, row.end
+            if row.pages is None:  # this step's keys and values, no gather
+                keys, values = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
+            else:
+                shape = (-1, self.num_kv_heads, self.head_dim)
+                keys = w.k_pages.index_select(0, row.pages).view(shape)[: row.seq_len].transpose(0, 1)
+                values = w.v_pages.index_select(0, row.pages).view(shape)[: row.seq_len].transpose(0, 1)
+            if group > 1:  # the fused (flash) CPU kernel takes MHA only (see extend_torch_sdpa)
+                keys, values = keys.repeat_interleave(group, dim=0), values.repeat_interleave(group, dim=0)
+            queries = q[start:end].transpose(0, 1)[None]
+            if row.visible is None:
+                res = F.scaled_dot_product_attention(queries, keys[None], values[None], is_causal=True,
+                                                     scale=self.scale)
+            else:
+                res = F.scaled_dot_product_attention(queries, keys[None], values[None], attn_mask=row.visible,
+                                                     scale=self.scale)
+            out[start:end] = res[0].transpose(0, 1)
+        return out
+
+    def _attend_decode(self, w: LayerWeights, step: DecodeStep, q: torch.Tensor) -> torch.Tensor:
+        """The one-token rows' attention over their gathered pages (GQA folded into the query length)."""
+        assert step.pages is not None and step.mask is not None
+        rows = q.shape[0]
+        kv_heads, head_dim = self.num_kv_heads, self.head_dim
+        keys = w.k_pages.index_select(0, step.pages).view(rows, step.span, kv_heads, head_dim)
+        values = w.v_pages.index_select(0, step.pages).view(rows, step.span, kv_heads, head_dim)
+        return F.scaled_dot_product_attention(
+            q.view(rows, kv_heads, self.num_heads // kv_heads, head_dim),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=step.mask,
+            scale=self.scale,
+        )

@@ -221,8 +221,11 @@ class Executor:
             graph_sizes=graph_batch_sizes(self._graph_max_bs()),
         )
         self.runner.speculation = self.speculator
-        if self.device.type == "cpu" and rank is None and self.speculator is None and not config.disable_cpu_decode_forward:
-            self.runner.cpu_decode = CPUDecodeForward.build(self.model, self.kv)
+        if self.device.type == "cpu" and rank is None and self.speculator is None:
+            self.runner.cpu_decode = CPUDecodeForward.build(
+                self.model, self.kv, decode=not config.disable_cpu_decode_forward,
+                prefill=not config.disable_cpu_prefill_forward,
+            )
         if rank is not None and rank.groups.topology.dp_attention:
             topology = rank.groups.topology
             self.runner.attention_ranks = AttentionRanks(topology.attn_dp, config.page_size)

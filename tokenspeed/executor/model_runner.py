@@ -124,7 +124,8 @@ class ModelRunner:
         self.scratch_page = scratch_page if scratch_page is not None else 0
         self.page_tables = RequestPageTables(device, scratch_page=self.scratch_page)
         self.graphs = graphs
-        # CPU: decode-only steps run the few-op decode forward (`cpu_decode.py`); None: the model's layers.
+        # CPU: decode-only steps (and prefill / mixed steps) run the few-op forward (`cpu_decode.py`) where it
+        # `serves` them; None: the model's layers run every step.
         self.cpu_decode: CPUDecodeForward | None = None
         self.max_model_len = max_model_len
         # Decode batches are sized by these buckets (for split-KV counts) even when running eagerly.
@@ -195,7 +196,7 @@ class ModelRunner:
                 logits = logits.index_select(0, batch.logits_indices)
         else:
             cpu_decode = self.cpu_decode
-            if cpu_decode is not None and q_len == 1 and uniform and not pad_rows and proposed is None:
+            if cpu_decode is not None and q_len == 1 and not pad_rows and proposed is None and cpu_decode.serves(batch):
                 hidden = cpu_decode.run(batch)
             else:
                 hidden = self.model(batch, self.kv)
