@@ -89,9 +89,9 @@ class StepProbe:
         if fast is not None:
             run = fast.run
 
-            def fast_run(batch: Any) -> Any:
+            def fast_run(batch: Any, **kwargs: Any) -> Any:
                 self._note_batch(batch)
-                return run(batch)
+                return run(batch, **kwargs)
 
             fast.run = timed("forward", fast_run)
         step = core.step

@@ -137,9 +137,9 @@ def _greedy(folder, **engine_args) -> tuple[list[list[int]], dict[str, int]]:
     if runner.cpu_decode is not None:
         run = runner.cpu_decode.run
 
-        def counted(batch):
+        def counted(batch, **kwargs):
             calls["decode" if batch.attn.max_query_len == 1 else "prompt"] += 1
-            return run(batch)
+            return run(batch, **kwargs)
 
         runner.cpu_decode.run = counted
     work = [{"prompt_token_ids": p} for p in prompts(5, seed=11, min_len=3, max_len=60)]

@@ -57,6 +57,7 @@ kernels, so a few percent does not pay for the compile; CPU decode stays eager
 
 from __future__ import annotations
 
+import bisect
 import logging
 from dataclasses import dataclass
 
@@ -68,6 +69,10 @@ from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 
 logger = logging.getLogger("tokenspeed.executor")
+
+# The last layer runs for the logits rows alone (`CPUDecodeForward.run(logits_rows=True)`) while they are
+# at most this fraction of a step's tokens (a step scoring every prompt position keeps the whole layer).
+PRUNE_MAX_FRACTION = 0.25
 
 
 @dataclass(slots=True)
@@ -174,6 +179,8 @@ class CPUDecodeForward:
         inner = model.model  # type: ignore[union-attr]
         self.decode = decode  # decode-only steps
         self.prefill = prefill  # steps with prompt chunks (prefill only or mixed with decodes)
+        # `run(logits_rows=True)` on steps with prompt chunks: the last layer for the logits rows only.
+        self.prune_last_layer = True
         first = inner.layers[0].self_attn
         self.model = model
         self.embedding = inner.embed_tokens.weight
@@ -297,15 +304,40 @@ class CPUDecodeForward:
         visible = torch.arange(seq_len)[None, :] <= q_pos
         return PromptRow(start, end, seq_len, pages, visible)
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Hidden states after the final norm, `[tokens, hidden]`; this step's K/V land in the pool."""
+    def _kept_rows(self, batch: ForwardBatch, step: DecodeStep) -> tuple[torch.Tensor, DecodeStep] | None:
+        """The tokens whose hidden states become logits, as one-token rows over their own prefixes (the
+        last layer's attention for them alone); None where that would not pay (no prompt chunk in the
+        step, or more logits rows than `PRUNE_MAX_FRACTION` of the tokens: prompt logprobs)."""
+        if not step.prompts:
+            return None
+        kept = batch.logits_indices
+        if kept.shape[0] > batch.num_tokens * PRUNE_MAX_FRACTION:
+            return None
+        starts = batch.attn.query_start
+        rows = torch.tensor([bisect.bisect_right(starts, t) - 1 for t in kept.tolist()], dtype=torch.long)
+        lens = batch.positions.index_select(0, kept) + 1
+        max_len = int(lens.max()) if kept.shape[0] else 0
+        pages, mask, span = self._decode_rows(batch.attn.page_table.index_select(0, rows), lens, max_len)
+        return kept, DecodeStep(cos=step.cos, sin=step.sin, slots=step.slots, pages=pages, mask=mask, span=span)
+
+    def run(self, batch: ForwardBatch, *, logits_rows: bool = False) -> torch.Tensor:
+        """Hidden states after the final norm, `[tokens, hidden]`; this step's K/V land in the pool.
+
+        `logits_rows`: only the rows of `batch.logits_indices`, in that order. On a step with prompt
+        chunks the last layer then runs attention, o_proj and the MLP for those rows alone (its K/V
+        still for every token): on a 4-layer model a quarter of a prefill's weight FLOPs. Their
+        arithmetic differs from the full layer's in summation order only (GEMMs of fewer rows, the
+        decode attention form), so this is equal to the layers within fp32 rounding, not bit for bit.
+        """
         step = self.prepare(batch)
+        kept = self._kept_rows(batch, step) if logits_rows and self.prune_last_layer else None
         tokens = batch.num_tokens
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         stream = F.embedding(batch.input_ids, self.embedding)
         residual: torch.Tensor | None = None
-        for w, (eps_in, eps_qk, eps_post) in zip(self.layers, self.layer_eps):
+        last = len(self.layers) - 1
+        for index, (w, (eps_in, eps_qk, eps_post)) in enumerate(zip(self.layers, self.layer_eps)):
             if residual is not None:
                 stream = stream + residual
             qkv = F.linear(_rms(stream, w.input_norm, eps_in), w.qkv)
@@ -318,15 +350,22 @@ class CPUDecodeForward:
             v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
             w.k_flat.index_copy_(0, step.slots, k)
             w.v_flat.index_copy_(0, step.slots, v)
-            out = self._attend(w, step, qk[:, :heads], k, v)
+            if index == last and kept is not None:  # from here on, the logits rows only
+                rows, kept_step = kept
+                out = self._attend_decode(w, kept_step, qk[:, :heads].index_select(0, rows))
+                stream = stream.index_select(0, rows)
+            else:
+                out = self._attend(w, step, qk[:, :heads], k, v)
             residual = stream
-            stream = F.linear(out.reshape(tokens, q_width), w.o_proj) + residual
+            stream = F.linear(out.reshape(stream.shape[0], q_width), w.o_proj) + residual
             gate_up = F.linear(_rms(stream, w.post_norm, eps_post), w.gate_up)
             gate, up = gate_up.chunk(2, dim=-1)
             residual = stream
             stream = F.linear(F.silu(gate) * up, w.down)
         if residual is not None:
             stream = stream + residual
+        if logits_rows and kept is None:
+            stream = stream.index_select(0, batch.logits_indices)
         return _rms(stream, self.final_norm, self.eps)
 
     def _attend(

@@ -197,10 +197,12 @@ class ModelRunner:
         else:
             cpu_decode = self.cpu_decode
             if cpu_decode is not None and q_len == 1 and not pad_rows and proposed is None and cpu_decode.serves(batch):
-                hidden = cpu_decode.run(batch)
+                # the logits rows only (no speculation here: nothing reads the other rows' hidden states)
+                hidden = cpu_decode.run(batch, logits_rows=True)
+                logits = self.model.compute_logits(hidden)
             else:
                 hidden = self.model(batch, self.kv)
-            logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+                logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
 
         if layout.prompt_slices:
             handle.prompt_logprobs = (logits, layout.prompt_slices)

@@ -1,0 +1,359 @@
+"""Where CPU prefill and mixed-step time goes: a 512-token prefill, and closed-loop serving at C=4/16.
+
+    python benchmarks/cpu_prefill_step.py [--context 512] [--output 64] [--concurrency 4 16]
+        [--rounds 3] [--tree NAME=PATH ...] [--variant NAME=JSON ...] [--out FILE]
+
+Runs the embedded model (fp32, one torch thread: the engine's choice on 2 vCPUs) through the
+public `LLM` API and the engine core, in three parts, per config:
+
+1. `prefill`: `--repeat` times `LLM.generate` of one prompt of `--context` random token ids with
+   one output token (TTFT without HTTP): `generate_ms` (best and median), and the prefill step
+   split as in `cpu_decode_step.py` into `forward_ms` (decoder stack: the layers or the runner's
+   CPU forward), `logits_ms` (LM head: only the sampled row), `sample_ms` and `host_ms` (the
+   rest of the engine step: scheduler, page tables, batch building, prefix-cache insert, output).
+2. `runner`: the last prefill batch re-run at the model-runner level (its K/V rewritten with the
+   same values): `forward_ms` best of `--repeat`, and (`--profile`) the aten ops that took its time.
+3. `serve_cC`: a closed loop at concurrency C driving `EngineCore` the way `bench serve` drives a
+   server: C clients, each submits a request (`--context` random tokens, `--output` greedy tokens,
+   ignore_eos) as soon as its previous one finishes; the first C arrive one engine step apart.
+   `--requests-per-client` requests each. Every engine step is classified by the plan it launches:
+   `decode` (decode rows only), `prefill` (prompt chunks only) or `mixed` (both); per kind the
+   count, the share of the loop's wall time and the median step time; and the loop's output
+   tok/s, mean TTFT (submit to first token) and mean TPOT.
+
+Side by side: each `--tree NAME=PATH` and `--variant NAME=JSON` (LLM keyword arguments, e.g.
+`layers={"disable_cpu_prefill_forward": true}`) runs in its own subprocess, interleaved round by
+round, so background load hits all alike; per config the best round (lowest prefill
+`generate_ms`, highest serving tok/s) is kept. Results (with the command) go to `--out`
+(default `benchmarks/results/cpu/cpu_prefill_step.json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "cpu" / "cpu_prefill_step.json"
+
+
+class StepProbe:
+    """Times the engine step, the decoder stack, LM head and sampler; classifies each step by its plan."""
+
+    def __init__(self, llm: Any) -> None:
+        core = llm.core
+        runner = core.executor.runner
+        self.runner = runner
+        self.current: dict[str, Any] = {}
+        self.steps: list[dict[str, Any]] = []
+        self.last_prompt_batch: Any = None
+
+        def timed(name: str, fn: Any) -> Any:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    self.current[name] = self.current.get(name, 0.0) + time.perf_counter() - t0
+            return wrapper
+
+        model = runner.model
+        forward = model.forward
+
+        def model_forward(batch: Any, kv: Any) -> Any:
+            self._note(batch)
+            return forward(batch, kv)
+
+        model.forward = timed("forward", model_forward)
+        model.compute_logits = timed("logits", model.compute_logits)
+        runner._sample = timed("sample", runner._sample)
+        fast = getattr(runner, "cpu_decode", None)
+        if fast is not None:
+            run = fast.run
+
+            def fast_run(batch: Any, **kwargs: Any) -> Any:
+                self._note(batch)
+                return run(batch, **kwargs)
+
+            fast.run = timed("forward", fast_run)
+        launch = runner.launch
+
+        def runner_launch(plan: Any, previous: Any = None) -> Any:
+            prompt = sum(len(r.input_token_ids) > 1 for r in plan.rows)
+            decode = len(plan.rows) - prompt
+            self.current["kind"] = "mixed" if prompt and decode else "prefill" if prompt else "decode"
+            self.current["tokens"] = sum(len(r.input_token_ids) for r in plan.rows)
+            return launch(plan, previous)
+
+        runner.launch = runner_launch
+        step = core.step
+
+        def core_step() -> Any:
+            self.current = {}
+            t0 = time.perf_counter()
+            out = step()
+            self.current["step"] = time.perf_counter() - t0
+            self.steps.append(self.current)
+            return out
+
+        core.step = core_step
+
+    def _note(self, batch: Any) -> None:
+        if batch.attn.max_query_len > 1:
+            self.last_prompt_batch = batch
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 3)
+
+
+def prefill_part(llm: Any, probe: StepProbe, args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+    from tokenspeed import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    walls, steps = [], []
+    for _ in range(args.repeat):
+        prompt = {"prompt_token_ids": [rng.randrange(3, llm_vocab(llm)) for _ in range(args.context)]}
+        probe.steps.clear()
+        t0 = time.perf_counter()
+        llm.generate([prompt], params, use_tqdm=False)
+        walls.append(time.perf_counter() - t0)
+        steps.extend(s for s in probe.steps if s.get("kind") == "prefill")
+    row: dict[str, Any] = {"generate_ms": _ms(min(walls)), "generate_median_ms": _ms(statistics.median(walls))}
+    for name in ("step", "forward", "logits", "sample"):
+        row[f"{name}_ms"] = _ms(statistics.median(s.get(name, 0.0) for s in steps))
+    row["host_ms"] = _ms(statistics.median(
+        s["step"] - s.get("forward", 0.0) - s.get("logits", 0.0) - s.get("sample", 0.0) for s in steps))
+    row["step_best_ms"] = _ms(min(s["step"] for s in steps))
+    row["forward_best_ms"] = _ms(min(s.get("forward", 0.0) for s in steps))
+    return row
+
+
+def llm_vocab(llm: Any) -> int:
+    return int(llm.core.executor.model_config.vocab_size)
+
+
+def runner_part(probe: StepProbe, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    runner, batch = probe.runner, probe.last_prompt_batch
+    fast = getattr(runner, "cpu_decode", None)
+    use_fast = fast is not None and fast.serves(batch)
+
+    def forward() -> Any:
+        return fast.run(batch, logits_rows=True) if use_fast else runner.model(batch, runner.kv)
+
+    def best(fn: Any) -> tuple[float, float, Any]:
+        for _ in range(2):
+            result = fn()
+        times = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            result = fn()
+            times.append(time.perf_counter() - t0)
+        return min(times), statistics.median(times), result
+
+    out: dict[str, Any] = {"path": "cpu_forward" if use_fast else "layers", "tokens": batch.num_tokens}
+    with torch.inference_mode():
+        if use_fast:  # the whole last layer too (every row's hidden state), as the layers compute it
+            out["forward_all_rows_ms"] = _ms(best(lambda: fast.run(batch))[0])
+        fastest, median, hidden = best(forward)
+        out["forward_ms"], out["forward_median_ms"] = _ms(fastest), _ms(median)
+        if use_fast:
+            hidden = fast.run(batch)
+        rows = hidden.index_select(0, batch.logits_indices)
+        times = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            runner.model.compute_logits(rows)
+            times.append(time.perf_counter() - t0)
+        out["lm_head_ms"] = _ms(min(times))
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(3):
+                    forward()
+            ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:14]
+            out["ops_self_ms"] = {e.key: round(e.self_cpu_time_total / 3e3, 3) for e in ops}
+    return out
+
+
+def serve_part(llm: Any, probe: StepProbe, args: argparse.Namespace, concurrency: int,
+               rng: random.Random) -> dict[str, Any]:
+    from tokenspeed import SamplingParams
+
+    core = llm.core
+    params = SamplingParams(temperature=0.0, max_tokens=args.output, ignore_eos=True)
+    vocab = llm_vocab(llm)
+    total = concurrency * args.requests_per_client
+    submitted = finished = 0
+    sent: dict[str, float] = {}
+    first: dict[str, float] = {}
+    done: dict[str, float] = {}
+
+    def submit() -> None:
+        nonlocal submitted
+        request_id = f"c{concurrency}-{submitted}"
+        submitted += 1
+        sent[request_id] = time.perf_counter()
+        core.add_request(request_id, [rng.randrange(3, vocab) for _ in range(args.context)], params)
+
+    probe.steps.clear()
+    t0 = time.perf_counter()
+    submit()
+    while finished < total:
+        if submitted < concurrency:  # the first clients arrive one step apart
+            submit()
+        for update in core.step():
+            now = time.perf_counter()
+            if update.new_token_ids and update.request_id not in first:
+                first[update.request_id] = now
+            if update.finished:
+                finished += 1
+                done[update.request_id] = now
+                if submitted < total:
+                    submit()
+    wall = time.perf_counter() - t0
+    steps = [s for s in probe.steps if "kind" in s]
+    row: dict[str, Any] = {
+        "output_tok_s": round(total * args.output / wall, 1),
+        "mean_ttft_ms": _ms(statistics.mean(first[r] - sent[r] for r in sent)),
+        "mean_tpot_ms": _ms(statistics.mean((done[r] - first[r]) / (args.output - 1) for r in sent)),
+        "wall_s": round(wall, 3),
+    }
+    busy = sum(s["step"] for s in steps)
+    for kind in ("decode", "prefill", "mixed"):
+        these = [s for s in steps if s["kind"] == kind]
+        row[kind] = {
+            "steps": len(these),
+            "time_share": round(sum(s["step"] for s in these) / busy, 3) if busy else 0.0,
+            "step_median_ms": _ms(statistics.median(s["step"] for s in these)) if these else None,
+            "forward_median_ms": _ms(statistics.median(s.get("forward", 0.0) for s in these)) if these else None,
+        }
+    return row
+
+
+def measure(args: argparse.Namespace, llm_kwargs: dict[str, Any], seed: int) -> dict[str, Any]:
+    from tokenspeed import LLM, SamplingParams
+
+    kwargs: dict[str, Any] = dict(
+        max_model_len=args.context + args.output + 64,
+        max_num_seqs=max(args.concurrency),
+        cpu_threads=1,
+        show_progress=False,
+        seed=0,
+    )
+    kwargs.update(llm_kwargs)
+    llm = LLM(**kwargs)
+    probe = StepProbe(llm)
+    rng = random.Random(seed)
+    out: dict[str, Any] = {}
+    try:
+        warm = [{"prompt_token_ids": [rng.randrange(3, llm_vocab(llm)) for _ in range(args.context)]}
+                for _ in range(2)]
+        llm.generate(warm, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+        out["prefill"] = prefill_part(llm, probe, args, rng)
+        out["runner"] = runner_part(probe, args)
+        for c in args.concurrency:
+            out[f"serve_c{c}"] = serve_part(llm, probe, args, c, rng)
+    finally:
+        llm.shutdown()
+    return out
+
+
+def best_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    best: dict[str, Any] = {}
+    best["prefill"] = dict(min(rounds, key=lambda r: r["prefill"]["generate_ms"])["prefill"])
+    best["prefill"]["generate_ms_rounds"] = [r["prefill"]["generate_ms"] for r in rounds]
+    best["prefill"]["forward_best_ms"] = min(r["prefill"]["forward_best_ms"] for r in rounds)
+    best["runner"] = dict(min(rounds, key=lambda r: r["runner"]["forward_ms"])["runner"])
+    for key in rounds[0]:
+        if key.startswith("serve_"):
+            best[key] = dict(max(rounds, key=lambda r: r[key]["output_tok_s"])[key])
+            best[key]["output_tok_s_rounds"] = [r[key]["output_tok_s"] for r in rounds]
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--output", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[4, 16])
+    parser.add_argument("--requests-per-client", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="the runner part's top aten ops")
+    parser.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout to measure")
+    parser.add_argument("--variant", action="append", default=[], help="NAME=JSON of LLM keyword arguments")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.child is not None:
+        print("RESULT " + json.dumps(measure(args, json.loads(args.child), args.seed)), flush=True)
+        return
+
+    trees = [tuple(t.split("=", 1)) for t in args.tree] or [("current", str(REPO))]
+    variants = [tuple(v.split("=", 1)) for v in args.variant] or [("default", "{}")]
+    configs = [(f"{t}" if len(variants) == 1 else f"{t}/{v}" if len(trees) > 1 else v, path, kw)
+               for t, path in trees for v, kw in variants]
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in configs}
+    forwarded = ["--context", str(args.context), "--output", str(args.output),
+                 "--concurrency", *map(str, args.concurrency), "--requests-per-client", str(args.requests_per_client),
+                 "--repeat", str(args.repeat), *(["--profile"] if args.profile else [])]
+    for r in range(args.rounds):
+        for name, path, kw in configs:
+            env = dict(os.environ, PYTHONPATH=str(Path(path).resolve()), OMP_NUM_THREADS="1")
+            proc = subprocess.run([sys.executable, __file__, *forwarded, "--child", kw, "--seed", str(r)],
+                                  env=env, capture_output=True, text=True, check=False)
+            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            if line is None:
+                sys.stderr.write(proc.stdout + proc.stderr)
+                raise SystemExit(f"{name} failed in round {r}")
+            res = json.loads(line.removeprefix("RESULT "))
+            rounds[name].append(res)
+            serve = {k: v["output_tok_s"] for k, v in res.items() if k.startswith("serve_")}
+            print(f"round {r} {name}: prefill generate {res['prefill']['generate_ms']} ms, runner forward "
+                  f"{res['runner']['forward_ms']} ms, serving tok/s {serve}", flush=True)
+    results = {name: best_of(rs) for name, rs in rounds.items()}
+    document = {
+        "command": "python " + " ".join([str(Path(__file__).relative_to(REPO)), *sys.argv[1:]]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "load_average": os.getloadavg(),
+        "configs": {name: {"tree": path, "llm_kwargs": json.loads(kw)} for name, path, kw in configs},
+        "results": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(document, indent=1) + "\n")
+    print(f"\n{'config':<22} {'generate':>9} {'step':>7} {'fwd':>7} {'lmhead':>7} {'sample':>7} {'host':>7} "
+          f"{'runner fwd':>10}")
+    for name, res in results.items():
+        p, rn = res["prefill"], res["runner"]
+        print(f"{name:<22} {p['generate_ms']:9.2f} {p['step_ms']:7.2f} {p['forward_ms']:7.2f} {p['logits_ms']:7.2f} "
+              f"{p['sample_ms']:7.2f} {p['host_ms']:7.2f} {rn['forward_ms']:10.2f}")
+    print(f"\n{'config':<22} {'C':>3} {'tok/s':>7} {'TTFT':>7} {'TPOT':>6}  steps/time share/median ms: "
+          "decode | prefill | mixed")
+    for name, res in results.items():
+        for key, row in res.items():
+            if not key.startswith("serve_"):
+                continue
+            kinds = " | ".join(f"{row[k]['steps']} / {row[k]['time_share']:.2f} / {row[k]['step_median_ms']}"
+                               for k in ("decode", "prefill", "mixed"))
+            print(f"{name:<22} {key.removeprefix('serve_c'):>3} {row['output_tok_s']:7.1f} {row['mean_ttft_ms']:7.1f} "
+                  f"{row['mean_tpot_ms']:6.2f}  {kinds}")
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
