@@ -69,6 +69,7 @@ def test_decode_forward_equals_layers_bitwise(checkpoints, family: str, lengths:
     [(0, 130)],
     [(20, 30)],  # a chunk after a cached prefix (off a page boundary)
     [(32, 17)],
+    [(40, 100)],  # causal query blocks after a cached prefix
     [(0, 40), (33, 1), (0, 1), (64, 17)],  # mixed: prompt chunks and decodes
     [(16, 1), (5, 1), (48, 64)],
 ])
@@ -97,6 +98,40 @@ def test_prompt_steps_equal_layers_bitwise(checkpoints, family: str, rows: list[
     assert torch.equal(got, expected)
     for a, b in zip((*eager_kv.k, *eager_kv.v), (*fast_kv.k, *fast_kv.v)):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("rows", [[(0, 130)], [(20, 30)], [(0, 40), (33, 1), (0, 1), (64, 17)]])
+def test_logits_rows_close_to_layers(checkpoints, rows: list[tuple[int, int]]) -> None:
+    """`run(logits_rows=True)` (the last layer for the logits rows alone on prompt steps): K/V bit for bit,
+    the rows' hidden states and logits within fp32 rounding of the layers', the same argmax; with every
+    position scored (prompt logprobs) the whole layer runs and the rows are the layers' bit for bit."""
+    model, config = _model(checkpoints["qwen3"])
+    num_pages = sum(-(-(a + b) // PAGE_SIZE) for a, b in rows) + 3
+    specs, used, last, tokens = [], 0, [], 0
+    rng = random.Random(7)
+    for prefix, new in rows:
+        pages = list(range(used, used + -(-(prefix + new) // PAGE_SIZE)))
+        used += len(pages)
+        specs.append(RowSpec([rng.randrange(config.vocab_size) for _ in range(new)], prefix, pages))
+        tokens += new
+        last.append(tokens - 1)
+    for logits_indices, pruned in ((last, True), (list(range(tokens)), False)):
+        batch = build_forward_batch(specs, PAGE_SIZE, logits_indices=logits_indices)
+        eager_kv, fast_kv = _kv(config, num_pages, 2), _kv(config, num_pages, 2)
+        fast = CPUDecodeForward.build(model, fast_kv)
+        assert fast is not None
+        with torch.inference_mode():
+            expected = model(batch, eager_kv).index_select(0, batch.logits_indices)
+            got = fast.run(batch, logits_rows=True)
+            want_logits, got_logits = model.compute_logits(expected), model.compute_logits(got)
+        for a, b in zip((*eager_kv.k, *eager_kv.v), (*fast_kv.k, *fast_kv.v)):
+            assert torch.equal(a, b)
+        if pruned:
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+            torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-4)
+            assert torch.equal(got_logits.argmax(-1), want_logits.argmax(-1))
+        else:
+            assert torch.equal(got, expected)
 
 
 def test_serves_what_the_layers_send_to_extend_or_decode(checkpoints) -> None:

@@ -20,17 +20,20 @@ from tokenspeed.kernels.quant.fp8 import FP8_DTYPE
 
 # (kv length after the step, new tokens): a whole prompt, a chunk after a prefix, decodes, padding.
 ROWS = [(21, 21), (30, 9), (7, 1), (0, 0), (16, 16), (40, 1), (5, 2)]
+# Rows long enough to attend in causal query blocks (`causal_blocks`), and one past their limit.
+LONG_ROWS = [(200, 200), (230, 130), (3, 1), (1100, 90), (129, 65)]
 
 
 def _case(
-    heads: int, kv_heads: int, page_size: int, dtype: torch.dtype = torch.float32, seed: int = 0, dim: int = 16
+    heads: int, kv_heads: int, page_size: int, dtype: torch.dtype = torch.float32, seed: int = 0, dim: int = 16,
+    rows: list[tuple[int, int]] = ROWS,
 ) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
-    lengths = [n for n, _ in ROWS]
+    lengths = [n for n, _ in rows]
     table, num_pages = shuffled_page_table(lengths, page_size, gen, spare_pages=2)
     k_cache = torch.randn(num_pages, page_size, kv_heads, dim, generator=gen).to(dtype)
     v_cache = torch.randn(num_pages, page_size, kv_heads, dim, generator=gen).to(dtype)
-    starts = torch.tensor([0, *torch.tensor([q for _, q in ROWS]).cumsum(0).tolist()], dtype=torch.int32)
+    starts = torch.tensor([0, *torch.tensor([q for _, q in rows]).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn(int(starts[-1]), heads, dim, generator=gen).to(dtype)
     return q, k_cache, v_cache, starts, torch.tensor(lengths, dtype=torch.int32), table
 
@@ -43,6 +46,15 @@ def test_sdpa_extend_matches_reference(heads: int, kv_heads: int, page_size: int
     out = extend_attention_torch_sdpa(*args, scale=0.3, sliding_window=window)
     expected = extend_attention_reference(*args, scale=0.3, sliding_window=window)
     assert out.dtype == args[0].dtype and out.shape == args[0].shape
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 100])
+def test_sdpa_extend_long_rows_match_reference(window: int | None) -> None:
+    """Causal query blocks (rows of 65..1024 positions, with and without a cached prefix) and a longer row."""
+    args = _case(8, 2, 16, seed=3, rows=LONG_ROWS)
+    out = extend_attention_torch_sdpa(*args, scale=0.3, sliding_window=window)
+    expected = extend_attention_reference(*args, scale=0.3, sliding_window=window)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 

@@ -39,7 +39,9 @@ above (their pages and mask made once a step), each prompt chunk in one SDPA
 call, causal (`is_causal`) on this step's own K/V when it has no cached
 prefix (the layers gather them back from the pages they were just written
 to: the same values), else on its gathered pages with a visibility mask
-made once a step. Bit-equal to the layers too (tested). Steps whose rows all
+made once a step; rows of ~100-1000 positions in causal query blocks whose
+masks are made once a step (`extend_torch_sdpa.causal_blocks`). Bit-equal to
+the layers too (tested). Steps whose rows all
 have one length of 2..16 tokens go to the verify kernel in the layers, and
 stay there. Off switch: `--disable-cpu-prefill-forward`
 (`EngineConfig.disable_cpu_prefill_forward`).
@@ -66,6 +68,7 @@ import torch.nn.functional as F
 
 from tokenspeed.batch.forward_batch import ForwardBatch
 from tokenspeed.batch.kv_storage import PagedKVStorage
+from tokenspeed.kernels.attention.extend_torch_sdpa import attend_causal_blocks, causal_blocks
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 
 logger = logging.getLogger("tokenspeed.executor")
@@ -98,7 +101,8 @@ class PromptRow:
     end: int
     seq_len: int  # KV length after this step
     pages: torch.Tensor | None  # int64 pages of positions 0..seq_len-1; None: no cached prefix, attend the new K/V
-    visible: torch.Tensor | None  # [q_len, seq_len] bool; None: plain causal (`is_causal`)
+    visible: torch.Tensor | None  # [q_len, seq_len] bool; None: plain causal (`is_causal`) or in blocks
+    blocks: list[tuple[int, int, torch.Tensor]] | None = None  # causal query blocks (`causal_blocks`)
 
 
 @dataclass(slots=True)
@@ -297,9 +301,10 @@ class CPUDecodeForward:
         q_len = end - start
         if q_len > seq_len:
             raise ValueError(f"a row has {q_len} new tokens but only {seq_len} cached positions")
-        if q_len == seq_len:  # no cached prefix: its keys are this step's, causally
-            return PromptRow(start, end, seq_len, None, None)
-        pages = page_table_row[: -(-seq_len // self.page_size)].long()
+        blocks = causal_blocks(q_len, seq_len, torch.device("cpu"))  # their masks made once, for every layer
+        pages = None if q_len == seq_len else page_table_row[: -(-seq_len // self.page_size)].long()
+        if blocks is not None or pages is None:  # no cached prefix: its keys are this step's, causally
+            return PromptRow(start, end, seq_len, pages, None, blocks)
         q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
         visible = torch.arange(seq_len)[None, :] <= q_pos
         return PromptRow(start, end, seq_len, pages, visible)
@@ -390,6 +395,9 @@ class CPUDecodeForward:
             if group > 1:  # the fused (flash) CPU kernel takes MHA only (see extend_torch_sdpa)
                 keys, values = keys.repeat_interleave(group, dim=0), values.repeat_interleave(group, dim=0)
             queries = q[start:end].transpose(0, 1)[None]
+            if row.blocks is not None:
+                out[start:end] = attend_causal_blocks(queries, keys[None], values[None], row.blocks, self.scale)
+                continue
             if row.visible is None:
                 res = F.scaled_dot_product_attention(queries, keys[None], values[None], is_causal=True,
                                                      scale=self.scale)

@@ -14,6 +14,11 @@ A mixed step (prefill chunks plus the running requests' decodes, the usual
 step under load) sends every one-token row to the batched decode kernel in a
 single call, so the cost of the decodes does not grow with a Python loop.
 
+Causal rows of ~100-1000 positions attend in query blocks of 64, each over
+the keys up to its last position with its own additive mask (`causal_blocks`):
+torch's kernel splits keys in blocks of 512 and so skips no part of the upper
+triangle on such rows.
+
 Masking is the reference's: the `q_len` new tokens sit at positions
 `seq_len - q_len .. seq_len - 1`; query i sees key j iff j <= i and, with a
 sliding window w, i - j < w. A prompt that starts at position 0 is plain
@@ -31,6 +36,11 @@ from tokenspeed.kernels.attention.decode_torch_batched import decode_attention_t
 from tokenspeed.kernels.quant.fp8 import byte_view, dequantize_kv
 from tokenspeed.kernels.registry import Band, register_kernel
 
+# Causal rows of more than CAUSAL_BLOCK new tokens and at most CAUSAL_BLOCKED_MAX_LEN positions attend
+# in query blocks of CAUSAL_BLOCK (see `causal_blocks`).
+CAUSAL_BLOCK = 64
+CAUSAL_BLOCKED_MAX_LEN = 1024
+
 
 def gather_positions(
     cache: torch.Tensor, page_table_row: torch.Tensor, first: int, end: int, scale: torch.Tensor | None
@@ -43,6 +53,49 @@ def gather_positions(
     rows = flat.view(-1, cache.shape[2], cache.shape[3])
     offset = first - first_page * page_size
     return dequantize_kv(rows[offset : offset + end - first], scale).transpose(0, 1)
+
+
+def causal_blocks(q_len: int, seq_len: int, device: torch.device) -> list[tuple[int, int, torch.Tensor]] | None:
+    """The query blocks of a row whose last `q_len` of `seq_len` positions attend causally, each with its
+    additive mask: (start, end, `[end - start, seq_len - q_len + end]` fp32); None: attend in one call.
+
+    torch's flash CPU kernel splits keys in blocks of 512 and skips those wholly above the diagonal, so
+    on a row of up to ~1000 positions `is_causal` still computes every score (and an explicit mask is
+    read in full). Queries in blocks of `CAUSAL_BLOCK`, each over the keys up to its own last position,
+    skip the upper triangle: measured on the embedded model's shapes (8 heads over 2, head_dim 32, one
+    thread) 3.9 -> 2.8 ms at 512 tokens, 11.6 -> 10.1 at 1024 (masks made once), no gain past that.
+    """
+    if q_len <= CAUSAL_BLOCK or seq_len > CAUSAL_BLOCKED_MAX_LEN:
+        return None
+    prefix = seq_len - q_len
+    blocks = []
+    for start in range(0, q_len, CAUSAL_BLOCK):
+        end = min(q_len, start + CAUSAL_BLOCK)
+        q_pos = torch.arange(prefix + start, prefix + end, device=device)[:, None]
+        k_pos = torch.arange(prefix + end, device=device)[None, :]
+        mask = torch.zeros(end - start, prefix + end, device=device).masked_fill_(k_pos > q_pos, float("-inf"))
+        blocks.append((start, end, mask))
+    return blocks
+
+
+def attend_causal_blocks(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    blocks: list[tuple[int, int, torch.Tensor]],
+    scale: float,
+) -> torch.Tensor:
+    """queries `[1, heads, q_len, D]` over keys/values `[1, heads, seq_len, D]` block by block
+    (`causal_blocks`); `[q_len, heads, D]` fp32."""
+    q_len, prefix = queries.shape[2], keys.shape[2] - queries.shape[2]
+    out = torch.empty(q_len, queries.shape[1], values.shape[-1], dtype=queries.dtype, device=queries.device)
+    for start, end, mask in blocks:
+        visible = prefix + end
+        part = F.scaled_dot_product_attention(
+            queries[:, :, start:end], keys[:, :, :visible], values[:, :, :visible], attn_mask=mask, scale=scale
+        )
+        out[start:end] = part[0].transpose(0, 1)
+    return out
 
 
 def attend_row_sdpa(
@@ -69,6 +122,9 @@ def attend_row_sdpa(
         # `enable_gqa` falls back to the unfused math path (measured ~5x slower on 512 tokens).
         keys, values = (t.repeat_interleave(num_heads // num_kv_heads, dim=0) for t in (keys, values))
     keys, values = keys[None], values[None]
+    blocks = causal_blocks(q_len, seq_len, q.device) if sliding_window is None else None
+    if blocks is not None:
+        return attend_causal_blocks(queries, keys, values, blocks, scale).to(q.dtype)
     if first == 0 and q_len == seq_len and sliding_window is None:
         out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=scale)
     else:
