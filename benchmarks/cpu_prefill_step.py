@@ -15,7 +15,8 @@ public `LLM` API and the engine core, in three parts, per config:
    same values): `forward_ms` best of `--repeat`, and (`--profile`) the aten ops that took its time.
 3. `serve_cC`: a closed loop at concurrency C driving `EngineCore` the way `bench serve` drives a
    server: C clients, each submits a request (`--context` random tokens, `--output` greedy tokens,
-   ignore_eos) as soon as its previous one finishes; the first C arrive one engine step apart.
+   ignore_eos) as soon as its previous one finishes; the first C arrive one engine step apart
+   (`--burst`: all at once, as `bench serve` sends them; equal lengths then keep them in lockstep).
    `--requests-per-client` requests each. Every engine step is classified by the plan it launches:
    `decode` (decode rows only), `prefill` (prompt chunks only) or `mixed` (both); per kind the
    count, the share of the loop's wall time and the median step time; and the loop's output
@@ -210,7 +211,8 @@ def serve_part(llm: Any, probe: StepProbe, args: argparse.Namespace, concurrency
 
     probe.steps.clear()
     t0 = time.perf_counter()
-    submit()
+    for _ in range(concurrency if args.burst else 1):
+        submit()
     while finished < total:
         if submitted < concurrency:  # the first clients arrive one step apart
             submit()
@@ -293,6 +295,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="the runner part's top aten ops")
+    parser.add_argument("--burst", action="store_true", help="serving: the first C requests arrive at once")
     parser.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout to measure")
     parser.add_argument("--variant", action="append", default=[], help="NAME=JSON of LLM keyword arguments")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -311,7 +314,8 @@ def main() -> None:
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in configs}
     forwarded = ["--context", str(args.context), "--output", str(args.output),
                  "--concurrency", *map(str, args.concurrency), "--requests-per-client", str(args.requests_per_client),
-                 "--repeat", str(args.repeat), *(["--profile"] if args.profile else [])]
+                 "--repeat", str(args.repeat), *(["--profile"] if args.profile else []),
+                 *(["--burst"] if args.burst else [])]
     for r in range(args.rounds):
         for name, path, kw in configs:
             env = dict(os.environ, PYTHONPATH=str(Path(path).resolve()), OMP_NUM_THREADS="1")
