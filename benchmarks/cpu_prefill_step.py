@@ -148,7 +148,7 @@ def runner_part(probe: StepProbe, args: argparse.Namespace) -> dict[str, Any]:
 
     runner, batch = probe.runner, probe.last_prompt_batch
     fast = getattr(runner, "cpu_decode", None)
-    use_fast = fast is not None and fast.serves(batch)
+    use_fast = fast is not None and hasattr(fast, "serves") and fast.serves(batch)  # (older trees: decode only)
 
     def forward() -> Any:
         return fast.run(batch, logits_rows=True) if use_fast else runner.model(batch, runner.kv)
