@@ -134,6 +134,20 @@ def test_logits_rows_close_to_layers(checkpoints, rows: list[tuple[int, int]]) -
             assert torch.equal(got, expected)
 
 
+def test_chunk_without_logits_rows(checkpoints) -> None:
+    """A prompt chunk that samples nothing (chunked prefill): no rows back, the layers' K/V."""
+    model, config = _model(checkpoints["qwen3"])
+    batch = build_forward_batch([RowSpec(list(range(3, 43)), 0, [1, 2, 3])], PAGE_SIZE, logits_indices=[])
+    eager_kv, fast_kv = _kv(config, 5, 3), _kv(config, 5, 3)
+    fast = CPUDecodeForward.build(model, fast_kv)
+    assert fast is not None
+    with torch.inference_mode():
+        model(batch, eager_kv)
+        assert fast.run(batch, logits_rows=True).shape == (0, config.hidden_size)
+    for a, b in zip((*eager_kv.k, *eager_kv.v), (*fast_kv.k, *fast_kv.v)):
+        assert torch.equal(a, b)
+
+
 def test_serves_what_the_layers_send_to_extend_or_decode(checkpoints) -> None:
     """Rows of one equal length up to 16 tokens take the verify kernel in the layers: those run eagerly;
     each switch leaves its kind of step to the layers."""
