@@ -116,44 +116,81 @@ class SuffixAutomaton:
     # ---- building ------------------------------------------------------------------------
 
     def extend(self, token: int) -> None:
-        """Append one token (the classic online construction, plus the bounded occurrence counts)."""
+        """Append one token (the classic online construction, plus the bounded occurrence counts).
+
+        The hot path of suffix drafting (every emitted token of every request goes through it):
+        `_new_state`, `step` and `_set` are inlined and attribute lookups hoisted.
+        """
         link, length, count, tok, to, more = self._link, self._len, self._count, self._tok, self._to, self._more
-        cur = self._new_state(length[self._last] + 1, ROOT, 0)
         p = self._last
+        cur = len(length)
+        length.append(length[p] + 1)
+        link.append(ROOT)
+        count.append(0)
+        tok.append(_NONE)
+        to.append(0)
         q = _NO_STATE
-        while p != _NO_STATE:  # add token -> cur where missing (step/_set inlined: the hot loop)
+        while p != _NO_STATE:  # add token -> cur where missing
             first = tok[p]
             if first == token:
                 q = to[p]
                 break
             if first == _MANY:
-                q = more[p].get(token, _NO_STATE)
+                edges = more[p]
+                q = edges.get(token, _NO_STATE)
                 if q != _NO_STATE:
                     break
-                more[p][token] = cur
+                edges[token] = cur
             elif first == _NONE:
-                tok[p], to[p] = token, cur
+                tok[p] = token
+                to[p] = cur
             else:
                 more[p] = {first: to[p], token: cur}
                 tok[p] = _MANY
             p = link[p]
+        anchor = self._anchor
         if q != _NO_STATE:
             if length[p] + 1 == length[q]:
                 link[cur] = q
             else:  # split q: its strings no longer than len(p) + 1 now also end here
                 # Same end positions so far as q; the new one is counted below.
-                clone = self._new_state(length[p] + 1, link[q], count[q], copy_of=q)
-                while p != _NO_STATE and self.step(p, token) == q:
-                    self._set(p, token, clone)
+                clone = len(length)
+                length.append(length[p] + 1)
+                link.append(link[q])
+                count.append(count[q])
+                first = tok[q]
+                tok.append(first)
+                to.append(to[q])
+                if first == _MANY:
+                    more[clone] = dict(more[q])
+                while p != _NO_STATE:  # redirect p's transitions on token from q to the clone
+                    first = tok[p]
+                    if first == token:
+                        if to[p] != q:
+                            break
+                        to[p] = clone
+                    elif first == _MANY:
+                        edges = more[p]
+                        if edges.get(token) != q:
+                            break
+                        edges[token] = clone
+                    else:
+                        break
                     p = link[p]
                 link[q] = clone
                 link[cur] = clone
-                if self._anchor == q and self._anchor_len <= length[clone]:
-                    self._anchor = clone
+                if anchor == q and self._anchor_len <= length[clone]:
+                    anchor = clone
         self._last = cur
         self.num_tokens += 1
         # The anchor follows the text's last max_depth + 1 tokens: one transition, at most one link.
-        anchor = self.step(self._anchor, token)
+        first = tok[anchor]
+        if first == token:
+            anchor = to[anchor]
+        elif first == _MANY:
+            anchor = more[anchor].get(token, _NO_STATE)
+        else:
+            anchor = _NO_STATE
         anchor_len = self._anchor_len + 1
         if anchor_len > self.max_depth + 1:
             anchor_len = self.max_depth + 1
