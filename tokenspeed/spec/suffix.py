@@ -26,9 +26,14 @@ each corpus generation follows its new tokens (amortised O(1) each), and is
 recomputed from its last `max_depth` tokens (O(depth)) when that generation
 has grown since; so a step costs O(new tokens + depth + k), never O(context).
 
-Costs measured on CPython 3.11 (Python source, the embedded BPE): about
-2.5 us and 150 bytes per indexed token, and ~20 us per proposal once the
-prompt is indexed (8 tokens, 4 new tokens indexed). A request whose prompt no
+Both kinds are `NativeSuffixAutomaton`s (the same automaton in C,
+`native_automaton.py`) where a C compiler is available and
+`TOKENSPEED_SUFFIX_NATIVE` is not 0, else the Python `SuffixAutomaton`; the
+proposals are the same (tested state by state). Costs measured on CPython
+3.11 (the embedded BPE): the Python automaton about 2.5 us and 150 bytes per
+indexed token (2-3 us in a running batch), and ~20 us per proposal once the
+prompt is indexed (8 tokens, 4 new tokens indexed); the C one ~10 us per
+proposal at 64 rows, foreign calls included (`benchmarks/spec_host_overhead.py`). A request whose prompt no
 retained index covers indexes its whole prompt at its first proposal
 (~0.25 s per 100K tokens, once). Proposals run in `next_plan`, on the
 critical path of a step: at large batch sizes their sum matters (see
@@ -41,7 +46,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tokenspeed.spec.native_automaton import NativeSuffixAutomaton, load_library, native_enabled
 from tokenspeed.spec.suffix_automaton import Match, SuffixAutomaton
+
+Automaton = SuffixAutomaton | NativeSuffixAutomaton
 
 
 @dataclass(slots=True)
@@ -53,14 +61,14 @@ class _CorpusMatch:
 
 @dataclass(slots=True)
 class _Generation:
-    automaton: SuffixAutomaton
+    automaton: Automaton
     serial: int
     num_documents: int = 0
 
 
 @dataclass(slots=True)
 class _RequestIndex:
-    automaton: SuffixAutomaton
+    automaton: Automaton
     tokens: list[int] = field(default_factory=list)  # the request's prompt + output indexed so far
     corpus: dict[int, _CorpusMatch] = field(default_factory=dict)  # by generation serial
 
@@ -68,7 +76,8 @@ class _RequestIndex:
 class SuffixDrafter:
     __slots__ = ("max_depth", "max_spec_factor", "min_token_prob", "corpus_tokens", "max_corpus_documents",
                  "max_retained",
-                 "max_retained_tokens", "_requests", "_retained", "_generations", "_serial", "num_handovers")
+                 "max_retained_tokens", "_requests", "_retained", "_generations", "_serial", "num_handovers",
+                 "native")
 
     def __init__(
         self,
@@ -80,7 +89,10 @@ class SuffixDrafter:
         max_corpus_documents: int = 10000,
         max_retained: int = 64,
         max_retained_tokens: int = 1 << 21,
+        native: bool | None = None,
     ) -> None:
+        """`native`: index with the C automaton (`native_automaton.py`); None: unless `TOKENSPEED_SUFFIX_NATIVE=0`;
+        where it cannot be built, the Python one either way (the proposals are the same)."""
         self.max_depth = max_depth
         self.max_spec_factor = max_spec_factor
         self.min_token_prob = min_token_prob
@@ -91,8 +103,11 @@ class SuffixDrafter:
         self._requests: dict[str, _RequestIndex] = {}
         self._retained: OrderedDict[int, _RequestIndex] = OrderedDict()  # finished requests, oldest first
         self._serial = 0
-        self._generations: list[_Generation] = [self._new_generation()]  # newest last
         self.num_handovers = 0
+        if native is None:
+            native = native_enabled()
+        self.native = native and load_library() is not None
+        self._generations: list[_Generation] = [self._new_generation()]  # newest last
 
     @property
     def method(self) -> str:
@@ -119,7 +134,7 @@ class SuffixDrafter:
         if max_tokens <= 0:
             return []
         own = index.automaton
-        best, best_score = own.speculate(own.tail(), max_tokens, self.max_spec_factor, self.min_token_prob)
+        best, best_score = own.speculate_tail(max_tokens, self.max_spec_factor, self.min_token_prob)
         for generation in self._generations:
             match = self._corpus_match(index, generation)
             tokens, score = generation.automaton.speculate(
@@ -151,7 +166,7 @@ class SuffixDrafter:
             if common > best_common:
                 best_key, best_common = key, common
         if best_key is None:
-            return _RequestIndex(SuffixAutomaton(self.max_depth))
+            return _RequestIndex(self._new_automaton())
         index = self._retained.pop(best_key)
         self.num_handovers += 1
         if best_common < len(index.tokens):  # diverged: a separator, then the new text with some context
@@ -183,7 +198,10 @@ class SuffixDrafter:
 
     def _new_generation(self) -> _Generation:
         self._serial += 1
-        return _Generation(SuffixAutomaton(self.max_depth), self._serial)
+        return _Generation(self._new_automaton(), self._serial)
+
+    def _new_automaton(self) -> Automaton:
+        return NativeSuffixAutomaton(self.max_depth) if self.native else SuffixAutomaton(self.max_depth)
 
     def _add_to_corpus(self, output: list[int]) -> None:
         current = self._generations[-1]
@@ -202,8 +220,7 @@ class SuffixDrafter:
             state = index.corpus[generation.serial] = _CorpusMatch(automaton.match(tokens), automaton.num_tokens,
                                                                    len(tokens))
         else:
-            for token in tokens[state.num_query :]:
-                state.match.advance(automaton, token)
+            automaton.advance(state.match, tokens[state.num_query :])
             state.num_query = len(tokens)
         if len(index.corpus) > len(self._generations):  # forget generations that were dropped
             live = {g.serial for g in self._generations}

@@ -229,6 +229,19 @@ class SuffixAutomaton:
             state = self._link[state]
         return Match(state, length)
 
+    def advance(self, match: Match, tokens: Sequence[int]) -> None:
+        """`match.advance(self, token)` for each of `tokens`."""
+        for token in tokens:
+            match.advance(self, token)
+
+    def state_link(self, state: int) -> int:
+        return self._link[state]
+
+    def speculate_tail(self, max_tokens: int, max_spec_factor: float, min_token_prob: float
+                       ) -> tuple[list[int], float]:
+        """`speculate(tail(), ...)`: a request's proposal from its own text."""
+        return self.speculate(self.tail(), max_tokens, max_spec_factor, min_token_prob)
+
     def match(self, tokens: list[int]) -> Match:
         """The longest suffix of `tokens` (at most `max_depth` of them) that occurs in the text."""
         found = Match()
