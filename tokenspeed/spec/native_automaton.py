@@ -90,6 +90,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "sa_advance": ([ptr, ptr, ptr, ptr, i64], None),
         "sa_speculate": ([ptr, i64, i64, i64, ctypes.c_double, ctypes.c_double, ptr, ptr], i64),
         "sa_speculate_tail": ([ptr, i64, ctypes.c_double, ctypes.c_double, ptr, ptr], i64),
+        "sa_extend_speculate_tail": ([ptr, ptr, i64, i64, ctypes.c_double, ctypes.c_double, ptr, ptr], i64),
+        "sa_advance_speculate": ([ptr, ptr, ptr, i64, i64, ctypes.c_double, ctypes.c_double, ptr, ptr], i64),
     }
     for name, (args, result) in signatures.items():
         function = getattr(lib, name)
@@ -189,6 +191,36 @@ class NativeSuffixAutomaton:
         n = self._lib.sa_speculate_tail(self._handle, max(0, max_tokens), max_spec_factor, min_token_prob,
                                         self._out_at, self._score_at)
         return self._out[:n], self._score.value
+
+    def extend_speculate_tail(self, tokens: Sequence[int], max_tokens: int, max_spec_factor: float,
+                              min_token_prob: float) -> tuple[list[int], float]:
+        """`extend_all(tokens)` then `speculate_tail(...)`, in one foreign call."""
+        self._fit(max_tokens)
+        buffer = array("q", tokens)
+        n = self._lib.sa_extend_speculate_tail(self._handle, buffer.buffer_info()[0], len(buffer), max(0, max_tokens),
+                                               max_spec_factor, min_token_prob, self._out_at, self._score_at)
+        if n < 0:
+            raise MemoryError("native suffix automaton: out of memory")
+        self.num_tokens += len(buffer)
+        return self._out[:n], self._score.value
+
+    def advance_speculate(self, match: Match, tokens: Sequence[int], max_tokens: int, max_spec_factor: float,
+                          min_token_prob: float) -> tuple[list[int], float]:
+        """`advance(match, tokens)` then `speculate(match, ...)`, in one foreign call."""
+        self._fit(max_tokens)
+        pair = self._pair
+        pair[0], pair[1] = match.state, match.length
+        buffer = array("q", tokens)
+        n = self._lib.sa_advance_speculate(self._handle, self._pair_at, buffer.buffer_info()[0], len(buffer),
+                                           max(0, max_tokens), max_spec_factor, min_token_prob, self._out_at,
+                                           self._score_at)
+        match.state, match.length = pair[0], pair[1]
+        return self._out[:n], self._score.value
+
+    def _fit(self, max_tokens: int) -> None:
+        if max_tokens > len(self._out):
+            self._out = (ctypes.c_int64 * max_tokens)()
+            self._out_at = ctypes.addressof(self._out)
 
     def speculate(self, match: Match, max_tokens: int, max_spec_factor: float, min_token_prob: float
                   ) -> tuple[list[int], float]:

@@ -131,16 +131,17 @@ class SpeculativeDecoder:
         """Every row plain greedy: the argmax of each position (as `Sampler.draw` takes it), drafts accepted
         while equal (`verify.accept_drafts`, in fewer ops). Host work: two small uploads, whatever k."""
         device = logits.device
-        width = batch.max_draft_tokens + 1
+        rows, width = len(batch.num_draft_tokens), batch.max_draft_tokens + 1
         drawn = greedy_argmax(logits.float())
-        counts = _values(batch.num_draft_tokens, torch.int64, device)[:, None]
-        offsets = _values(batch.offsets, torch.int64, device)[:, None]
+        meta = _values(batch.offsets + batch.num_draft_tokens, torch.int64, device).view(2, rows, 1)  # one upload
+        offsets, counts = meta[0], meta[1]
         cells = torch.arange(width, device=device)
-        # row j's cell i: position offsets[j] + min(i, k_j) (cells past k repeat the last, never accepted)
+        # row j's cell i: position offsets[j] + min(i, k_j) (cells past k repeat the last position)
         target = drawn[offsets + torch.minimum(cells, counts)]
-        match = (target[:, :-1] == batch.draft_token_ids) & (cells[:-1] < counts)
-        num_emitted = match.cumprod(dim=1).sum(dim=1) + 1
-        return VerifyOutcome(target.masked_fill(cells >= num_emitted[:, None], -1), num_emitted)
+        # drafts are accepted while equal; a run of equal cells past k (padding) is cut at k
+        accepted = (target[:, :-1] == batch.draft_token_ids).cumprod(dim=1).sum(dim=1, keepdim=True)
+        num_emitted = torch.minimum(accepted, counts) + 1
+        return VerifyOutcome(target.masked_fill(cells >= num_emitted, -1), num_emitted.view(rows))
 
     @staticmethod
     def _point_mass(logits: torch.Tensor, batch: VerifyBatch, rows: list[int], width: int, sampler: Sampler

@@ -130,16 +130,15 @@ class SuffixDrafter:
         index = self._requests.get(request_id)
         if index is None:
             index = self._requests[request_id] = self._start(prompt_token_ids)
-        self._catch_up(index, prompt_token_ids, output_token_ids)
-        if max_tokens <= 0:
-            return []
+        new = self._new_tokens(index, prompt_token_ids, output_token_ids)
         own = index.automaton
-        best, best_score = own.speculate_tail(max_tokens, self.max_spec_factor, self.min_token_prob)
+        if max_tokens <= 0:
+            own.extend_all(new)
+            return []
+        # Catch-up, own proposal, then each corpus generation's: one call each (one foreign call when native).
+        best, best_score = own.extend_speculate_tail(new, max_tokens, self.max_spec_factor, self.min_token_prob)
         for generation in self._generations:
-            match = self._corpus_match(index, generation)
-            tokens, score = generation.automaton.speculate(
-                match, max_tokens, self.max_spec_factor, self.min_token_prob
-            )
+            tokens, score = self._corpus_speculate(index, generation, max_tokens)
             if score > best_score:
                 best, best_score = tokens, score
         return best
@@ -177,6 +176,11 @@ class SuffixDrafter:
         return index
 
     def _catch_up(self, index: _RequestIndex, prompt: Sequence[int], output: Sequence[int]) -> None:
+        index.automaton.extend_all(self._new_tokens(index, prompt, output))
+
+    @staticmethod
+    def _new_tokens(index: _RequestIndex, prompt: Sequence[int], output: Sequence[int]) -> list[int]:
+        """The request's tokens its index has not seen (now recorded in `index.tokens`, not yet indexed)."""
         tokens = index.tokens
         seen = len(tokens)
         if seen < len(prompt):
@@ -185,7 +189,7 @@ class SuffixDrafter:
         else:
             new = list(output[seen - len(prompt) :])
         tokens.extend(new)
-        index.automaton.extend_all(new)
+        return new
 
     def _retain(self, index: _RequestIndex) -> None:
         self._retained[id(index)] = index
@@ -212,21 +216,25 @@ class SuffixDrafter:
                 2 * current.num_documents >= self.max_corpus_documents:
             self._generations = [current, self._new_generation()]
 
-    def _corpus_match(self, index: _RequestIndex, generation: _Generation) -> Match:
-        """The request's longest suffix held by this generation, kept up to date incrementally."""
+    def _corpus_speculate(self, index: _RequestIndex, generation: _Generation, max_tokens: int
+                          ) -> tuple[list[int], float]:
+        """The generation's proposal for the request: from the request's longest suffix the generation holds,
+        a match kept up to date incrementally (recomputed from the last `max_depth` tokens when the
+        generation grew since)."""
         automaton, tokens = generation.automaton, index.tokens
         state = index.corpus.get(generation.serial)
         if state is None or state.version != automaton.num_tokens:
-            state = index.corpus[generation.serial] = _CorpusMatch(automaton.match(tokens), automaton.num_tokens,
-                                                                   len(tokens))
+            state = index.corpus[generation.serial] = _CorpusMatch(Match(), automaton.num_tokens, len(tokens))
+            unseen = tokens[-self.max_depth :]  # `automaton.match(tokens)`
         else:
-            automaton.advance(state.match, tokens[state.num_query :])
+            unseen = tokens[state.num_query :]
             state.num_query = len(tokens)
         if len(index.corpus) > len(self._generations):  # forget generations that were dropped
             live = {g.serial for g in self._generations}
             for serial in [s for s in index.corpus if s not in live]:
                 del index.corpus[serial]
-        return state.match
+        return automaton.advance_speculate(state.match, unseen, max_tokens, self.max_spec_factor,
+                                           self.min_token_prob)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -242,6 +242,18 @@ class SuffixAutomaton:
         """`speculate(tail(), ...)`: a request's proposal from its own text."""
         return self.speculate(self.tail(), max_tokens, max_spec_factor, min_token_prob)
 
+    def extend_speculate_tail(self, tokens: Sequence[int], max_tokens: int, max_spec_factor: float,
+                              min_token_prob: float) -> tuple[list[int], float]:
+        """`extend_all(tokens)` then `speculate_tail(...)` (one call in the native automaton)."""
+        self.extend_all(tokens)
+        return self.speculate_tail(max_tokens, max_spec_factor, min_token_prob)
+
+    def advance_speculate(self, match: Match, tokens: Sequence[int], max_tokens: int, max_spec_factor: float,
+                          min_token_prob: float) -> tuple[list[int], float]:
+        """`advance(match, tokens)` then `speculate(match, ...)` (one call in the native automaton)."""
+        self.advance(match, tokens)
+        return self.speculate(match, max_tokens, max_spec_factor, min_token_prob)
+
     def match(self, tokens: list[int]) -> Match:
         """The longest suffix of `tokens` (at most `max_depth` of them) that occurs in the text."""
         found = Match()

@@ -296,3 +296,17 @@ int64_t sa_speculate_tail(const SA *a, int64_t max_tokens, double max_spec_facto
     sa_tail(a, &state, &length);
     return sa_speculate(a, state, length, max_tokens, max_spec_factor, min_token_prob, out, score_out);
 }
+
+/* `extend_all(tokens)` then `speculate(tail())`: a request's catch-up and own proposal in one call. */
+int64_t sa_extend_speculate_tail(SA *a, const int64_t *tokens, int64_t n, int64_t max_tokens, double max_spec_factor,
+                                 double min_token_prob, int64_t *out, double *score_out) {
+    if (sa_extend_all(a, tokens, n) != 0) return -1;
+    return sa_speculate_tail(a, max_tokens, max_spec_factor, min_token_prob, out, score_out);
+}
+
+/* `advance(match, tokens)` then `speculate(match)`: a corpus proposal in one call (pair: state, length). */
+int64_t sa_advance_speculate(const SA *a, int64_t *pair, const int64_t *tokens, int64_t n, int64_t max_tokens,
+                             double max_spec_factor, double min_token_prob, int64_t *out, double *score_out) {
+    sa_advance(a, &pair[0], &pair[1], tokens, n);
+    return sa_speculate(a, pair[0], pair[1], max_tokens, max_spec_factor, min_token_prob, out, score_out);
+}
