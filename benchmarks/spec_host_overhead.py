@@ -45,7 +45,7 @@ from tokenspeed.executor.batch_builder import RowSpec, build_host_batch
 from tokenspeed.executor.page_tables import RequestPageTables
 from tokenspeed.executor.sampler import Sampler
 from tokenspeed.executor.step_layout import lay_out
-from tokenspeed.executor.verify_step import verify_batch
+from tokenspeed.executor.verify_step import process_verified, verify_batch
 from tokenspeed.scheduler import SamplingParams, Scheduler, SchedulerConfig
 from tokenspeed.spec import parse_speculative_config
 from tokenspeed.spec.speculator import SpeculativeDecoder
@@ -100,8 +100,8 @@ def measure(batch_size: int, spec: dict[str, Any] | None, steps: int, jobs: list
         build_host_batch([RowSpec(tokens, r.start_position) for tokens, r in zip(layout.tokens, plan.rows)],
                          PAGE_SIZE, layout.logits_indices, tables=tables, table_slots=slots)
         if layout.verify_rows:  # the runner's verify bookkeeping, on logits of a small vocabulary
-            batch = verify_batch(plan, layout, None, torch.device("cpu"))
-            processed, _ = sampler.process(torch.zeros(len(batch.position_specs), 64), batch.position_specs)
+            batch = verify_batch(plan, layout, None, torch.device("cpu"), fast_greedy=verifier.fast_greedy_verify)
+            processed, _ = process_verified(sampler, torch.zeros(len(batch.position_specs), 64), batch, None)
             verifier.verify(processed, batch, sampler)
         laid_out = time.perf_counter()
         result = executor.run(plan)

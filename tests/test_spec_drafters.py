@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tokenspeed.spec.native_automaton import NativeSuffixAutomaton, load_library
 from tokenspeed.spec.ngram import NgramDrafter
 from tokenspeed.spec.suffix import SuffixDrafter
 from tokenspeed.spec.suffix_automaton import ROOT, SuffixAutomaton
@@ -179,11 +180,12 @@ def test_ngram_rejects_bad_sizes() -> None:
                                    st.lists(st.integers(0, 3), max_size=15)), max_size=4),
        prompt=st.lists(st.integers(0, 3), min_size=1, max_size=20),
        chunks=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=3), max_size=6),
-       depth=st.integers(1, 6), k=st.integers(1, 6))
+       depth=st.integers(1, 6), k=st.integers(1, 6), native=st.booleans())
 def test_suffix_drafter_equals_brute_force_over_own_text_and_corpus(
-    finished: list[tuple[list[int], list[int]]], prompt: list[int], chunks: list[list[int]], depth: int, k: int
+    finished: list[tuple[list[int], list[int]]], prompt: list[int], chunks: list[list[int]], depth: int, k: int,
+    native: bool,
 ) -> None:
-    drafter = SuffixDrafter(max_depth=depth, max_spec_factor=1.0, min_token_prob=0.1)
+    drafter = SuffixDrafter(max_depth=depth, max_spec_factor=1.0, min_token_prob=0.1, native=native)
     corpus: list[int] = []
     for i, (old_prompt, old_output) in enumerate(finished):
         drafter.propose(f"old{i}", [9 + i, *old_prompt], [], k)  # 9 + i: no prompt continues another
@@ -251,3 +253,65 @@ def test_suffix_retention_is_bounded() -> None:
         drafter.propose(f"r{i}", [i, i, i], [], 2)
         drafter.release(f"r{i}", [i, i, i], [1])
     assert len(drafter._retained) == 3 and drafter.num_requests == 0
+
+
+needs_native = pytest.mark.skipif(load_library() is None, reason="no C compiler for the native suffix automaton")
+
+
+@needs_native
+@settings(max_examples=120, deadline=None, derandomize=True, database=None)
+@given(pieces=st.lists(st.tuples(st.lists(st.integers(0, 5), max_size=12), st.integers(0, 40), st.integers(0, 30),
+                                 st.booleans()), min_size=1, max_size=12),
+       depth=st.integers(1, 8), queries=st.lists(st.lists(st.integers(0, 5), max_size=12), max_size=4),
+       k=st.integers(1, 10), factor=st.sampled_from([0.5, 1.0, 3.0]), min_prob=st.sampled_from([0.0, 0.1, 0.5]))
+def test_native_automaton_equals_the_python_one_state_by_state(
+    pieces: list[tuple[list[int], int, int, bool]], depth: int, queries: list[list[int]], k: int, factor: float,
+    min_prob: float,
+) -> None:
+    """The C automaton (`native_automaton.py`) builds the Python one's states, links, counts and transitions,
+    and answers the same tails, matches and proposals, on texts that copy their own earlier spans."""
+    python, native = SuffixAutomaton(depth), NativeSuffixAutomaton(depth)
+    text: list[int] = []
+    for fresh, start, length, separate in pieces:
+        chunk = fresh + text[start : start + length]  # new tokens, then a copy of an earlier span
+        text += chunk
+        if start % 2:
+            python.extend_all(chunk)
+            native.extend_all(chunk)
+        else:  # the drafter's fused catch-up and proposal
+            assert python.extend_speculate_tail(chunk, k, factor, min_prob) == \
+                native.extend_speculate_tail(chunk, k, factor, min_prob)
+        if separate:
+            python.end_document()
+            native.end_document()
+        assert python.speculate_tail(k, factor, min_prob) == native.speculate_tail(k, factor, min_prob)
+    assert (python.num_states, python.num_tokens) == (native.num_states, native.num_tokens)
+    for state in range(python.num_states):
+        assert python.state_len(state) == native.state_len(state)
+        assert python.state_link(state) == native.state_link(state)
+        assert python.count(state) == native.count(state)
+        for token, _ in python.followers(state):
+            assert python.step(state, token) == native.step(state, token)
+        assert native.step(state, 6) == python.step(state, 6) == -1
+    for query in [*queries, text[-12:]]:
+        a, b = python.match(query), native.match(query)
+        assert (a.state, a.length) == (b.state, b.length)
+        assert python.speculate(a, k, factor, min_prob) == native.speculate(b, k, factor, min_prob)
+        python.advance(a, query)
+        native.advance(b, query)
+        assert (a.state, a.length) == (b.state, b.length)
+        assert python.advance_speculate(a, query[:5], k, factor, min_prob) == \
+            native.advance_speculate(b, query[:5], k, factor, min_prob)
+        assert (a.state, a.length) == (b.state, b.length)
+
+
+@needs_native
+def test_suffix_drafter_native_switch() -> None:
+    assert SuffixDrafter(native=True).native and not SuffixDrafter(native=False).native
+    python = SuffixDrafter(max_depth=8, native=False)
+    native = SuffixDrafter(max_depth=8, native=True)
+    text = [1, 2, 3, 4, 5, 1, 2, 3, 4, 6, 1, 2, 3]
+    for drafter in (python, native):
+        drafter.release("a", [9], [1, 2, 3, 4, 7, 1, 2])
+    for end in range(1, len(text) + 1):
+        assert python.propose("r", text[:4], text[4:end], 6) == native.propose("r", text[:4], text[4:end], 6)

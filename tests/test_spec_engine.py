@@ -106,3 +106,32 @@ def test_bad_speculative_config_is_refused_before_loading(folders: dict[str, Pat
     with pytest.raises(InvalidRequest, match="no config.json"):
         run(folders["llama"], {"method": "eagle", "model": str(folders["llama"] / "none"),
                                "num_speculative_tokens": 2}, [[5, 6]], GREEDY)
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_fast_greedy_verify_on_and_off_give_the_same_tokens(
+    folders: dict[str, Path], family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fast_greedy_verify` (batched argmax/compare for all-plain-greedy steps) against the per-position
+    path and against no speculation: greedy rows, a greedy row still short of `min_tokens` (not plain
+    until it is past them) and a step mixing in a sampled row (the per-position path)."""
+    from tokenspeed.spec.speculator import SpeculativeDecoder
+
+    fast_steps = []
+    greedy = SpeculativeDecoder._greedy
+    monkeypatch.setattr(SpeculativeDecoder, "_greedy", staticmethod(
+        lambda logits, batch: fast_steps.append(1) or greedy(logits, batch)))
+    prompts = agent_prompts(4, seed=9)
+    params = [GREEDY, GREEDY,
+              SamplingParams(temperature=0.0, max_tokens=24, min_tokens=12, stop_token_ids=[7, 9, 11, 13]),
+              SamplingParams(temperature=0.8, seed=4, max_tokens=12, ignore_eos=True)]
+    base, _ = run(folders[family], None, prompts, params, page_size=4)
+    outputs = {}
+    for fast in (False, True):
+        fast_steps.clear()
+        spec = {**HOST_METHODS["suffix"], "fast_greedy_verify": fast}
+        outputs[fast], llm = run(folders[family], spec, prompts, params, page_size=4)
+        stats = llm.core.speculation_stats
+        assert stats is not None and stats.num_accepted_tokens > 0
+        assert bool(fast_steps) == fast  # on: the fast path ran (once the sampled row is done); off: never
+    assert token_ids(outputs[True]) == token_ids(outputs[False]) == token_ids(base)

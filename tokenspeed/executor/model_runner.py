@@ -55,7 +55,7 @@ from tokenspeed.executor.page_tables import RequestPageTables
 from tokenspeed.executor.sampler import Draws, Sampler, SampleSpec, prompt_token_logprobs
 from tokenspeed.executor.speculator import DraftRows, ProposedDrafts, Speculator, StepTail
 from tokenspeed.executor.step_layout import PromptLogprobSlice, StepLayout, lay_out, verify_graph_query_len
-from tokenspeed.executor.verify_step import VerifiedTokens, verify_batch
+from tokenspeed.executor.verify_step import VerifiedTokens, process_verified, verify_batch
 from tokenspeed.models.parallel.planned_model import DPRows, TokenRows
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, RowOutput
 
@@ -294,7 +294,8 @@ class ModelRunner:
     ) -> None:
         """The emitted tokens of the verify rows, decided by the speculator on processed logits."""
         assert self.speculation is not None
-        batch = verify_batch(plan, layout, proposed, logits.device)
+        batch = verify_batch(plan, layout, proposed, logits.device,
+                             fast_greedy=self.speculation.fast_greedy_verify)
         gather = [s + i for s, k in zip(layout.verify_logits_starts, batch.num_draft_tokens) for i in range(k + 1)]
         chosen = self._rows_of(logits, gather)
         masks = None
@@ -302,7 +303,7 @@ class ModelRunner:
             offsets = [0, *itertools.accumulate(k + 1 for k in batch.num_draft_tokens)]
             first = {plan_row: offsets[j] for j, plan_row in enumerate(layout.verify_rows)}
             masks = DeviceGrammarMasks.of(plan.grammar_masks, first, chosen.device)
-        processed, raw = self.sampler.process(chosen, batch.position_specs, masks)
+        processed, raw = process_verified(self.sampler, chosen, batch, masks)
         outcome = self.speculation.verify(processed, batch, self.sampler)
         handle.verified = VerifiedTokens(batch, outcome, raw)
 

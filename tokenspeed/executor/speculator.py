@@ -57,6 +57,10 @@ class VerifyBatch:
     draft_token_ids: torch.Tensor  # [rows, max k] int64 on the logits' device, 0 past a row's k
     draft_probs: torch.Tensor | None  # [rows, max k, vocab]: the distributions a sampling drafter drew from
     position_specs: list[SampleSpec]  # per verified position (row 0's k_0 + 1, then row 1's, ...)
+    # Every row plain greedy (`verify_step.plain_greedy`) and the speculator's `fast_greedy_verify` on: the
+    # emitted tokens are the argmaxes of the raw logits, no per-position processing; `position_specs` then
+    # repeats each row's own spec for its k + 1 positions (no draw reads a position's key or history).
+    greedy: bool = False
 
     @property
     def max_draft_tokens(self) -> int:
@@ -115,6 +119,12 @@ class Speculator(Protocol):
     @property
     def observes(self) -> bool:
         """Whether `observe` must run after every step (a device drafter with state of its own)."""
+        ...
+
+    @property
+    def fast_greedy_verify(self) -> bool:
+        """Whether a step whose verify rows are all plain greedy skips the sampler's per-position processing
+        (`VerifyBatch.greedy`): argmax, compare, first mismatch per row, as batched tensor ops."""
         ...
 
     def propose(self, batch: ForwardBatch, rows: DraftRows) -> ProposedDrafts:

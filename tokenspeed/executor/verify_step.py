@@ -8,6 +8,14 @@ and, for penalties, the history plus the drafts before it (`d1 .. di`).
 Penalties are host work, so a row with penalties and device drafts reads its
 drafts back (one synchronisation, only for such rows).
 
+Plain greedy rows (greedy, no penalties, logprobs, logit bias or grammar, and
+`min_tokens` already out) see nothing per position: their tokens are the
+argmaxes of the raw logits. When every verify row of a step is one and the
+speculator's `fast_greedy_verify` is on (`speculative_config`, default true),
+the batch is marked `greedy`: its positions share their row's spec (no
+per-position history copies), `process_verified` skips the sampler's
+processing and the speculator verifies with a few batched tensor ops.
+
 `VerifiedTokens` holds the outcome: on the device at once (the next step may
 read a row's last emitted token there, as for plain draws), on the host after
 one non-blocking copy, with one raw logprob per emitted token where the
@@ -21,7 +29,8 @@ from collections.abc import Sequence
 
 import torch
 
-from tokenspeed.executor.sampler import SampleSpec, token_logprobs
+from tokenspeed.executor.logits_processors import DeviceGrammarMasks
+from tokenspeed.executor.sampler import Sampler, SampleSpec, token_logprobs
 from tokenspeed.executor.speculator import ProposedDrafts, VerifyBatch, VerifyOutcome
 from tokenspeed.executor.step_layout import StepLayout
 from tokenspeed.scheduler.plan import ExecutionPlan, ScheduledRow, TokenLogprob
@@ -38,9 +47,26 @@ def _position_specs(row: ScheduledRow, drafts: Sequence[int]) -> list[SampleSpec
     return specs
 
 
+def plain_greedy(row: ScheduledRow) -> bool:
+    """Whether every verified position of `row` is drawn as the argmax of its raw logits (module docstring)."""
+    p = row.sampling
+    return (p.greedy and not p.needs_penalties and p.logprobs is None and not p.logit_bias
+            and not p.needs_grammar and row.sample_index >= p.min_tokens)
+
+
+def process_verified(sampler: Sampler, logits: torch.Tensor, batch: VerifyBatch,
+                     masks: DeviceGrammarMasks | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The sampler's processing of the verified positions' logits (`Sampler.process`): none for a greedy batch."""
+    if batch.greedy and masks is None:
+        return logits, None
+    return sampler.process(logits, batch.position_specs, masks)
+
+
 def verify_batch(
-    plan: ExecutionPlan, layout: StepLayout, proposed: ProposedDrafts | None, device: torch.device
+    plan: ExecutionPlan, layout: StepLayout, proposed: ProposedDrafts | None, device: torch.device,
+    *, fast_greedy: bool = False,
 ) -> VerifyBatch:
+    """`fast_greedy`: mark the batch `greedy` when every row is `plain_greedy` (the speculator's switch)."""
     rows = [plan.rows[i] for i in layout.verify_rows]
     counts = [r.num_draft_tokens for r in rows]
     width = max(counts)
@@ -65,9 +91,13 @@ def verify_batch(
             )).tolist()
             for j, values in zip(penalised, fetched):
                 host[j] = values
-    specs = [spec for row, values in zip(rows, host) for spec in _position_specs(row, values)]
+    greedy = fast_greedy and all(plain_greedy(row) for row in rows)
+    if greedy:
+        specs = [spec for row in rows for spec in [SampleSpec.of_row(row)] * (row.num_draft_tokens + 1)]
+    else:
+        specs = [spec for row, values in zip(rows, host) for spec in _position_specs(row, values)]
     offsets = list(itertools.accumulate((k + 1 for k in counts[:-1]), initial=0))
-    return VerifyBatch(layout.verify_rows, counts, offsets, drafts, probs, specs)
+    return VerifyBatch(layout.verify_rows, counts, offsets, drafts, probs, specs, greedy)
 
 
 class VerifiedTokens:

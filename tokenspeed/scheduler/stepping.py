@@ -79,14 +79,20 @@ def advance_row(request: Request, row: ScheduledRow, output: RowOutput, kv: KVCa
 
     if isinstance(request.state, Prefilling):
         request.apply(PrefillDone())
-    emitted: list[int] = []
+    sampled = output.sampled_token_ids
+    outputs = request.output_token_ids
     stop = None
-    for token in output.sampled_token_ids:
-        request.output_token_ids.append(token)
-        emitted.append(token)
-        stop = stop_check(request, token)
-        if stop is not None:
-            break
+    if len(outputs) + len(sampled) < request.max_output_tokens and request.stop_token_ids.isdisjoint(sampled):
+        emitted = list(sampled)  # no token can stop the stream (`stop_check`): a verify row's tokens at once
+        outputs.extend(emitted)
+    else:
+        emitted = []
+        for token in sampled:
+            outputs.append(token)
+            emitted.append(token)
+            stop = stop_check(request, token)
+            if stop is not None:
+                break
     # The input and the accepted drafts before the last emitted token are computed.
     _computed(request, row.end_position + len(emitted) - 1, row, kv)
     logprobs = None if output.logprobs is None else output.logprobs[: len(emitted)]

@@ -45,7 +45,8 @@ def speculator_factory(config: SpeculativeConfig, *, progress: bool = False) -> 
         drafter = build_device_drafter(executor, config, progress=progress) if config.drafts_on_device else None
         logger.info("speculative decoding: %s, up to %d drafts per row", config.method,
                     config.num_speculative_tokens)
-        return SpeculativeDecoder(config.num_speculative_tokens, drafter, draft_cuda_graphs=config.draft_cuda_graphs)
+        return SpeculativeDecoder(config.num_speculative_tokens, drafter, draft_cuda_graphs=config.draft_cuda_graphs,
+                                  fast_greedy_verify=config.fast_greedy_verify)
 
     return build
 

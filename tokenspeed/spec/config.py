@@ -17,12 +17,16 @@ other when one is given); suffix decoding speculates up to its tree depth
 (24) unless `num_speculative_tokens` is given, with spec factor 1.0 and
 minimum token probability 0.1; MTP drafts 1 token.
 
-Three keys are ours (vLLM has no equivalent): `adaptive_draft_length`
+Four keys are ours (vLLM has no equivalent): `adaptive_draft_length`
 (default true: per-request draft length from recent acceptance, down to 0;
 false always drafts the maximum), `draft_token_cost` (one draft
 position's cost relative to a decode row, the adaptive length's price) and
 `draft_cuda_graphs` (default true: an EAGLE/MTP drafter's forwards replay
-CUDA graphs when the target's do; false runs them eagerly).
+CUDA graphs when the target's do; false runs them eagerly) and
+`fast_greedy_verify` (default true: a step whose verify rows are all plain
+greedy is verified by batched argmax/compare without the sampler's
+per-position processing, `executor/verify_step.py`; false always takes the
+per-position path; the tokens are the same).
 
 Torch-free.
 """
@@ -68,6 +72,7 @@ class SpeculativeConfig:
     adaptive_draft_length: bool = True
     draft_token_cost: float = 0.1
     draft_cuda_graphs: bool = True
+    fast_greedy_verify: bool = True
 
     @property
     def drafts_on_device(self) -> bool:
@@ -143,7 +148,7 @@ def parse_speculative_config(value: object) -> SpeculativeConfig | None:
         _check_float("suffix_decoding_min_token_prob", value["suffix_decoding_min_token_prob"], 0.0, 1.0)
     if value.get("disable_by_batch_size") is not None:
         _check_int("disable_by_batch_size", value["disable_by_batch_size"], 1, 1 << 30)
-    for key in ("adaptive_draft_length", "draft_cuda_graphs"):
+    for key in ("adaptive_draft_length", "draft_cuda_graphs", "fast_greedy_verify"):
         if key in value and not isinstance(value[key], bool):
             raise InvalidRequest(f"speculative_config[{key!r}] must be true or false, got {value[key]!r}.")
     if "draft_token_cost" in value:

@@ -20,6 +20,13 @@ the drafts before it, the min-tokens mask at `sample_index + i`):
   distribution exactly with higher acceptance than point-mass verification
   of sampled drafts would have.
 
+A step whose verify rows are all plain greedy (`VerifyBatch.greedy`, behind
+`fast_greedy_verify`) takes none of the per-position paths above: one argmax
+over every verified position, a `[rows, k+1]` gather, the comparison with
+the drafts and the first mismatch per row (`verify.accept_drafts`), all
+batched: the tokens plain greedy decoding emits, with host work independent
+of k.
+
 All of it stays on the device; the runner's one host synchronisation per
 step fetches the emitted tokens.
 """
@@ -31,6 +38,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from tokenspeed.executor.sampler import greedy_argmax
 from tokenspeed.executor.speculator import DraftRows, ProposedDrafts, StepTail, VerifyBatch, VerifyOutcome
 from tokenspeed.spec.verify import accept_drafts, filtered_probs, rejection_sample
 
@@ -54,12 +62,18 @@ class DeviceDrafter(Protocol):
 
 class SpeculativeDecoder:
     def __init__(self, max_draft_tokens: int, drafter: DeviceDrafter | None = None, *,
-                 draft_cuda_graphs: bool = True) -> None:
+                 draft_cuda_graphs: bool = True, fast_greedy_verify: bool = True) -> None:
         """`drafter`: the device drafter; None for host drafters (their drafts come in the plan).
-        `draft_cuda_graphs`: capture the drafter's forwards in CUDA graphs when the target has graphs."""
+        `draft_cuda_graphs`: capture the drafter's forwards in CUDA graphs when the target has graphs.
+        `fast_greedy_verify`: verify an all-plain-greedy step with batched tensor ops (module docstring)."""
         self.max_draft_tokens = max_draft_tokens
         self.drafter = drafter
         self.draft_cuda_graphs = draft_cuda_graphs
+        self._fast_greedy_verify = fast_greedy_verify
+
+    @property
+    def fast_greedy_verify(self) -> bool:
+        return self._fast_greedy_verify
 
     @property
     def observes(self) -> bool:
@@ -92,6 +106,8 @@ class SpeculativeDecoder:
             release()
 
     def verify(self, logits: torch.Tensor, batch: VerifyBatch, sampler: Sampler) -> VerifyOutcome:
+        if batch.greedy:
+            return self._greedy(logits, batch)
         device = logits.device
         counts = batch.num_draft_tokens
         width = batch.max_draft_tokens + 1
@@ -109,6 +125,23 @@ class SpeculativeDecoder:
                 tokens.index_copy_(0, index, outcome.token_ids)
                 emitted.index_copy_(0, index, outcome.num_emitted)
         return VerifyOutcome(tokens, emitted)
+
+    @staticmethod
+    def _greedy(logits: torch.Tensor, batch: VerifyBatch) -> VerifyOutcome:
+        """Every row plain greedy: the argmax of each position (as `Sampler.draw` takes it), drafts accepted
+        while equal (`verify.accept_drafts`, in fewer ops). Host work: two small uploads, whatever k."""
+        device = logits.device
+        rows, width = len(batch.num_draft_tokens), batch.max_draft_tokens + 1
+        drawn = greedy_argmax(logits.float())
+        meta = _values(batch.offsets + batch.num_draft_tokens, torch.int64, device).view(2, rows, 1)  # one upload
+        offsets, counts = meta[0], meta[1]
+        cells = torch.arange(width, device=device)
+        # row j's cell i: position offsets[j] + min(i, k_j) (cells past k repeat the last position)
+        target = drawn[offsets + torch.minimum(cells, counts)]
+        # drafts are accepted while equal; a run of equal cells past k (padding) is cut at k
+        accepted = (target[:, :-1] == batch.draft_token_ids).cumprod(dim=1).sum(dim=1, keepdim=True)
+        num_emitted = torch.minimum(accepted, counts) + 1
+        return VerifyOutcome(target.masked_fill(cells >= num_emitted, -1), num_emitted.view(rows))
 
     @staticmethod
     def _point_mass(logits: torch.Tensor, batch: VerifyBatch, rows: list[int], width: int, sampler: Sampler

@@ -26,9 +26,14 @@ each corpus generation follows its new tokens (amortised O(1) each), and is
 recomputed from its last `max_depth` tokens (O(depth)) when that generation
 has grown since; so a step costs O(new tokens + depth + k), never O(context).
 
-Costs measured on CPython 3.11 (Python source, the embedded BPE): about
-2.5 us and 150 bytes per indexed token, and ~20 us per proposal once the
-prompt is indexed (8 tokens, 4 new tokens indexed). A request whose prompt no
+Both kinds are `NativeSuffixAutomaton`s (the same automaton in C,
+`native_automaton.py`) where a C compiler is available and
+`TOKENSPEED_SUFFIX_NATIVE` is not 0, else the Python `SuffixAutomaton`; the
+proposals are the same (tested state by state). Costs measured on CPython
+3.11 (the embedded BPE): the Python automaton about 2.5 us and 150 bytes per
+indexed token (2-3 us in a running batch), and ~20 us per proposal once the
+prompt is indexed (8 tokens, 4 new tokens indexed); the C one ~10 us per
+proposal at 64 rows, foreign calls included (`benchmarks/spec_host_overhead.py`). A request whose prompt no
 retained index covers indexes its whole prompt at its first proposal
 (~0.25 s per 100K tokens, once). Proposals run in `next_plan`, on the
 critical path of a step: at large batch sizes their sum matters (see
@@ -41,7 +46,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tokenspeed.spec.native_automaton import NativeSuffixAutomaton, load_library, native_enabled
 from tokenspeed.spec.suffix_automaton import Match, SuffixAutomaton
+
+Automaton = SuffixAutomaton | NativeSuffixAutomaton
 
 
 @dataclass(slots=True)
@@ -53,14 +61,14 @@ class _CorpusMatch:
 
 @dataclass(slots=True)
 class _Generation:
-    automaton: SuffixAutomaton
+    automaton: Automaton
     serial: int
     num_documents: int = 0
 
 
 @dataclass(slots=True)
 class _RequestIndex:
-    automaton: SuffixAutomaton
+    automaton: Automaton
     tokens: list[int] = field(default_factory=list)  # the request's prompt + output indexed so far
     corpus: dict[int, _CorpusMatch] = field(default_factory=dict)  # by generation serial
 
@@ -68,7 +76,8 @@ class _RequestIndex:
 class SuffixDrafter:
     __slots__ = ("max_depth", "max_spec_factor", "min_token_prob", "corpus_tokens", "max_corpus_documents",
                  "max_retained",
-                 "max_retained_tokens", "_requests", "_retained", "_generations", "_serial", "num_handovers")
+                 "max_retained_tokens", "_requests", "_retained", "_generations", "_serial", "num_handovers",
+                 "native")
 
     def __init__(
         self,
@@ -80,7 +89,10 @@ class SuffixDrafter:
         max_corpus_documents: int = 10000,
         max_retained: int = 64,
         max_retained_tokens: int = 1 << 21,
+        native: bool | None = None,
     ) -> None:
+        """`native`: index with the C automaton (`native_automaton.py`); None: unless `TOKENSPEED_SUFFIX_NATIVE=0`;
+        where it cannot be built, the Python one either way (the proposals are the same)."""
         self.max_depth = max_depth
         self.max_spec_factor = max_spec_factor
         self.min_token_prob = min_token_prob
@@ -91,8 +103,11 @@ class SuffixDrafter:
         self._requests: dict[str, _RequestIndex] = {}
         self._retained: OrderedDict[int, _RequestIndex] = OrderedDict()  # finished requests, oldest first
         self._serial = 0
-        self._generations: list[_Generation] = [self._new_generation()]  # newest last
         self.num_handovers = 0
+        if native is None:
+            native = native_enabled()
+        self.native = native and load_library() is not None
+        self._generations: list[_Generation] = [self._new_generation()]  # newest last
 
     @property
     def method(self) -> str:
@@ -115,16 +130,15 @@ class SuffixDrafter:
         index = self._requests.get(request_id)
         if index is None:
             index = self._requests[request_id] = self._start(prompt_token_ids)
-        self._catch_up(index, prompt_token_ids, output_token_ids)
-        if max_tokens <= 0:
-            return []
+        new = self._new_tokens(index, prompt_token_ids, output_token_ids)
         own = index.automaton
-        best, best_score = own.speculate(own.tail(), max_tokens, self.max_spec_factor, self.min_token_prob)
+        if max_tokens <= 0:
+            own.extend_all(new)
+            return []
+        # Catch-up, own proposal, then each corpus generation's: one call each (one foreign call when native).
+        best, best_score = own.extend_speculate_tail(new, max_tokens, self.max_spec_factor, self.min_token_prob)
         for generation in self._generations:
-            match = self._corpus_match(index, generation)
-            tokens, score = generation.automaton.speculate(
-                match, max_tokens, self.max_spec_factor, self.min_token_prob
-            )
+            tokens, score = self._corpus_speculate(index, generation, max_tokens)
             if score > best_score:
                 best, best_score = tokens, score
         return best
@@ -151,7 +165,7 @@ class SuffixDrafter:
             if common > best_common:
                 best_key, best_common = key, common
         if best_key is None:
-            return _RequestIndex(SuffixAutomaton(self.max_depth))
+            return _RequestIndex(self._new_automaton())
         index = self._retained.pop(best_key)
         self.num_handovers += 1
         if best_common < len(index.tokens):  # diverged: a separator, then the new text with some context
@@ -162,6 +176,11 @@ class SuffixDrafter:
         return index
 
     def _catch_up(self, index: _RequestIndex, prompt: Sequence[int], output: Sequence[int]) -> None:
+        index.automaton.extend_all(self._new_tokens(index, prompt, output))
+
+    @staticmethod
+    def _new_tokens(index: _RequestIndex, prompt: Sequence[int], output: Sequence[int]) -> list[int]:
+        """The request's tokens its index has not seen (now recorded in `index.tokens`, not yet indexed)."""
         tokens = index.tokens
         seen = len(tokens)
         if seen < len(prompt):
@@ -170,7 +189,7 @@ class SuffixDrafter:
         else:
             new = list(output[seen - len(prompt) :])
         tokens.extend(new)
-        index.automaton.extend_all(new)
+        return new
 
     def _retain(self, index: _RequestIndex) -> None:
         self._retained[id(index)] = index
@@ -183,7 +202,10 @@ class SuffixDrafter:
 
     def _new_generation(self) -> _Generation:
         self._serial += 1
-        return _Generation(SuffixAutomaton(self.max_depth), self._serial)
+        return _Generation(self._new_automaton(), self._serial)
+
+    def _new_automaton(self) -> Automaton:
+        return NativeSuffixAutomaton(self.max_depth) if self.native else SuffixAutomaton(self.max_depth)
 
     def _add_to_corpus(self, output: list[int]) -> None:
         current = self._generations[-1]
@@ -194,22 +216,25 @@ class SuffixDrafter:
                 2 * current.num_documents >= self.max_corpus_documents:
             self._generations = [current, self._new_generation()]
 
-    def _corpus_match(self, index: _RequestIndex, generation: _Generation) -> Match:
-        """The request's longest suffix held by this generation, kept up to date incrementally."""
+    def _corpus_speculate(self, index: _RequestIndex, generation: _Generation, max_tokens: int
+                          ) -> tuple[list[int], float]:
+        """The generation's proposal for the request: from the request's longest suffix the generation holds,
+        a match kept up to date incrementally (recomputed from the last `max_depth` tokens when the
+        generation grew since)."""
         automaton, tokens = generation.automaton, index.tokens
         state = index.corpus.get(generation.serial)
         if state is None or state.version != automaton.num_tokens:
-            state = index.corpus[generation.serial] = _CorpusMatch(automaton.match(tokens), automaton.num_tokens,
-                                                                   len(tokens))
+            state = index.corpus[generation.serial] = _CorpusMatch(Match(), automaton.num_tokens, len(tokens))
+            unseen = tokens[-self.max_depth :]  # `automaton.match(tokens)`
         else:
-            for token in tokens[state.num_query :]:
-                state.match.advance(automaton, token)
+            unseen = tokens[state.num_query :]
             state.num_query = len(tokens)
         if len(index.corpus) > len(self._generations):  # forget generations that were dropped
             live = {g.serial for g in self._generations}
             for serial in [s for s in index.corpus if s not in live]:
                 del index.corpus[serial]
-        return state.match
+        return automaton.advance_speculate(state.match, unseen, max_tokens, self.max_spec_factor,
+                                           self.min_token_prob)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -33,6 +33,7 @@ inline, and only the others get a dict.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 ROOT = 0
@@ -117,57 +118,94 @@ class SuffixAutomaton:
 
     def extend(self, token: int) -> None:
         """Append one token (the classic online construction, plus the bounded occurrence counts)."""
-        link, length, count, tok, to, more = self._link, self._len, self._count, self._tok, self._to, self._more
-        cur = self._new_state(length[self._last] + 1, ROOT, 0)
-        p = self._last
-        q = _NO_STATE
-        while p != _NO_STATE:  # add token -> cur where missing (step/_set inlined: the hot loop)
-            first = tok[p]
-            if first == token:
-                q = to[p]
-                break
-            if first == _MANY:
-                q = more[p].get(token, _NO_STATE)
-                if q != _NO_STATE:
-                    break
-                more[p][token] = cur
-            elif first == _NONE:
-                tok[p], to[p] = token, cur
-            else:
-                more[p] = {first: to[p], token: cur}
-                tok[p] = _MANY
-            p = link[p]
-        if q != _NO_STATE:
-            if length[p] + 1 == length[q]:
-                link[cur] = q
-            else:  # split q: its strings no longer than len(p) + 1 now also end here
-                # Same end positions so far as q; the new one is counted below.
-                clone = self._new_state(length[p] + 1, link[q], count[q], copy_of=q)
-                while p != _NO_STATE and self.step(p, token) == q:
-                    self._set(p, token, clone)
-                    p = link[p]
-                link[q] = clone
-                link[cur] = clone
-                if self._anchor == q and self._anchor_len <= length[clone]:
-                    self._anchor = clone
-        self._last = cur
-        self.num_tokens += 1
-        # The anchor follows the text's last max_depth + 1 tokens: one transition, at most one link.
-        anchor = self.step(self._anchor, token)
-        anchor_len = self._anchor_len + 1
-        if anchor_len > self.max_depth + 1:
-            anchor_len = self.max_depth + 1
-            if length[link[anchor]] >= anchor_len:
-                anchor = link[anchor]
-        self._anchor, self._anchor_len = anchor, anchor_len
-        state = anchor
-        while state > ROOT:  # every suffix of at most max_depth + 1 tokens occurs once more
-            count[state] += 1
-            state = link[state]
+        self.extend_all((token,))
 
-    def extend_all(self, tokens: list[int]) -> None:
+    def extend_all(self, tokens: Sequence[int]) -> None:
+        """Append `tokens`, one `extend` each. The hot path of suffix drafting (every emitted token of
+        every request goes through it): one loop with the state's fields in locals, `step` and `_set`
+        inlined."""
+        link, length, count, tok, to, more = self._link, self._len, self._count, self._tok, self._to, self._more
+        last, anchor, anchor_len = self._last, self._anchor, self._anchor_len
+        cap = self.max_depth + 1
         for token in tokens:
-            self.extend(token)
+            p = last
+            cur = len(length)
+            length.append(length[p] + 1)
+            link.append(ROOT)
+            count.append(0)
+            tok.append(_NONE)
+            to.append(0)
+            q = _NO_STATE
+            while p != _NO_STATE:  # add token -> cur where missing
+                first = tok[p]
+                if first == token:
+                    q = to[p]
+                    break
+                if first == _MANY:
+                    edges = more[p]
+                    q = edges.get(token, _NO_STATE)
+                    if q != _NO_STATE:
+                        break
+                    edges[token] = cur
+                elif first == _NONE:
+                    tok[p] = token
+                    to[p] = cur
+                else:
+                    more[p] = {first: to[p], token: cur}
+                    tok[p] = _MANY
+                p = link[p]
+            if q != _NO_STATE:
+                if length[p] + 1 == length[q]:
+                    link[cur] = q
+                else:  # split q: its strings no longer than len(p) + 1 now also end here
+                    # Same end positions so far as q; the new one is counted below.
+                    clone = len(length)
+                    length.append(length[p] + 1)
+                    link.append(link[q])
+                    count.append(count[q])
+                    first = tok[q]
+                    tok.append(first)
+                    to.append(to[q])
+                    if first == _MANY:
+                        more[clone] = dict(more[q])
+                    while p != _NO_STATE:  # redirect p's transitions on token from q to the clone
+                        first = tok[p]
+                        if first == token:
+                            if to[p] != q:
+                                break
+                            to[p] = clone
+                        elif first == _MANY:
+                            edges = more[p]
+                            if edges.get(token) != q:
+                                break
+                            edges[token] = clone
+                        else:
+                            break
+                        p = link[p]
+                    link[q] = clone
+                    link[cur] = clone
+                    if anchor == q and anchor_len <= length[clone]:
+                        anchor = clone
+            last = cur
+            # The anchor follows the text's last max_depth + 1 tokens: one transition, at most one link.
+            first = tok[anchor]
+            if first == token:
+                anchor = to[anchor]
+            elif first == _MANY:
+                anchor = more[anchor].get(token, _NO_STATE)
+            else:
+                anchor = _NO_STATE
+            anchor_len += 1
+            if anchor_len > cap:
+                anchor_len = cap
+                if length[link[anchor]] >= cap:
+                    anchor = link[anchor]
+            state = anchor
+            while state > ROOT:  # every suffix of at most max_depth + 1 tokens occurs once more
+                count[state] += 1
+                state = link[state]
+        self._last, self._anchor, self._anchor_len = last, anchor, anchor_len
+        self.num_tokens += len(tokens)
 
     def end_document(self) -> None:
         """Close the current document: what follows never continues a match into it."""
@@ -190,6 +228,31 @@ class SuffixAutomaton:
         if state != ROOT and self._len[self._link[state]] >= length:
             state = self._link[state]
         return Match(state, length)
+
+    def advance(self, match: Match, tokens: Sequence[int]) -> None:
+        """`match.advance(self, token)` for each of `tokens`."""
+        for token in tokens:
+            match.advance(self, token)
+
+    def state_link(self, state: int) -> int:
+        return self._link[state]
+
+    def speculate_tail(self, max_tokens: int, max_spec_factor: float, min_token_prob: float
+                       ) -> tuple[list[int], float]:
+        """`speculate(tail(), ...)`: a request's proposal from its own text."""
+        return self.speculate(self.tail(), max_tokens, max_spec_factor, min_token_prob)
+
+    def extend_speculate_tail(self, tokens: Sequence[int], max_tokens: int, max_spec_factor: float,
+                              min_token_prob: float) -> tuple[list[int], float]:
+        """`extend_all(tokens)` then `speculate_tail(...)` (one call in the native automaton)."""
+        self.extend_all(tokens)
+        return self.speculate_tail(max_tokens, max_spec_factor, min_token_prob)
+
+    def advance_speculate(self, match: Match, tokens: Sequence[int], max_tokens: int, max_spec_factor: float,
+                          min_token_prob: float) -> tuple[list[int], float]:
+        """`advance(match, tokens)` then `speculate(match, ...)` (one call in the native automaton)."""
+        self.advance(match, tokens)
+        return self.speculate(match, max_tokens, max_spec_factor, min_token_prob)
 
     def match(self, tokens: list[int]) -> Match:
         """The longest suffix of `tokens` (at most `max_depth` of them) that occurs in the text."""
