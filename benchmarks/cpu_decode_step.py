@@ -38,15 +38,14 @@ Without --tree the current checkout runs. Results (with the command) go to
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cpu_side_by_side  # noqa: E402  (the probe and driver shared with cpu_prefill_step.py)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "cpu" / "cpu_decode_step.json"
@@ -55,58 +54,15 @@ DEFAULT_OUT = REPO / "benchmarks" / "results" / "cpu" / "cpu_decode_step.json"
 # ---- one measurement, in this process ----------------------------------------------------------
 
 
-class StepProbe:
-    """Wraps the engine's step, the model's forward and LM head and the runner's sampler with timers."""
+class StepProbe(cpu_side_by_side.StepProbe):
+    """The shared step probe; also marks each step's decode rows (-1: not decode-only) and keeps the last
+    decode batch."""
 
     def __init__(self, llm: Any) -> None:
-        core = llm.core
-        runner = core.executor.runner
-        self.runner = runner
-        self.model = runner.model
-        self.current: dict[str, float] = {}
-        self.steps: list[dict[str, float]] = []
         self.last_decode_batch: Any = None
+        super().__init__(llm)
 
-        def timed(name: str, fn: Any) -> Any:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                t0 = time.perf_counter()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    self.current[name] = self.current.get(name, 0.0) + time.perf_counter() - t0
-            return wrapper
-
-        forward = self.model.forward
-
-        def model_forward(batch: Any, kv: Any) -> Any:
-            self._note_batch(batch)
-            return forward(batch, kv)
-
-        self.model.forward = timed("forward", model_forward)
-        self.model.compute_logits = timed("logits", self.model.compute_logits)
-        runner._sample = timed("sample", runner._sample)
-        fast = getattr(runner, "cpu_decode", None)  # the CPU decode forward, where present
-        if fast is not None:
-            run = fast.run
-
-            def fast_run(batch: Any, **kwargs: Any) -> Any:
-                self._note_batch(batch)
-                return run(batch, **kwargs)
-
-            fast.run = timed("forward", fast_run)
-        step = core.step
-
-        def core_step() -> Any:
-            self.current = {}
-            t0 = time.perf_counter()
-            out = step()
-            self.current["step"] = time.perf_counter() - t0
-            self.steps.append(self.current)
-            return out
-
-        core.step = core_step
-
-    def _note_batch(self, batch: Any) -> None:
+    def note_batch(self, batch: Any) -> None:
         attn = batch.attn
         rows = len(attn.seq_lens)
         decode = attn.max_query_len == 1 and batch.num_tokens == rows
@@ -150,18 +106,10 @@ def measure(args: argparse.Namespace, llm_kwargs: dict[str, Any], seed: int) -> 
 
     import torch
 
-    from tokenspeed import LLM, SamplingParams
+    from tokenspeed import SamplingParams
 
-    kwargs: dict[str, Any] = dict(
-        max_model_len=args.context + args.steps + 64,
-        max_num_seqs=max(args.batches),
-        cpu_threads=1,
-        show_progress=False,
-        seed=0,
-    )
-    kwargs.update(llm_kwargs)
     t0 = time.perf_counter()
-    llm = LLM(**kwargs)
+    llm = cpu_side_by_side.build_llm(llm_kwargs, args.context + args.steps + 64, max(args.batches))
     build_s = time.perf_counter() - t0
     probe = StepProbe(llm)
     rng = random.Random(seed)
@@ -189,9 +137,7 @@ def measure(args: argparse.Namespace, llm_kwargs: dict[str, Any], seed: int) -> 
                 name: statistics.median(s.get(name, 0.0) for s in decode) * 1e3
                 for name in ("step", "forward", "logits", "sample")
             }
-            host = statistics.median(
-                (s["step"] - s.get("forward", 0.0) - s.get("logits", 0.0) - s.get("sample", 0.0)) for s in decode
-            ) * 1e3
+            host = statistics.median(StepProbe.host_seconds(s) for s in decode) * 1e3
             steps_sorted = sorted(s["step"] for s in decode)
             row: dict[str, Any] = {
                 "decode_steps": len(decode),
@@ -242,55 +188,14 @@ def best_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return best
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=48)
-    parser.add_argument("--repeat", type=int, default=50, help="runner-level forward calls per batch size")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout to measure")
-    parser.add_argument("--variant", action="append", default=[], help="NAME=JSON of LLM keyword arguments")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--child", help=argparse.SUPPRESS)  # JSON LLM kwargs: measure once, print JSON
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+def round_summary(res: dict[str, Any]) -> str:
+    """One round's line of progress."""
+    summary = {k: v["step_ms"] for k, v in res.items() if k.startswith("b")}
+    return f"step_ms {summary}"
 
-    if args.child is not None:
-        print("RESULT " + json.dumps(measure(args, json.loads(args.child), args.seed)), flush=True)
-        return
 
-    trees = [tuple(t.split("=", 1)) for t in args.tree] or [("current", str(REPO))]
-    variants = [tuple(v.split("=", 1)) for v in args.variant] or [("default", "{}")]
-    configs = [(f"{t}" if len(variants) == 1 else f"{t}/{v}" if len(trees) > 1 else v, path, kw)
-               for t, path in trees for v, kw in variants]
-    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in configs}
-    forwarded = ["--batches", *map(str, args.batches), "--context", str(args.context),
-                 "--steps", str(args.steps), "--repeat", str(args.repeat)]
-    for r in range(args.rounds):
-        for name, path, kw in configs:
-            env = dict(os.environ, PYTHONPATH=str(Path(path).resolve()), OMP_NUM_THREADS="1")
-            proc = subprocess.run(
-                [sys.executable, __file__, *forwarded, "--child", kw, "--seed", str(r)],
-                env=env, capture_output=True, text=True, check=False,
-            )
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            if line is None:
-                sys.stderr.write(proc.stdout + proc.stderr)
-                raise SystemExit(f"{name} failed in round {r}")
-            rounds[name].append(json.loads(line.removeprefix("RESULT ")))
-            summary = {k: v["step_ms"] for k, v in rounds[name][-1].items() if k.startswith("b")}
-            print(f"round {r} {name}: step_ms {summary}", flush=True)
-    results = {name: best_of(rs) for name, rs in rounds.items()}
-    document = {
-        "command": "python " + " ".join([str(Path(__file__).relative_to(REPO)), *sys.argv[1:]]),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "load_average": os.getloadavg(),
-        "configs": {name: {"tree": path, "llm_kwargs": json.loads(kw)} for name, path, kw in configs},
-        "results": results,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=1) + "\n")
+def print_results(results: dict[str, Any]) -> None:
+    """The best rounds' table."""
     print(f"\n{'config':<24} {'B':>3} {'step':>7} {'p10':>7} {'fwd':>7} {'lmhead':>7} {'sample':>7} {'host':>7} "
           f"{'runner':>7} {'tok/s':>7} {'ops':>5}")
     for name, res in results.items():
@@ -300,7 +205,21 @@ def main() -> None:
             print(f"{name:<24} {key[1:]:>3} {row['step_ms']:7.2f} {row['step_p10_ms']:7.2f} {row['forward_ms']:7.2f} {row['logits_ms']:7.2f} "
                   f"{row['sample_ms']:7.2f} {row['host_ms']:7.2f} {row['runner_forward_ms']:7.2f} "
                   f"{row['tok_s']:7.1f} {row['aten_ops']['top_level']:5d}")
-    print(f"written to {args.out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=48)
+    parser.add_argument("--repeat", type=int, default=50, help="runner-level forward calls per batch size")
+    cpu_side_by_side.add_driver_arguments(parser, DEFAULT_OUT)
+    args = parser.parse_args()
+
+    forwarded = ["--batches", *map(str, args.batches), "--context", str(args.context),
+                 "--steps", str(args.steps), "--repeat", str(args.repeat)]
+
+    cpu_side_by_side.run_side_by_side(__file__, args, forwarded, measure, best_of, round_summary, print_results)
 
 
 if __name__ == "__main__":

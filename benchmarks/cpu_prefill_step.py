@@ -32,61 +32,28 @@ round, so background load hits all alike; per config the best round (lowest pref
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cpu_side_by_side  # noqa: E402  (the probe and driver shared with cpu_decode_step.py)
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "cpu" / "cpu_prefill_step.json"
 
 
-class StepProbe:
-    """Times the engine step, the decoder stack, LM head and sampler; classifies each step by its plan."""
+class StepProbe(cpu_side_by_side.StepProbe):
+    """The shared step probe; also classifies each step by the plan it launches (`kind`: decode, prefill or
+    mixed; `tokens`) and keeps the last batch with prompt chunks."""
 
     def __init__(self, llm: Any) -> None:
-        core = llm.core
-        runner = core.executor.runner
-        self.runner = runner
-        self.current: dict[str, Any] = {}
-        self.steps: list[dict[str, Any]] = []
         self.last_prompt_batch: Any = None
-
-        def timed(name: str, fn: Any) -> Any:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                t0 = time.perf_counter()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    self.current[name] = self.current.get(name, 0.0) + time.perf_counter() - t0
-            return wrapper
-
-        model = runner.model
-        forward = model.forward
-
-        def model_forward(batch: Any, kv: Any) -> Any:
-            self._note(batch)
-            return forward(batch, kv)
-
-        model.forward = timed("forward", model_forward)
-        model.compute_logits = timed("logits", model.compute_logits)
-        runner._sample = timed("sample", runner._sample)
-        fast = getattr(runner, "cpu_decode", None)
-        if fast is not None:
-            run = fast.run
-
-            def fast_run(batch: Any, **kwargs: Any) -> Any:
-                self._note(batch)
-                return run(batch, **kwargs)
-
-            fast.run = timed("forward", fast_run)
-        launch = runner.launch
+        super().__init__(llm)
+        launch = self.runner.launch
 
         def runner_launch(plan: Any, previous: Any = None) -> Any:
             prompt = sum(len(r.input_token_ids) > 1 for r in plan.rows)
@@ -95,20 +62,9 @@ class StepProbe:
             self.current["tokens"] = sum(len(r.input_token_ids) for r in plan.rows)
             return launch(plan, previous)
 
-        runner.launch = runner_launch
-        step = core.step
+        self.runner.launch = runner_launch
 
-        def core_step() -> Any:
-            self.current = {}
-            t0 = time.perf_counter()
-            out = step()
-            self.current["step"] = time.perf_counter() - t0
-            self.steps.append(self.current)
-            return out
-
-        core.step = core_step
-
-    def _note(self, batch: Any) -> None:
+    def note_batch(self, batch: Any) -> None:
         if batch.attn.max_query_len > 1:
             self.last_prompt_batch = batch
 
@@ -132,8 +88,7 @@ def prefill_part(llm: Any, probe: StepProbe, args: argparse.Namespace, rng: rand
     row: dict[str, Any] = {"generate_ms": _ms(min(walls)), "generate_median_ms": _ms(statistics.median(walls))}
     for name in ("step", "forward", "logits", "sample"):
         row[f"{name}_ms"] = _ms(statistics.median(s.get(name, 0.0) for s in steps))
-    row["host_ms"] = _ms(statistics.median(
-        s["step"] - s.get("forward", 0.0) - s.get("logits", 0.0) - s.get("sample", 0.0) for s in steps))
+    row["host_ms"] = _ms(statistics.median(StepProbe.host_seconds(s) for s in steps))
     row["step_best_ms"] = _ms(min(s["step"] for s in steps))
     row["forward_best_ms"] = _ms(min(s.get("forward", 0.0) for s in steps))
     return row
@@ -246,17 +201,9 @@ def serve_part(llm: Any, probe: StepProbe, args: argparse.Namespace, concurrency
 
 
 def measure(args: argparse.Namespace, llm_kwargs: dict[str, Any], seed: int) -> dict[str, Any]:
-    from tokenspeed import LLM, SamplingParams
+    from tokenspeed import SamplingParams
 
-    kwargs: dict[str, Any] = dict(
-        max_model_len=args.context + args.output + 64,
-        max_num_seqs=max(args.concurrency),
-        cpu_threads=1,
-        show_progress=False,
-        seed=0,
-    )
-    kwargs.update(llm_kwargs)
-    llm = LLM(**kwargs)
+    llm = cpu_side_by_side.build_llm(llm_kwargs, args.context + args.output + 64, max(args.concurrency))
     probe = StepProbe(llm)
     rng = random.Random(seed)
     out: dict[str, Any] = {}
@@ -286,60 +233,15 @@ def best_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return best
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--output", type=int, default=64)
-    parser.add_argument("--concurrency", type=int, nargs="*", default=[4, 16])
-    parser.add_argument("--requests-per-client", type=int, default=3)
-    parser.add_argument("--repeat", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--profile", action="store_true", help="the runner part's top aten ops")
-    parser.add_argument("--burst", action="store_true", help="serving: the first C requests arrive at once")
-    parser.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout to measure")
-    parser.add_argument("--variant", action="append", default=[], help="NAME=JSON of LLM keyword arguments")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+def round_summary(res: dict[str, Any]) -> str:
+    """One round's line of progress."""
+    serve = {k: v["output_tok_s"] for k, v in res.items() if k.startswith("serve_")}
+    return (f"prefill generate {res['prefill']['generate_ms']} ms, runner forward "
+            f"{res['runner']['forward_ms']} ms, serving tok/s {serve}")
 
-    if args.child is not None:
-        print("RESULT " + json.dumps(measure(args, json.loads(args.child), args.seed)), flush=True)
-        return
 
-    trees = [tuple(t.split("=", 1)) for t in args.tree] or [("current", str(REPO))]
-    variants = [tuple(v.split("=", 1)) for v in args.variant] or [("default", "{}")]
-    configs = [(f"{t}" if len(variants) == 1 else f"{t}/{v}" if len(trees) > 1 else v, path, kw)
-               for t, path in trees for v, kw in variants]
-    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in configs}
-    forwarded = ["--context", str(args.context), "--output", str(args.output),
-                 "--concurrency", *map(str, args.concurrency), "--requests-per-client", str(args.requests_per_client),
-                 "--repeat", str(args.repeat), *(["--profile"] if args.profile else []),
-                 *(["--burst"] if args.burst else [])]
-    for r in range(args.rounds):
-        for name, path, kw in configs:
-            env = dict(os.environ, PYTHONPATH=str(Path(path).resolve()), OMP_NUM_THREADS="1")
-            proc = subprocess.run([sys.executable, __file__, *forwarded, "--child", kw, "--seed", str(r)],
-                                  env=env, capture_output=True, text=True, check=False)
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            if line is None:
-                sys.stderr.write(proc.stdout + proc.stderr)
-                raise SystemExit(f"{name} failed in round {r}")
-            res = json.loads(line.removeprefix("RESULT "))
-            rounds[name].append(res)
-            serve = {k: v["output_tok_s"] for k, v in res.items() if k.startswith("serve_")}
-            print(f"round {r} {name}: prefill generate {res['prefill']['generate_ms']} ms, runner forward "
-                  f"{res['runner']['forward_ms']} ms, serving tok/s {serve}", flush=True)
-    results = {name: best_of(rs) for name, rs in rounds.items()}
-    document = {
-        "command": "python " + " ".join([str(Path(__file__).relative_to(REPO)), *sys.argv[1:]]),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "load_average": os.getloadavg(),
-        "configs": {name: {"tree": path, "llm_kwargs": json.loads(kw)} for name, path, kw in configs},
-        "results": results,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=1) + "\n")
+def print_results(results: dict[str, Any]) -> None:
+    """The best rounds' table."""
     print(f"\n{'config':<22} {'generate':>9} {'step':>7} {'fwd':>7} {'lmhead':>7} {'sample':>7} {'host':>7} "
           f"{'runner fwd':>10}")
     for name, res in results.items():
@@ -356,7 +258,26 @@ def main() -> None:
                                for k in ("decode", "prefill", "mixed"))
             print(f"{name:<22} {key.removeprefix('serve_c'):>3} {row['output_tok_s']:7.1f} {row['mean_ttft_ms']:7.1f} "
                   f"{row['mean_tpot_ms']:6.2f}  {kinds}")
-    print(f"written to {args.out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--output", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[4, 16])
+    parser.add_argument("--requests-per-client", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--profile", action="store_true", help="the runner part's top aten ops")
+    parser.add_argument("--burst", action="store_true", help="serving: the first C requests arrive at once")
+    cpu_side_by_side.add_driver_arguments(parser, DEFAULT_OUT)
+    args = parser.parse_args()
+
+    forwarded = ["--context", str(args.context), "--output", str(args.output),
+                 "--concurrency", *map(str, args.concurrency), "--requests-per-client", str(args.requests_per_client),
+                 "--repeat", str(args.repeat), *(["--profile"] if args.profile else []),
+                 *(["--burst"] if args.burst else [])]
+
+    cpu_side_by_side.run_side_by_side(__file__, args, forwarded, measure, best_of, round_summary, print_results)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,31 @@ def _kv(config: ModelConfig, num_pages: int, seed: int) -> PagedKVStorage:
     return kv
 
 
+def _pools_and_forward(model, config: ModelConfig, num_pages: int, seed: int):
+    """Two K/V pools with the same random history (the eager layers', the CPU forward's) and the CPU forward
+    built on the second."""
+    eager_kv, fast_kv = _kv(config, num_pages, seed), _kv(config, num_pages, seed)
+    fast = CPUDecodeForward.build(model, fast_kv)
+    assert fast is not None
+    return eager_kv, fast_kv, fast
+
+
+def _assert_same_kv(eager_kv: PagedKVStorage, fast_kv: PagedKVStorage) -> None:
+    for a, b in zip((*eager_kv.k, *eager_kv.v), (*fast_kv.k, *fast_kv.v)):
+        assert torch.equal(a, b)
+
+
+def _assert_equals_layers_bitwise(model, config: ModelConfig, batch, num_pages: int) -> None:
+    """The CPU forward takes `batch`, and its hidden states and written K/V are the eager layers', bit for bit."""
+    eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 1)
+    assert fast.serves(batch)
+    with torch.inference_mode():
+        expected = model(batch, eager_kv)
+        got = fast.run(batch)
+    assert torch.equal(got, expected)
+    _assert_same_kv(eager_kv, fast_kv)
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @pytest.mark.parametrize("lengths", [[1], [37], [16, 5, 70, 33]])
 def test_decode_forward_equals_layers_bitwise(checkpoints, family: str, lengths: list[int]) -> None:
@@ -52,15 +77,7 @@ def test_decode_forward_equals_layers_bitwise(checkpoints, family: str, lengths:
         used += len(pages)
         rows.append(RowSpec([rng.randrange(config.vocab_size)], n - 1, pages))
     batch = build_forward_batch(rows, PAGE_SIZE, logits_indices=range(len(rows)))
-    eager_kv, fast_kv = _kv(config, num_pages, 1), _kv(config, num_pages, 1)
-    fast = CPUDecodeForward.build(model, fast_kv)
-    assert fast is not None
-    with torch.inference_mode():
-        expected = model(batch, eager_kv)
-        got = fast.run(batch)
-    assert torch.equal(got, expected)
-    for a, b in zip((*eager_kv.k, *eager_kv.v), (*fast_kv.k, *fast_kv.v)):
-        assert torch.equal(a, b)
+    _assert_equals_layers_bitwise(model, config, batch, num_pages)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -89,15 +106,7 @@ def test_prompt_steps_equal_layers_bitwise(checkpoints, family: str, rows: list[
         tokens += new
         logits.append(tokens - 1)
     batch = build_forward_batch(specs, PAGE_SIZE, logits_indices=logits)
-    eager_kv, fast_kv = _kv(config, num_pages, 1), _kv(config, num_pages, 1)
-    fast = CPUDecodeForward.build(model, fast_kv)
-    assert fast is not None and fast.serves(batch)
-    with torch.inference_mode():
-        expected = model(batch, eager_kv)
-        got = fast.run(batch)
-    assert torch.equal(got, expected)
-    for a, b in zip((*eager_kv.k, *eager_kv.v), (*fast_kv.k, *fast_kv.v)):
-        assert torch.equal(a, b)
+    _assert_equals_layers_bitwise(model, config, batch, num_pages)
 
 
 @pytest.mark.parametrize("rows", [[(0, 130)], [(20, 30)], [(0, 40), (33, 1), (0, 1), (64, 17)]])
@@ -117,15 +126,12 @@ def test_logits_rows_close_to_layers(checkpoints, rows: list[tuple[int, int]]) -
         last.append(tokens - 1)
     for logits_indices, pruned in ((last, True), (list(range(tokens)), False)):
         batch = build_forward_batch(specs, PAGE_SIZE, logits_indices=logits_indices)
-        eager_kv, fast_kv = _kv(config, num_pages, 2), _kv(config, num_pages, 2)
-        fast = CPUDecodeForward.build(model, fast_kv)
-        assert fast is not None
+        eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 2)
         with torch.inference_mode():
             expected = model(batch, eager_kv).index_select(0, batch.logits_indices)
             got = fast.run(batch, logits_rows=True)
             want_logits, got_logits = model.compute_logits(expected), model.compute_logits(got)
-        for a, b in zip((*eager_kv.k, *eager_kv.v), (*fast_kv.k, *fast_kv.v)):
-            assert torch.equal(a, b)
+        _assert_same_kv(eager_kv, fast_kv)
         if pruned:
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
             torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-4)
@@ -138,14 +144,11 @@ def test_chunk_without_logits_rows(checkpoints) -> None:
     """A prompt chunk that samples nothing (chunked prefill): no rows back, the layers' K/V."""
     model, config = _model(checkpoints["qwen3"])
     batch = build_forward_batch([RowSpec(list(range(3, 43)), 0, [1, 2, 3])], PAGE_SIZE, logits_indices=[])
-    eager_kv, fast_kv = _kv(config, 5, 3), _kv(config, 5, 3)
-    fast = CPUDecodeForward.build(model, fast_kv)
-    assert fast is not None
+    eager_kv, fast_kv, fast = _pools_and_forward(model, config, 5, 3)
     with torch.inference_mode():
         model(batch, eager_kv)
         assert fast.run(batch, logits_rows=True).shape == (0, config.hidden_size)
-    for a, b in zip((*eager_kv.k, *eager_kv.v), (*fast_kv.k, *fast_kv.v)):
-        assert torch.equal(a, b)
+    _assert_same_kv(eager_kv, fast_kv)
 
 
 def test_serves_what_the_layers_send_to_extend_or_decode(checkpoints) -> None:
