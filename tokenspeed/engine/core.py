@@ -64,7 +64,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tokenspeed.engine")
 
 _DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+# On a CPU a step's cost grows with its tokens (no idle compute to fill), so a burst of prompts
+# prefilled in one 8192-token step stalls every running stream for its whole length: 16 prompts
+# of 512 tokens on the embedded model waited 692 ms for their first token, 345 ms at 2048, for
+# 5% more tokens/s (benchmarks/results/cpu/cpu_prefill_step_burst.json). vLLM's CPU server
+# defaults to 2048 too.
+_DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU = 2048
 _GRAMMAR_WAIT_S = 0.002  # an engine with nothing to run but grammars compiling waits this long for one
+
+
+def _default_max_num_batched_tokens(device: str) -> int:
+    return _DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU if device == "cpu" else _DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
 class EngineCore:
@@ -111,7 +121,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens or _DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                max_num_batched_tokens=config.max_num_batched_tokens or _default_max_num_batched_tokens(limits.device),
                 max_model_len=limits.max_model_len,
                 page_size=limits.page_size,
                 num_pages=limits.num_pages,
