@@ -283,3 +283,21 @@ def test_a_public_eagle_checkpoint_drafts_as_our_format_does(tmp_path: Path) -> 
         tensors["layers.0.extra.weight"] = torch.ones(2)
         torch.save(tensors, folder / "pytorch_model.bin")
         run("embedded", {"method": "eagle", "model": str(folder), "num_speculative_tokens": 3}, prompts, GREEDY)
+
+
+def test_a_drafter_with_its_own_kv_turns_the_default_host_tier_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the host tier is on by default; it does not carry an EAGLE head's or MTP layer's own KV, so
+    the default gives way (the engine starts, tier off) while an explicit `host_kv_cache_bytes` is refused."""
+    import tokenspeed.executor.executor as executor_module
+    from tokenspeed.errors import InvalidRequest
+
+    monkeypatch.setattr(executor_module, "default_host_kv_cache_bytes", lambda device: 64 * 1024 * 1024)
+    spec = {"method": "eagle", "model": str(embedded_eagle_path()), "num_speculative_tokens": 3}
+    engine = dict(skip_tokenizer_init=True, max_model_len=256, show_progress=False)
+    llm = LLM("embedded", speculative_config=spec, **engine)  # type: ignore[arg-type]
+    assert llm.core.executor.tiers is None  # type: ignore[attr-defined]
+    assert len(llm.generate([{"prompt_token_ids": embedded_prompts(1)[0]}], GREEDY)[0].outputs[0].token_ids) == 24
+    llm.shutdown()
+    assert LLM("embedded", **engine).core.executor.tiers is not None  # type: ignore[arg-type, attr-defined]
+    with pytest.raises(InvalidRequest, match="drafter's own KV"):
+        LLM("embedded", speculative_config=spec, host_kv_cache_bytes=64 * 1024 * 1024, **engine)  # type: ignore[arg-type]

@@ -385,6 +385,9 @@ class Executor:
         if not num_slots:
             return None
         if self.speculator is not None and self.speculator.kv_bytes_per_page():
+            if wanted is None:  # the default tier gives way: a drafter with its own KV must start as asked
+                logger.info("KV host tier off: it does not carry the speculative drafter's own KV")
+                return None
             raise InvalidRequest("the KV host tier does not carry a speculative drafter's own KV: set "
                                  "host_kv_cache_bytes=0 with this speculative_config.")
         logger.info("KV host tier: %d slots of %d bytes (%.2f GiB)%s", num_slots, layout.bytes_per_page,
