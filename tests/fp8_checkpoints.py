@@ -26,9 +26,10 @@ from tokenspeed.kernels.quant.fp8 import dequantize_weight, quantize_weight_bloc
 
 
 def _is_projection(name: str) -> bool:
+    """A weight the published checkpoints store in FP8; DeepSeek-V3 keeps its MTP layer's `eh_proj` in bf16."""
     module = name.removesuffix(".weight")
     leaf = module.rpartition(".")[2]
-    return name.endswith(".weight") and ("_proj" in leaf or leaf in ("w1", "w2", "w3"))
+    return name.endswith(".weight") and leaf != "eh_proj" and ("_proj" in leaf or leaf in ("w1", "w2", "w3"))
 
 
 def to_block_fp8(

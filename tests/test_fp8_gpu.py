@@ -6,8 +6,11 @@
   weights dequantised on the fly) give the same greedy tokens on the trained
   tiny models, bf16: online `quantization="fp8"` and a block-FP8 checkpoint
   (DeepSeek-V3 format). The tensor-core GEMMs quantise activations per token
-  and group of 128 (the reference does not), so the first divergence, if
-  any, is reported and at least 90% of tokens must agree before it.
+  and group of 128 (the reference does not), which can flip a near-tie of
+  the trained models, after which the two greedy texts part. So each
+  prompt's first divergence, if any, is reported and must be a near-tie of
+  the reference: the fast path's token second in the reference's top-2, at
+  most NEAR_TIE nats below its first (a broken kernel picks tokens far down).
 * FP8 KV cache: teacher-forced top-1 agreement with the bf16 cache over 256
   steps >= 0.99 (Triton write/decode/extend kernels), and with MTP speculative
   decoding: verify CUDA graphs on and off give identical tokens over fp8 pages.
@@ -28,6 +31,7 @@ from tests.fp8_agreement import fp8_kv_agreement
 from tests.fp8_checkpoints import to_block_fp8
 from tests.gpu_parity import first_divergence, free_cuda, report
 from tokenspeed import LLM, SamplingParams
+from tokenspeed.engine.outputs import CompletionOutput
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE
 from tokenspeed.models.embedded.materialize import embedded_model_path
 
@@ -43,6 +47,8 @@ TEXT = [
     "Once upon a time, in a small village by the sea, there lived an old fisherman who",
 ]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+GREEDY_TOP2 = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, logprobs=2)
+NEAR_TIE = 1.0  # nats between the reference's first and second token where the fast path may choose the second
 REFERENCE_KERNELS = ("gemm.fp8=reference", "moe.experts_fp8=reference")
 
 
@@ -51,10 +57,11 @@ def _prompts(folder: Path) -> list[list[int]]:
     return [tokenizer.encode(t).ids for t in TEXT]
 
 
-def _tokens(folder: Path | str, prompts: list[list[int]], **engine: Any) -> list[list[int]]:
+def _outputs(folder: Path | str, prompts: list[list[int]], params: SamplingParams = GREEDY,
+             **engine: Any) -> list[CompletionOutput]:
     llm = LLM(str(folder), dtype="bfloat16", device="cuda", skip_tokenizer_init=True, show_progress=False,
               max_model_len=1024, max_num_seqs=8, **engine)
-    out = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY)]
+    out = [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
     if engine.get("quantization") or "fp8" in str(folder):
         model = llm.core.executor.model  # type: ignore[attr-defined]
         assert any(p.dtype == FP8_DTYPE for p in model.parameters())
@@ -64,15 +71,21 @@ def _tokens(folder: Path | str, prompts: list[list[int]], **engine: Any) -> list
     return out
 
 
-def _assert_mostly_equal(fast: list[list[int]], reference: list[list[int]], what: str) -> None:
-    agreed = 0
-    for i, (a, b) in enumerate(zip(fast, reference)):
-        split = first_divergence(a, b)
-        agreed += len(a) if split is None else split
-        if split is not None:
-            report({"test": "fp8_on_off", "case": what, "prompt": i, "first_divergence": split})
-    total = sum(len(a) for a in fast)
-    assert agreed >= 0.9 * total, f"{what}: only {agreed}/{total} tokens agree before a divergence"
+def _tokens(folder: Path | str, prompts: list[list[int]], **engine: Any) -> list[list[int]]:
+    return [o.token_ids for o in _outputs(folder, prompts, **engine)]
+
+
+def _assert_only_near_ties_part(fast: list[list[int]], reference: list[CompletionOutput], what: str) -> None:
+    for i, (got, ref) in enumerate(zip(fast, reference)):
+        split = first_divergence(got, ref.token_ids)
+        if split is None:
+            continue
+        assert ref.logprobs is not None
+        top = ref.logprobs[split]
+        margin = top[ref.token_ids[split]].logprob - top[got[split]].logprob if got[split] in top else None
+        report({"test": "fp8_on_off", "case": what, "prompt": i, "first_divergence": split, "margin": margin})
+        assert margin is not None and margin <= NEAR_TIE, (
+            f"{what}, prompt {i}: token {got[split]} at {split} is not a near-tie of the reference's {top}")
 
 
 @pytest.mark.parametrize("name", ["embedded", "embedded-moe"])
@@ -80,8 +93,8 @@ def test_online_fp8_fast_kernels_and_references_agree(name: str) -> None:
     folder = embedded_model_path(name)
     prompts = _prompts(folder)
     fast = _tokens(folder, prompts, quantization="fp8")
-    reference = _tokens(folder, prompts, quantization="fp8", kernel_overrides=REFERENCE_KERNELS)
-    _assert_mostly_equal(fast, reference, f"online {name}")
+    reference = _outputs(folder, prompts, GREEDY_TOP2, quantization="fp8", kernel_overrides=REFERENCE_KERNELS)
+    _assert_only_near_ties_part(fast, reference, f"online {name}")
 
 
 @pytest.mark.parametrize("name", ["embedded", "embedded-moe"])
@@ -91,8 +104,8 @@ def test_block_fp8_checkpoint_fast_kernels_and_references_agree(name: str, tmp_p
     to_block_fp8(source, folder)
     prompts = _prompts(source)
     fast = _tokens(folder, prompts)
-    reference = _tokens(folder, prompts, kernel_overrides=REFERENCE_KERNELS)
-    _assert_mostly_equal(fast, reference, f"block-fp8 {name}")
+    reference = _outputs(folder, prompts, GREEDY_TOP2, kernel_overrides=REFERENCE_KERNELS)
+    _assert_only_near_ties_part(fast, reference, f"block-fp8 {name}")
 
 
 @pytest.mark.parametrize("name", ["embedded", "embedded-moe"])

@@ -169,6 +169,8 @@ DECODE_CASES = [
     (torch.float16, 4, 16, 1, 2),  # the same unfolded, split
     (torch.float16, 3, 8, 3, 4),  # odd q_len folded, more splits than some rows have blocks
     (torch.float32, 4, 4, 2, 1),  # partial fold: two programs of two tokens per row
+    (torch.float32, 5, 4, 3, 1),  # ragged fold: 3 + 2 tokens, the short group's missing rows masked
+    (torch.float16, 5, 8, 2, 3),  # ragged fold 2 + 2 + 1, split
 ]
 
 
@@ -287,7 +289,7 @@ def test_long_splits_of_narrow_tiles_take_the_anchored_softmax() -> None:
 
 
 def test_fold_and_split_heuristics() -> None:
-    assert [choose_fold(16, q) for q in (1, 2, 3, 4, 8, 16)] == [1, 2, 3, 4, 4, 4]
+    assert [choose_fold(16, q) for q in (1, 2, 3, 4, 5, 6, 8, 16)] == [1, 2, 3, 4, 3, 3, 4, 4]  # 5: 3 + 2
     assert [choose_fold(128, q) for q in (1, 4)] == [1, 1]  # 128 heads overfill one tile already
     assert choose_fold(16, 4, block_h=32) == 2
     # one long row spreads over the SMs (16-row tiles: 2 per SM, 264 slots), capped at 128 splits

@@ -41,8 +41,18 @@ class DecodeLaunch:
 
 
 def choose_fold(num_heads: int, q_len: int, block_h: int = BLOCK_H) -> int:
-    """The largest divisor F of q_len with num_heads * F <= block_h (1 when one token's heads fill the tile)."""
-    return max(f for f in range(1, q_len + 1) if q_len % f == 0 and (f == 1 or num_heads * f <= block_h))
+    """Query tokens folded into one program: as few programs per row as tiles of num_heads * F <= block_h
+    rows allow, F balanced over them (16 heads: q_len 5 -> 3 + 2, not five unfolded programs); 1 when one
+    token's heads fill the tile. F need not divide q_len: the last group is ragged (masked rows)."""
+    widest = min(q_len, block_h // num_heads)
+    if widest <= 1:
+        return 1
+    return -(-q_len // -(-q_len // widest))
+
+
+def fold_groups(q_len: int, fold: int) -> int:
+    """Programs per row and head block: groups of `fold` query tokens, the last one possibly short."""
+    return -(-q_len // fold)
 
 
 def head_tiling(num_heads: int, fold: int) -> tuple[int, int]:
@@ -150,7 +160,7 @@ def choose_num_splits(
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     fold = choose_fold(num_heads, q_len) if fold is None else fold
-    programs = max(1, num_rows * (q_len // fold) * head_tiling(num_heads, fold)[1])
+    programs = max(1, num_rows * fold_groups(q_len, fold) * head_tiling(num_heads, fold)[1])
     slots = sm_count_of(torch.device(device)) * programs_per_sm(block_m_of(num_heads, fold))
     limit = max(1, min(max_seq_len // _MIN_TOKENS_PER_SPLIT, _MAX_SPLITS))
     return _fewest_waves_splits(programs, slots, limit)

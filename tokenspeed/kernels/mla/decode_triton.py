@@ -6,10 +6,11 @@ load every cache byte once per step:
 - all heads share the one latent "kv head", so a program serves a tile of
   BLOCK_M query rows (heads) against each loaded K/V tile;
 - **q-head folding**: with q_len > 1 (speculative verification) the query
-  tokens of a row are folded into the head axis. F = the largest divisor of
-  q_len with heads * F <= BLOCK_H (64, the wgmma tile height on sm_90), and
-  one program runs F tokens x heads query rows, each token with its own causal
-  bound (`seq_len - q_len + j`). Unfolded (fold=1), each token re-reads the
+  tokens of a row are folded into the head axis: groups of F tokens with
+  heads * F <= BLOCK_H (64, the wgmma tile height on sm_90), as few groups as
+  that allows (`choose_fold`; the last group may be short, its missing rows
+  masked), and one program runs F tokens x heads query rows, each token with
+  its own causal bound (`seq_len - q_len + j`). Unfolded (fold=1), each token re-reads the
   cache; 16 heads x 4 tokens fill a 64-row tile that 16 heads alone leave
   three-quarters empty. `fold=1` stays selectable for comparison;
 - split-KV (flash-decoding): a row's context is cut into `num_splits` ranges
@@ -48,6 +49,7 @@ from tokenspeed.kernels.mla.decode_plan import (
     choose_fold,
     choose_num_splits,
     default_launch,
+    fold_groups,
     head_tiling,
 )
 from tokenspeed.kernels.mla.tiles import attend_latent_range, load_query_tile, store_latent_output
@@ -105,7 +107,7 @@ def _mla_decode_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     j = group * FOLD + offs_m // HEADS_PER_BLOCK  # query token within the row
     head = head_block * HEADS_PER_BLOCK + offs_m % HEADS_PER_BLOCK
-    m_mask = (offs_m < FOLD * HEADS_PER_BLOCK) & (head < NUM_HEADS)
+    m_mask = (offs_m < FOLD * HEADS_PER_BLOCK) & (head < NUM_HEADS) & (j < q_len)  # a ragged last group
     token = row * q_len + j
     seq_len = tl.load(seq_lens_ptr + row)
     q_pos = seq_len - q_len + j
@@ -219,8 +221,8 @@ def mla_decode_triton(
     if q.stride(-1) != 1 or cache.stride(-1) != 1:
         raise ValueError("q and the cache must be contiguous along the last dim")
     fold = choose_fold(num_heads, q_len) if fold is None else fold
-    if q_len % fold or (fold > 1 and num_heads * fold > BLOCK_H):
-        raise ValueError(f"fold {fold} must divide q_len {q_len} and keep heads * fold <= {BLOCK_H}")
+    if fold < 1 or fold > q_len or (fold > 1 and num_heads * fold > BLOCK_H):
+        raise ValueError(f"fold {fold} must lie in 1..q_len ({q_len}) and keep heads * fold <= {BLOCK_H}")
     out = torch.empty(tokens, num_heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     if tokens == 0:
         return out
@@ -244,7 +246,7 @@ def mla_decode_triton(
         part_lse = torch.empty(tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused by the kernel when there is one split
-    grid = ((q_len // fold) * head_blocks, rows, num_splits)
+    grid = (fold_groups(q_len, fold) * head_blocks, rows, num_splits)
     for_tensor(_mla_decode_kernel, q)[grid](
         q,
         cache,
