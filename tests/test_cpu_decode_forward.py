@@ -317,8 +317,8 @@ def test_engine_greedy_tokens_same_with_prepack_on_and_off(checkpoints, pack_fro
 
 
 def test_embedded_model_prepack(monkeypatch) -> None:
-    """The embedded model at the default thresholds: the LM head and gate_up packed, qkv / o_proj / down
-    kept for prefill-sized steps; the same greedy tokens with prepacking on, off (flag) and off (env)."""
+    """The embedded model at the default thresholds: the LM head and gate_up packed from 1-2 rows, qkv / o_proj / down
+    from 8; the same greedy tokens with prepacking on, off (flag) and off (env)."""
 
     def run(**engine_args):
         llm = LLM(show_progress=False, **engine_args)
@@ -336,7 +336,7 @@ def test_embedded_model_prepack(monkeypatch) -> None:
     on, packed = run()
     assert packed == (True, True, True)
     assert (layer_rows := (cpu_linear.rows_min(torch.empty(1152, 256)), cpu_linear.rows_min(torch.empty(384, 256)))) \
-        == (2, 64), layer_rows
+        == (2, cpu_linear.SMALL_WEIGHT_ROWS), layer_rows
     off, unpacked = run(disable_cpu_gemm_prepack=True)
     assert unpacked == (False, False, False)
     monkeypatch.setenv(cpu_linear.ENV_SWITCH, "0")
