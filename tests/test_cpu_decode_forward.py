@@ -317,7 +317,7 @@ def test_engine_greedy_tokens_same_with_prepack_on_and_off(checkpoints, pack_fro
 
 
 def test_embedded_model_prepack(monkeypatch) -> None:
-    """The embedded model at the default thresholds: the LM head and gate_up packed from 1-2 rows, qkv / o_proj / down
+    """The embedded model at the default thresholds: the LM head and gate_up packed from 2 rows, qkv / o_proj / down
     from 8; the same greedy tokens with prepacking on, off (flag) and off (env)."""
 
     def run(**engine_args):

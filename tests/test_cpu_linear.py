@@ -43,9 +43,9 @@ def test_non_contiguous_rows() -> None:
 
 
 def test_rows_min_by_weight_size() -> None:
-    """Measured crossovers (module docstring): large weights from one row, mid-sized from two, the
-    embedded model's qkv / o_proj / down only at prefill sizes."""
-    assert cpu_linear.rows_min(torch.empty(4096, 256)) == 1
+    """Measured crossovers (module docstring): weights from 2^18 elements from two rows, the embedded
+    model's qkv / o_proj / down from `SMALL_WEIGHT_ROWS`; never one row."""
+    assert cpu_linear.rows_min(torch.empty(4096, 256)) == 2
     assert cpu_linear.rows_min(torch.empty(1152, 256)) == 2
     for shape in ((384, 256), (256, 256), (256, 576)):
         assert cpu_linear.rows_min(torch.empty(shape)) == cpu_linear.SMALL_WEIGHT_ROWS

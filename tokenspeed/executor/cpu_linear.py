@@ -8,17 +8,20 @@ run) reach 55-105; but each oneDNN call costs ~11 us of fixed overhead against ~
 so small weights at few rows lose. Measured (`benchmarks/cpu_linear_gemm.py`, results in
 `benchmarks/results/cpu/cpu_linear_gemm.md`), oneDNN over `F.linear`:
 
-- 1M-element weights (the embedded model's LM head, 256 -> 4096): 1.35x at 1 row, 2-2.7x at 2-8;
+- 1M-element weights (the embedded model's LM head, 256 -> 4096): 1.35x at 1 row, 1.7-2.7x at 2-8;
   1-2B-model shapes (2048 -> 2048, 2048 -> 16384): 1.1-1.35x at 1 row, 2.3-2.75x at 2-8 rows;
 - 256 -> 1152 (embedded gate_up): 0.9x at 1 row, 1.55x at 4, 1.26x at 16;
 - 64K-150K-element weights (embedded qkv, o_proj, down): 0.4-0.9x below 8 rows, 0.8-1.06x at 8-16
   alone in a loop, 1.07-1.10x from 64 rows (prefill chunks). Inside the decode forward, where MKL's
   weight and packing buffers are not hot, packing them too from 8 rows took the 16-row step (forward
   + LM head) another 2-4% down, from 2-4 rows nothing (`benchmarks/cpu_gemm_prepack_forward.py`).
+- One row (B=1 decode): the packed LM head alone took 73 us against 104, but the whole step (forward +
+  LM head) got ~30 us slower with it (the next step's MKL GEMMs find their caches colder), so no
+  weight runs packed at one row.
 
-Hence `rows_min`: the packed kernel runs from 1 row for weights of 2^20 elements or more, from 2 rows
-from 2^18, from 8 rows below that; fewer rows keep `F.linear` on the original weight (the packed one
-is a copy, as large as the weight: the eager layers keep theirs). oneDNN sums in another order than MKL, so
+Hence `rows_min`: the packed kernel runs from 2 rows for weights of 2^18 elements or more, from 8
+rows below that; fewer rows keep `F.linear` on the original weight (the packed one is a copy, as
+large as the weight: the eager layers keep theirs). oneDNN sums in another order than MKL, so
 results differ in fp32 rounding (~1e-6 relative per GEMM), not bit for bit: the off switch
 (`--disable-cpu-gemm-prepack`, `EngineConfig.disable_cpu_gemm_prepack`, or env
 `TOKENSPEED_CPU_GEMM_PREPACK=0`) gives back `F.linear` everywhere. Where torch lacks the ops (no
@@ -39,7 +42,7 @@ logger = logging.getLogger("tokenspeed.executor")
 ENV_SWITCH = "TOKENSPEED_CPU_GEMM_PREPACK"
 # (weight elements at least, rows from which the packed kernel runs), largest first; smaller weights
 # use it from `SMALL_WEIGHT_ROWS` rows (see the module docstring for the measurements).
-ROWS_MIN_BY_SIZE: tuple[tuple[int, int], ...] = ((1 << 20, 1), (1 << 18, 2))
+ROWS_MIN_BY_SIZE: tuple[tuple[int, int], ...] = ((1 << 18, 2),)
 SMALL_WEIGHT_ROWS = 8
 
 
