@@ -31,10 +31,12 @@ windows, partial rotary, biases, MoE layers, a kernel override) gets no
 `CPUDecodeForward` and runs eagerly through its layers. Off switch:
 `--disable-cpu-decode-forward` (`EngineConfig.disable_cpu_decode_forward`).
 
-The GEMMs (and the LM head, `logits`) run on weights pre-packed once for oneDNN where that is faster
-(`cpu_linear.py`: 1.3-2.7x on the LM head, 1.3-1.5x on gate_up at 4-16 rows, ~1.1x on every GEMM
-of prefill-sized steps); that changes their fp32 rounding, so with it on the hidden states equal the
-layers' within fp32 rounding (~1e-6 relative), not bit for bit (tested, same greedy tokens). Off switch:
+The GEMMs (and the LM head, `logits`) of 2 rows or more run on weights pre-packed once for oneDNN
+where that is faster (`cpu_linear.py`: the LM head 1.4-2.7x and gate_up 1.3-1.7x at 2-16 rows, ~1.1x
+on every GEMM of prefill-sized steps; the embedded model's decode step -9% / -10% at B=4 / 16, B=1
+unchanged: `benchmarks/results/cpu/cpu_gemm_prepack.md`); that changes their fp32 rounding, so with
+it on the hidden states equal the layers' within ~1e-6 relative, not bit for bit (tested, same greedy
+tokens). Off switch:
 `--disable-cpu-gemm-prepack` (`EngineConfig.disable_cpu_gemm_prepack`, env
 `TOKENSPEED_CPU_GEMM_PREPACK=0`): `F.linear` on the layers' own weights, bit for bit.
 

@@ -6,12 +6,12 @@ weight reordered once into their blocked layout (`torch.ops.mkldnn._reorder_line
 `torch.ops.mkldnn._linear_pointwise`: what inductor's CPU weight-prepack pass and vLLM's CPU backend
 run) reach 55-105; but each oneDNN call costs ~11 us of fixed overhead against ~2 us for `F.linear`,
 so small weights at few rows lose. Measured (`benchmarks/cpu_linear_gemm.py`, results in
-`benchmarks/results/cpu/cpu_linear_gemm.md`), oneDNN over `F.linear`:
+`benchmarks/results/cpu/cpu_gemm_prepack.md`), oneDNN over `F.linear`:
 
 - 1M-element weights (the embedded model's LM head, 256 -> 4096): 1.35x at 1 row, 1.7-2.7x at 2-8;
-  1-2B-model shapes (2048 -> 2048, 2048 -> 16384): 1.1-1.35x at 1 row, 2.3-2.75x at 2-8 rows;
-- 256 -> 1152 (embedded gate_up): 0.9x at 1 row, 1.55x at 4, 1.26x at 16;
-- 64K-150K-element weights (embedded qkv, o_proj, down): 0.4-0.9x below 8 rows, 0.8-1.06x at 8-16
+  1-2B-model shapes (2048 -> 2048, 2048 -> 16384): 1.04-1.36x at 1 row, 1.7-2.8x at 2-8 rows;
+- 256 -> 1152 (embedded gate_up): 0.93x at 1 row, 1.7x at 2, 1.55x at 4, 1.28x at 16;
+- 64K-150K-element weights (embedded qkv, o_proj, down): 0.4-0.9x below 8 rows, 0.86-1.09x at 8-16
   alone in a loop, 1.07-1.10x from 64 rows (prefill chunks). Inside the decode forward, where MKL's
   weight and packing buffers are not hot, packing them too from 8 rows took the 16-row step (forward
   + LM head) another 2-4% down, from 2-4 rows nothing (`benchmarks/cpu_gemm_prepack_forward.py`).
