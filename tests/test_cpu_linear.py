@@ -17,7 +17,7 @@ def _needs_onednn() -> None:
 
 @pytest.mark.parametrize("shape", [(384, 256), (1152, 256), (256, 576), (4096, 256)])
 @pytest.mark.parametrize("rows", [0, 1, 2, 4, 16, 64, 130])
-def test_packed_close_to_linear(monkeypatch, shape: tuple[int, int], rows: int) -> None:
+def test_packed_close_to_linear(monkeypatch: pytest.MonkeyPatch, shape: tuple[int, int], rows: int) -> None:
     """Packed from one row: within 1e-5 relative of `F.linear` (another summation order), any row count."""
     _needs_onednn()
     monkeypatch.setattr(cpu_linear, "ROWS_MIN_BY_SIZE", ((0, 1),))
@@ -58,13 +58,14 @@ def test_below_rows_min_is_f_linear_bit_for_bit() -> None:
     assert torch.equal(linear(x), F.linear(x, weight))
 
 
-def test_off_switches(monkeypatch) -> None:
+def test_off_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     weight = torch.randn(4096, 256)
     x = torch.randn(3, 256)
     off = cpu_linear.pack(weight, enabled=False)
     assert off.packed is None and off.packed_bytes == 0
     assert torch.equal(off(x), F.linear(x, weight))
-    assert cpu_linear.prepack_enabled() or cpu_linear.os.environ.get(cpu_linear.ENV_SWITCH) == "0"
+    monkeypatch.delenv(cpu_linear.ENV_SWITCH, raising=False)
+    assert cpu_linear.prepack_enabled()
     assert not cpu_linear.prepack_enabled(disabled_by_config=True)
     monkeypatch.setenv(cpu_linear.ENV_SWITCH, "0")
     assert not cpu_linear.prepack_enabled()
@@ -72,7 +73,7 @@ def test_off_switches(monkeypatch) -> None:
     assert cpu_linear.prepack_enabled()
 
 
-def test_falls_back_without_the_ops(monkeypatch) -> None:
+def test_falls_back_without_the_ops(monkeypatch: pytest.MonkeyPatch) -> None:
     """No oneDNN (or a reorder that fails): the weight stays unpacked, `F.linear` runs."""
     weight = torch.randn(4096, 256)
     x = torch.randn(3, 256)
@@ -80,7 +81,7 @@ def test_falls_back_without_the_ops(monkeypatch) -> None:
     assert cpu_linear.pack(weight).packed is None
     monkeypatch.undo()
 
-    def broken(*args, **kwargs):
+    def broken(*args: object, **kwargs: object) -> torch.Tensor:
         raise RuntimeError("no reorder here")
 
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", broken, raising=False)
