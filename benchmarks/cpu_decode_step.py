@@ -74,8 +74,10 @@ class StepProbe(cpu_side_by_side.StepProbe):
 def runner_forward(runner: Any, batch: Any) -> Any:
     """Forward + LM head of one batch, as the runner runs a decode step."""
     fast = getattr(runner, "cpu_decode", None)
-    hidden = runner.model(batch, runner.kv) if fast is None else fast.run(batch)
-    return runner.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+    if fast is None:
+        return runner.model.compute_logits(runner.model(batch, runner.kv).index_select(0, batch.logits_indices))
+    logits = getattr(fast, "logits", runner.model.compute_logits)  # the pre-packed LM head where there is one
+    return logits(fast.run(batch).index_select(0, batch.logits_indices))
 
 
 def count_aten_ops(runner: Any, batch: Any) -> dict[str, Any]:

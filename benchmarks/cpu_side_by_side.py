@@ -56,6 +56,8 @@ class StepProbe:
                 return run(batch, **kwargs)
 
             fast.run = self.timed("forward", fast_run)
+            if getattr(fast, "lm_head", None) is not None:  # its own (pre-packed) LM head, else compute_logits
+                fast.logits = self.timed("logits", fast.logits)
         step = core.step
 
         def core_step() -> Any:

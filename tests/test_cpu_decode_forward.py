@@ -1,6 +1,8 @@
 """The CPU decode forward (`executor/cpu_decode.py`) equals the model's eager layers bit for bit, on
 decode-only steps and on steps with prompt chunks (prefill, mixed), and the engine's greedy tokens are
-the same with it on and off (`disable_cpu_decode_forward`, `disable_cpu_prefill_forward`)."""
+the same with it on and off (`disable_cpu_decode_forward`, `disable_cpu_prefill_forward`). Bit for bit
+with GEMM prepacking off; with it on (`executor/cpu_linear.py`, oneDNN kernels: another fp32 rounding)
+within 1e-5 relative, and the same greedy tokens (`disable_cpu_gemm_prepack`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 from tests.checkpoints import prompts
 from tokenspeed import LLM, SamplingParams
 from tokenspeed.batch.kv_storage import PagedKVStorage
+from tokenspeed.executor import cpu_linear
 from tokenspeed.executor.batch_builder import RowSpec, build_forward_batch
 from tokenspeed.executor.cpu_decode import CPUDecodeForward
 from tokenspeed.kernels import scoped_kernel_overrides
@@ -36,11 +39,11 @@ def _kv(config: ModelConfig, num_pages: int, seed: int) -> PagedKVStorage:
     return kv
 
 
-def _pools_and_forward(model, config: ModelConfig, num_pages: int, seed: int):
+def _pools_and_forward(model, config: ModelConfig, num_pages: int, seed: int, prepack: bool = False):
     """Two K/V pools with the same random history (the eager layers', the CPU forward's) and the CPU forward
-    built on the second."""
+    built on the second (GEMM prepacking off unless `prepack`: bit-equal to the layers)."""
     eager_kv, fast_kv = _kv(config, num_pages, seed), _kv(config, num_pages, seed)
-    fast = CPUDecodeForward.build(model, fast_kv)
+    fast = CPUDecodeForward.build(model, fast_kv, prepack=prepack)
     assert fast is not None
     return eager_kv, fast_kv, fast
 
@@ -241,3 +244,102 @@ def test_embedded_model_greedy_tokens_same_on_and_off() -> None:
         return [o.outputs[0].token_ids for o in out]
 
     assert run() == run(disable_cpu_decode_forward=True, disable_cpu_prefill_forward=True)
+
+
+# ---- GEMM prepacking on (`cpu_linear.py`): oneDNN kernels, fp32 rounding instead of bit equality ----
+
+
+@pytest.fixture
+def pack_from_one_row(monkeypatch):
+    """Every weight packed and run packed from one row (the tiny checkpoints' weights are below the sizes
+    where packing pays, so the default would keep their decode steps on `F.linear`)."""
+    if cpu_linear.pack(torch.ones(8, 8)).packed is None:
+        pytest.skip("this torch has no oneDNN packed linear")
+    monkeypatch.setattr(cpu_linear, "ROWS_MIN_BY_SIZE", ((0, 1),))
+
+
+def _packed_rows(model, config, rows: list[tuple[int, int]]):
+    """A batch of rows (cached prefix, new tokens) in scattered pages, its page count."""
+    num_pages = sum(-(-(a + b) // PAGE_SIZE) for a, b in rows) + 3
+    pool = list(range(num_pages))
+    random.Random(len(rows)).shuffle(pool)
+    specs, used, logits, tokens = [], 0, [], 0
+    rng = random.Random(9)
+    for prefix, new in rows:
+        pages = pool[used : used + -(-(prefix + new) // PAGE_SIZE)]
+        used += len(pages)
+        specs.append(RowSpec([rng.randrange(config.vocab_size) for _ in range(new)], prefix, pages))
+        tokens += new
+        logits.append(tokens - 1)
+    return build_forward_batch(specs, PAGE_SIZE, logits_indices=logits), num_pages
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("rows", [
+    [(0, 1)],
+    [(36, 1)],
+    [(15, 1), (4, 1), (69, 1), (32, 1)],  # decode rows
+    [(0, 40), (33, 1), (0, 1), (64, 17)],  # mixed prompt chunks and decodes
+    [(0, 130)],
+])
+def test_prepacked_gemms_close_to_layers(checkpoints, pack_from_one_row, family: str,
+                                         rows: list[tuple[int, int]]) -> None:
+    """Packed GEMMs (every weight, from one row): hidden states and written K/V within 1e-5 relative of the
+    eager layers', the LM head (`logits`) too, and the same argmax."""
+    model, config = _model(checkpoints[family])
+    batch, num_pages = _packed_rows(model, config, rows)
+    eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 4, prepack=True)
+    assert all(w.qkv.packed is not None and w.down.packed is not None for w in fast.layers)
+    assert fast.lm_head is not None and fast.lm_head.packed is not None
+    assert fast.serves(batch)
+    qkv, calls = fast.layers[0].qkv, []
+    op = qkv._op
+    qkv._op = lambda *args: calls.append(1) or op(*args)
+    with torch.inference_mode():
+        expected = model(batch, eager_kv)
+        got = fast.run(batch)
+        want_logits = model.compute_logits(expected.index_select(0, batch.logits_indices))
+        got_logits = fast.logits(got.index_select(0, batch.logits_indices))
+    assert calls == [1]  # the packed kernel ran
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+    for a, b in zip((*eager_kv.k, *eager_kv.v), (*fast_kv.k, *fast_kv.v)):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5 * float(want_logits.abs().max()))
+    assert torch.equal(got_logits.argmax(-1), want_logits.argmax(-1))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_engine_greedy_tokens_same_with_prepack_on_and_off(checkpoints, pack_from_one_row, family: str) -> None:
+    on, calls = _greedy(checkpoints[family])
+    off, _ = _greedy(checkpoints[family], disable_cpu_gemm_prepack=True)
+    assert calls["decode"] > 10 and calls["prompt"] >= 1
+    assert on == off
+
+
+def test_embedded_model_prepack(monkeypatch) -> None:
+    """The embedded model at the default thresholds: the LM head and gate_up packed from 2 rows, qkv / o_proj / down
+    from 8; the same greedy tokens with prepacking on, off (flag) and off (env)."""
+
+    def run(**engine_args):
+        llm = LLM(show_progress=False, **engine_args)
+        fast = llm.core.executor.runner.cpu_decode
+        assert fast is not None
+        layer = fast.layers[0]
+        packed = (fast.lm_head is not None, layer.gate_up.packed is not None, layer.qkv.packed is not None)
+        out = llm.generate(["def fib(n):", "Write a haiku about caches.", "import os\n", "class Cache:"],
+                           SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
+        llm.shutdown()
+        return [o.outputs[0].token_ids for o in out], packed
+
+    if cpu_linear.pack(torch.ones(8, 8)).packed is None:
+        pytest.skip("this torch has no oneDNN packed linear")
+    on, packed = run()
+    assert packed == (True, True, True)
+    assert (layer_rows := (cpu_linear.rows_min(torch.empty(1152, 256)), cpu_linear.rows_min(torch.empty(384, 256)))) \
+        == (2, cpu_linear.SMALL_WEIGHT_ROWS), layer_rows
+    off, unpacked = run(disable_cpu_gemm_prepack=True)
+    assert unpacked == (False, False, False)
+    monkeypatch.setenv(cpu_linear.ENV_SWITCH, "0")
+    env_off, env_unpacked = run()
+    assert env_unpacked == (False, False, False)
+    assert on == off == env_off

@@ -61,6 +61,10 @@ class EngineConfig:
     # CPU: steps with prompt chunks (prefill alone or mixed with decodes) run the same step-shared forward
     # (attention of a chunk with no cached prefix on its own new K/V); set: those steps run the layers.
     disable_cpu_prefill_forward: bool = False
+    # CPU: that forward's GEMMs and LM head run on weights pre-packed once for oneDNN where faster
+    # (executor/cpu_linear.py; fp32 rounding differs from F.linear); set (or env
+    # TOKENSPEED_CPU_GEMM_PREPACK=0): F.linear on the layers' weights, bit-equal to the layers.
+    disable_cpu_gemm_prepack: bool = False
     # Kernel overrides "family.mode=name", applied before the model is built (`--kernel`).
     kernel_overrides: tuple[str, ...] = ()
     # torch intra-op threads on the CPU (None: torch's default in-process; the server's engine

@@ -45,6 +45,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="CPU: run decode steps through the model's eager layers, not the few-op decode forward")
     group.add_argument("--disable-cpu-prefill-forward", action="store_true",
                        help="CPU: run steps with prompt chunks (prefill, mixed) through the model's eager layers")
+    group.add_argument("--disable-cpu-gemm-prepack", action="store_true",
+                       help="CPU: run the CPU forward's GEMMs with F.linear, not on oneDNN pre-packed weights "
+                            "(env TOKENSPEED_CPU_GEMM_PREPACK=0 too)")
     group.add_argument("--cpu-threads", type=int, default=None,
                        help="torch threads of the engine on the CPU (serve default: all cores but one)")
     group.add_argument("--kernel", action="append", default=[], metavar="FAMILY.MODE=NAME",
@@ -107,6 +110,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         disable_overlap=args.disable_overlap,
         disable_cpu_decode_forward=args.disable_cpu_decode_forward,
         disable_cpu_prefill_forward=args.disable_cpu_prefill_forward,
+        disable_cpu_gemm_prepack=args.disable_cpu_gemm_prepack,
         kernel_overrides=tuple(args.kernel),
         cpu_threads=args.cpu_threads,
         speculative_config=speculative_config_dict(args.speculative_config),

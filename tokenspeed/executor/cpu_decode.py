@@ -23,13 +23,22 @@ weights and KV pool as
 The arithmetic is that of the eager layers with the CPU kernels they select
 (`norm.rms=torch_fp32`, `rope.apply=reference`, `attention.decode=torch_batched`,
 `kvstore.write=reference`, `activation.silu_and_mul=reference`, plain GEMMs):
-the same ops on the same operands in the same order, so the hidden states are
-equal bit for bit (tested); the rotation's `x1*cos - x2*sin` becomes
+the same ops on the same operands in the same order, so (GEMM prepacking off,
+below) the hidden states are equal bit for bit (tested); the rotation's `x1*cos - x2*sin` becomes
 `x1*cos + x2*(-sin)`, which IEEE arithmetic rounds identically. A model that
 those kernels do not serve (another dtype, fp8 weights or KV, sliding
 windows, partial rotary, biases, MoE layers, a kernel override) gets no
 `CPUDecodeForward` and runs eagerly through its layers. Off switch:
 `--disable-cpu-decode-forward` (`EngineConfig.disable_cpu_decode_forward`).
+
+The GEMMs (and the LM head, `logits`) of 2 rows or more run on weights pre-packed once for oneDNN
+where that is faster (`cpu_linear.py`: the LM head 1.4-2.7x and gate_up 1.3-1.7x at 2-16 rows, ~1.1x
+on every GEMM of prefill-sized steps; the embedded model's decode step -9% / -10% at B=4 / 16, B=1
+unchanged: `benchmarks/results/cpu/cpu_gemm_prepack.md`); that changes their fp32 rounding, so with
+it on the hidden states equal the layers' within ~1e-6 relative, not bit for bit (tested, same greedy
+tokens). Off switch:
+`--disable-cpu-gemm-prepack` (`EngineConfig.disable_cpu_gemm_prepack`, env
+`TOKENSPEED_CPU_GEMM_PREPACK=0`): `F.linear` on the layers' own weights, bit for bit.
 
 Steps with prompt chunks (a prefill alone, or mixed with the running
 requests' decodes: the usual step of a server under load) run the same layer
@@ -68,12 +77,14 @@ from __future__ import annotations
 import bisect
 import logging
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 
 from tokenspeed.batch.forward_batch import ForwardBatch
 from tokenspeed.batch.kv_storage import PagedKVStorage
+from tokenspeed.executor.cpu_linear import CPULinear, pack
 from tokenspeed.kernels.attention.extend_torch_sdpa import attend_causal_blocks, causal_blocks
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 
@@ -87,12 +98,12 @@ PRUNE_MAX_FRACTION = 0.25
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [(heads + 2 kv_heads) * head_dim, hidden]
+    qkv: CPULinear  # weight [(heads + 2 kv_heads) * head_dim, hidden] (`cpu_linear`: maybe pre-packed)
     qk_norm: torch.Tensor | None  # [heads + kv_heads, head_dim]: q_norm's weight per q head, k_norm's per kv head
-    o_proj: torch.Tensor
+    o_proj: CPULinear
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: CPULinear
+    down: CPULinear
     k_flat: torch.Tensor  # the layer's K cache as [pages * page_size, kv_heads, head_dim] (a view)
     v_flat: torch.Tensor
     k_pages: torch.Tensor  # as [pages, page_size * kv_heads * head_dim] (a view), for gathering whole pages
@@ -175,6 +186,20 @@ def _why_not(model: torch.nn.Module, kv: PagedKVStorage) -> str | None:
     return None
 
 
+def _plain_lm_head(model: torch.nn.Module, prepack: bool) -> CPULinear | None:
+    """The LM head as a packed `CPULinear` where `compute_logits` is a plain fp32 `F.linear` (an `LMHead`
+    with no decode GEMM kernel) and packing took; else None (`compute_logits` runs)."""
+    from tokenspeed.layers.embedding import LMHead
+    from tokenspeed.models.llama import DenseDecoderForCausalLM
+
+    head = getattr(model, "lm_head", None)
+    if (not prepack or type(head) is not LMHead or getattr(model, "_lm_head_gemm", None) is not None
+            or getattr(type(model), "compute_logits", None) is not DenseDecoderForCausalLM.compute_logits):
+        return None
+    linear = pack(head.weight, enabled=True)
+    return linear if linear.packed is not None else None
+
+
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`norm.rms=torch_fp32`'s arithmetic, op for op."""
     return weight * (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps))
@@ -184,8 +209,11 @@ class CPUDecodeForward:
     """Decode-only steps of an eligible dense decoder on the CPU (see the module docstring)."""
 
     def __init__(
-        self, model: torch.nn.Module, kv: PagedKVStorage, *, decode: bool = True, prefill: bool = True
+        self, model: torch.nn.Module, kv: PagedKVStorage, *, decode: bool = True, prefill: bool = True,
+        prepack: bool = True,
     ) -> None:
+        """`prepack`: the GEMM weights and the LM head pre-packed for oneDNN (`cpu_linear.py`; fp32
+        rounding, not bit for bit, where it runs)."""
         inner = model.model  # type: ignore[union-attr]
         self.decode = decode  # decode-only steps
         self.prefill = prefill  # steps with prompt chunks (prefill only or mixed with decodes)
@@ -215,22 +243,35 @@ class CPUDecodeForward:
             k_cache, v_cache = kv.k[index], kv.v[index]
             self.layers.append(LayerWeights(
                 input_norm=layer.input_layernorm.weight,
-                qkv=attn.qkv_proj.weight,
+                qkv=pack(attn.qkv_proj.weight, enabled=prepack),
                 qk_norm=qk_norm,
-                o_proj=attn.o_proj.weight,
+                o_proj=pack(attn.o_proj.weight, enabled=prepack),
                 post_norm=layer.post_attention_layernorm.weight,
-                gate_up=mlp.gate_up_proj.weight,
-                down=mlp.down_proj.weight,
+                gate_up=pack(mlp.gate_up_proj.weight, enabled=prepack),
+                down=pack(mlp.down_proj.weight, enabled=prepack),
                 k_flat=k_cache.view(-1, *k_cache.shape[2:]),
                 v_flat=v_cache.view(-1, *v_cache.shape[2:]),
                 k_pages=k_cache.view(k_cache.shape[0], -1),
                 v_pages=v_cache.view(v_cache.shape[0], -1),
             ))
             self.layer_eps.append((layer.input_layernorm.eps, qk_eps, layer.post_attention_layernorm.eps))
+        self.lm_head = _plain_lm_head(model, prepack)
+        linears = [lin for w in self.layers for lin in (w.qkv, w.o_proj, w.gate_up, w.down)]
+        linears += [self.lm_head] if self.lm_head is not None else []
+        packed_mib = sum(lin.packed_bytes for lin in linears) / 2**20
+        if packed_mib:
+            logger.info("CPU GEMM weights pre-packed for oneDNN: %.1f MiB", packed_mib)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's `compute_logits` of `run`'s rows, through the packed LM head where there is one."""
+        if self.lm_head is None:
+            return cast(torch.Tensor, self.model.compute_logits(hidden))  # type: ignore[operator]
+        return self.lm_head(hidden)
 
     @classmethod
     def build(
-        cls, model: torch.nn.Module, kv: PagedKVStorage, *, decode: bool = True, prefill: bool = True
+        cls, model: torch.nn.Module, kv: PagedKVStorage, *, decode: bool = True, prefill: bool = True,
+        prepack: bool = True,
     ) -> CPUDecodeForward | None:
         """The CPU forward of `model` for the step kinds asked for, or None (logged) where the eager layers
         must run every step."""
@@ -240,7 +281,7 @@ class CPUDecodeForward:
         if reason is not None:
             logger.info("CPU decode forward off: %s", reason)
             return None
-        return cls(model, kv, decode=decode, prefill=prefill)
+        return cls(model, kv, decode=decode, prefill=prefill, prepack=prepack)
 
     def serves(self, batch: ForwardBatch) -> bool:
         """Whether `run` takes this step (unpadded, not speculative: the runner checks those): decode-only
@@ -351,7 +392,7 @@ class CPUDecodeForward:
         for index, (w, (eps_in, eps_qk, eps_post)) in enumerate(zip(self.layers, self.layer_eps)):
             if residual is not None:
                 stream = stream + residual
-            qkv = F.linear(_rms(stream, w.input_norm, eps_in), w.qkv)
+            qkv = w.qkv(_rms(stream, w.input_norm, eps_in))
             qk = qkv[:, : q_width + kv_width].view(tokens, heads + kv_heads, head_dim)
             if w.qk_norm is not None:
                 qk = _rms(qk, w.qk_norm, eps_qk)
@@ -368,11 +409,11 @@ class CPUDecodeForward:
             else:
                 out = self._attend(w, step, qk[:, :heads], k, v)
             residual = stream
-            stream = F.linear(out.reshape(stream.shape[0], q_width), w.o_proj) + residual
-            gate_up = F.linear(_rms(stream, w.post_norm, eps_post), w.gate_up)
+            stream = w.o_proj(out.reshape(stream.shape[0], q_width)) + residual
+            gate_up = w.gate_up(_rms(stream, w.post_norm, eps_post))
             gate, up = gate_up.chunk(2, dim=-1)
             residual = stream
-            stream = F.linear(F.silu(gate) * up, w.down)
+            stream = w.down(F.silu(gate) * up)
         if residual is not None:
             stream = stream + residual
         if logits_rows and kept is None:

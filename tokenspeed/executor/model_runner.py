@@ -199,7 +199,7 @@ class ModelRunner:
             if cpu_decode is not None and q_len == 1 and not pad_rows and proposed is None and cpu_decode.serves(batch):
                 # the logits rows only (no speculation here: nothing reads the other rows' hidden states)
                 hidden = cpu_decode.run(batch, logits_rows=True)
-                logits = self.model.compute_logits(hidden)
+                logits = cpu_decode.logits(hidden)  # the model's LM head, pre-packed where faster
             else:
                 hidden = self.model(batch, self.kv)
                 logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))

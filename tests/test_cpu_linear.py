@@ -1,0 +1,94 @@
+"""`executor/cpu_linear.py`: pre-packed fp32 linears (oneDNN) against `F.linear`, the size rule, the off
+switches and the fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenspeed.executor import cpu_linear
+
+
+def _needs_onednn() -> None:
+    if cpu_linear.pack(torch.ones(8, 8)).packed is None:
+        pytest.skip("this torch has no oneDNN packed linear")
+
+
+@pytest.mark.parametrize("shape", [(384, 256), (1152, 256), (256, 576), (4096, 256)])
+@pytest.mark.parametrize("rows", [0, 1, 2, 4, 16, 64, 130])
+def test_packed_close_to_linear(monkeypatch: pytest.MonkeyPatch, shape: tuple[int, int], rows: int) -> None:
+    """Packed from one row: within 1e-5 relative of `F.linear` (another summation order), any row count."""
+    _needs_onednn()
+    monkeypatch.setattr(cpu_linear, "ROWS_MIN_BY_SIZE", ((0, 1),))
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(shape, generator=gen) * shape[1] ** -0.5
+    linear = cpu_linear.pack(weight)
+    assert linear.packed is not None and linear.rows_min == 1
+    x = torch.randn(rows, shape[1], generator=gen)
+    with torch.inference_mode():
+        got, want = linear(x), F.linear(x, weight)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    if rows:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+def test_non_contiguous_rows() -> None:
+    _needs_onednn()
+    weight = torch.randn(4096, 256)
+    linear = cpu_linear.pack(weight)
+    x = torch.randn(8, 512)[:, ::2]  # [8, 256], stride 2
+    assert not x.is_contiguous()
+    torch.testing.assert_close(linear(x), F.linear(x, weight), rtol=1e-5, atol=1e-4)
+
+
+def test_rows_min_by_weight_size() -> None:
+    """Measured crossovers (module docstring): weights from 2^18 elements from two rows, the embedded
+    model's qkv / o_proj / down from `SMALL_WEIGHT_ROWS`; never one row."""
+    assert cpu_linear.rows_min(torch.empty(4096, 256)) == 2
+    assert cpu_linear.rows_min(torch.empty(1152, 256)) == 2
+    for shape in ((384, 256), (256, 256), (256, 576)):
+        assert cpu_linear.rows_min(torch.empty(shape)) == cpu_linear.SMALL_WEIGHT_ROWS
+
+
+def test_below_rows_min_is_f_linear_bit_for_bit() -> None:
+    weight = torch.randn(384, 256)
+    linear = cpu_linear.pack(weight)
+    x = torch.randn(4, 256)
+    assert torch.equal(linear(x), F.linear(x, weight))
+
+
+def test_off_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    weight = torch.randn(4096, 256)
+    x = torch.randn(3, 256)
+    off = cpu_linear.pack(weight, enabled=False)
+    assert off.packed is None and off.packed_bytes == 0
+    assert torch.equal(off(x), F.linear(x, weight))
+    monkeypatch.delenv(cpu_linear.ENV_SWITCH, raising=False)
+    assert cpu_linear.prepack_enabled()
+    assert not cpu_linear.prepack_enabled(disabled_by_config=True)
+    monkeypatch.setenv(cpu_linear.ENV_SWITCH, "0")
+    assert not cpu_linear.prepack_enabled()
+    monkeypatch.setenv(cpu_linear.ENV_SWITCH, "1")
+    assert cpu_linear.prepack_enabled()
+
+
+def test_falls_back_without_the_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No oneDNN (or a reorder that fails): the weight stays unpacked, `F.linear` runs."""
+    weight = torch.randn(4096, 256)
+    x = torch.randn(3, 256)
+    monkeypatch.setattr(cpu_linear, "_packed_linear_op", lambda: None)
+    assert cpu_linear.pack(weight).packed is None
+    monkeypatch.undo()
+
+    def broken(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("no reorder here")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", broken, raising=False)
+    linear = cpu_linear.pack(weight)
+    assert linear.packed is None
+    assert torch.equal(linear(x), F.linear(x, weight))
+
+
+def test_non_fp32_weights_stay_unpacked() -> None:
+    assert cpu_linear.pack(torch.randn(4096, 256, dtype=torch.bfloat16)).packed is None
