@@ -175,6 +175,19 @@ def test_serves_what_the_layers_send_to_extend_or_decode(checkpoints) -> None:
     assert CPUDecodeForward.build(model, kv, decode=False, prefill=False) is None
 
 
+def test_weights_past_the_prepack_budget_stay_unpacked(checkpoints, monkeypatch) -> None:
+    """The packed weights are a second copy: a model past `PREPACK_MAX_BYTES` runs on its own weights."""
+    import tokenspeed.executor.cpu_decode as cpu_decode
+
+    model, config = _model(checkpoints["qwen3"])
+    packed = CPUDecodeForward.build(model, _kv(config, 8, 0))
+    assert packed is not None and any(w.gate_up.packed is not None for w in packed.layers)
+    monkeypatch.setattr(cpu_decode, "PREPACK_MAX_BYTES", 1024)
+    unpacked = CPUDecodeForward.build(model, _kv(config, 8, 0))
+    assert unpacked is not None and unpacked.lm_head is None
+    assert all(lin.packed is None for w in unpacked.layers for lin in (w.qkv, w.o_proj, w.gate_up, w.down))
+
+
 def test_not_built_where_its_kernels_do_not_run(checkpoints) -> None:
     """A kernel override (or biases: qwen2) keeps every step on the model's layers."""
     folder = checkpoints["llama"]

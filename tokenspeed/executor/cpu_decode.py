@@ -84,7 +84,7 @@ import torch.nn.functional as F
 
 from tokenspeed.batch.forward_batch import ForwardBatch
 from tokenspeed.batch.kv_storage import PagedKVStorage
-from tokenspeed.executor.cpu_linear import CPULinear, pack
+from tokenspeed.executor.cpu_linear import PREPACK_MAX_BYTES, CPULinear, pack
 from tokenspeed.kernels.attention.extend_torch_sdpa import attend_causal_blocks, causal_blocks
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 
@@ -231,6 +231,10 @@ class CPUDecodeForward:
         self.sin_cache = inner.rotary_emb.sin_cache
         self.layers: list[LayerWeights] = []
         self.layer_eps: list[tuple[float, float, float]] = []
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        if prepack and weight_bytes > PREPACK_MAX_BYTES:
+            logger.info("CPU GEMM prepack off: %.1f GiB of weights would be copied", weight_bytes / 2**30)
+            prepack = False
         for index, layer in enumerate(inner.layers):
             attn, mlp = layer.self_attn, layer.mlp
             qk_norm = None

@@ -44,6 +44,9 @@ ENV_SWITCH = "TOKENSPEED_CPU_GEMM_PREPACK"
 # use it from `SMALL_WEIGHT_ROWS` rows (see the module docstring for the measurements).
 ROWS_MIN_BY_SIZE: tuple[tuple[int, int], ...] = ((1 << 18, 2),)
 SMALL_WEIGHT_ROWS = 8
+# The packed weights are a second copy (the eager layers keep theirs): past this many bytes of weights the
+# copy would cost more memory than a CPU server should spend on it, so larger models run unpacked.
+PREPACK_MAX_BYTES = 1 << 30
 
 
 def prepack_enabled(disabled_by_config: bool = False) -> bool:
