@@ -1,6 +1,11 @@
 """The CPU decode forward (`executor/cpu_decode.py`) equals the model's eager layers bit for bit, on
 decode-only steps and on steps with prompt chunks (prefill, mixed), and the engine's greedy tokens are
-the same with it on and off (`disable_cpu_decode_forward`, `disable_cpu_prefill_forward`)."""
+the same with it on and off (`disable_cpu_decode_forward`, `disable_cpu_prefill_forward`).
+
+Bit for bit with its decode rows on the gather + SDPA path (`paged_attention=False`): the native paged
+kernel (`decode_paged_cpu`, the default where a C compiler works) sums in another order than SDPA, so
+with it on the hidden states are compared within fp32 rounding (`test_paged_attention_*`), and the
+engine's greedy tokens with it on and off."""
 
 from __future__ import annotations
 
@@ -15,9 +20,11 @@ from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.executor.batch_builder import RowSpec, build_forward_batch
 from tokenspeed.executor.cpu_decode import CPUDecodeForward
 from tokenspeed.kernels import scoped_kernel_overrides
+from tokenspeed.kernels.attention import decode_paged_cpu
 from tokenspeed.models import ModelConfig, build_model, load_weights
 
 PAGE_SIZE = 16
+native = decode_paged_cpu.load_library() is not None  # a C compiler for the native paged decode kernel
 
 
 def _model(folder):
@@ -36,22 +43,28 @@ def _kv(config: ModelConfig, num_pages: int, seed: int) -> PagedKVStorage:
     return kv
 
 
-def _pools_and_forward(model, config: ModelConfig, num_pages: int, seed: int):
+def _pools_and_forward(model, config: ModelConfig, num_pages: int, seed: int, paged_attention: bool = False):
     """Two K/V pools with the same random history (the eager layers', the CPU forward's) and the CPU forward
-    built on the second."""
+    built on the second (decode rows gathered for SDPA unless `paged_attention`)."""
     eager_kv, fast_kv = _kv(config, num_pages, seed), _kv(config, num_pages, seed)
-    fast = CPUDecodeForward.build(model, fast_kv)
-    assert fast is not None
+    fast = CPUDecodeForward.build(model, fast_kv, paged_attention=paged_attention)
+    assert fast is not None and fast.paged_attention == bool(paged_attention)
     return eager_kv, fast_kv, fast
 
 
-def _assert_same_kv(eager_kv: PagedKVStorage, fast_kv: PagedKVStorage) -> None:
+def _assert_same_kv(eager_kv: PagedKVStorage, fast_kv: PagedKVStorage, *, close: bool = False) -> None:
+    """Equal pools (`close`: within fp32 rounding: a layer's K/V come from the last one's attention)."""
     for a, b in zip((*eager_kv.k, *eager_kv.v), (*fast_kv.k, *fast_kv.v)):
-        assert torch.equal(a, b)
+        if close:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(a, b)
 
 
 def _assert_equals_layers_bitwise(model, config: ModelConfig, batch, num_pages: int) -> None:
-    """The CPU forward takes `batch`, and its hidden states and written K/V are the eager layers', bit for bit."""
+    """The CPU forward takes `batch`, and its hidden states and written K/V are the eager layers', bit for bit;
+    with the native paged kernel for its decode rows (where it builds), the same K/V and hidden states
+    within fp32 rounding (the last layer's attention output feeds the states: 1e-5)."""
     eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 1)
     assert fast.serves(batch)
     with torch.inference_mode():
@@ -59,6 +72,13 @@ def _assert_equals_layers_bitwise(model, config: ModelConfig, batch, num_pages: 
         got = fast.run(batch)
     assert torch.equal(got, expected)
     _assert_same_kv(eager_kv, fast_kv)
+    if not native:
+        return
+    _, paged_kv, paged = _pools_and_forward(model, config, num_pages, 1, paged_attention=True)
+    with torch.inference_mode():
+        got = paged.run(batch)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    _assert_same_kv(eager_kv, paged_kv, close=True)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -109,11 +129,13 @@ def test_prompt_steps_equal_layers_bitwise(checkpoints, family: str, rows: list[
     _assert_equals_layers_bitwise(model, config, batch, num_pages)
 
 
+@pytest.mark.parametrize("paged", [False, pytest.param(True, marks=pytest.mark.skipif(not native, reason="no cc"))])
 @pytest.mark.parametrize("rows", [[(0, 130)], [(20, 30)], [(0, 40), (33, 1), (0, 1), (64, 17)]])
-def test_logits_rows_close_to_layers(checkpoints, rows: list[tuple[int, int]]) -> None:
+def test_logits_rows_close_to_layers(checkpoints, rows: list[tuple[int, int]], paged: bool) -> None:
     """`run(logits_rows=True)` (the last layer for the logits rows alone on prompt steps): K/V bit for bit,
     the rows' hidden states and logits within fp32 rounding of the layers', the same argmax; with every
-    position scored (prompt logprobs) the whole layer runs and the rows are the layers' bit for bit."""
+    position scored (prompt logprobs) the whole layer runs and the rows are the layers' bit for bit
+    (within fp32 rounding where the native paged kernel attends the decode rows: `paged`)."""
     model, config = _model(checkpoints["qwen3"])
     num_pages = sum(-(-(a + b) // PAGE_SIZE) for a, b in rows) + 3
     specs, used, last, tokens = [], 0, [], 0
@@ -126,13 +148,13 @@ def test_logits_rows_close_to_layers(checkpoints, rows: list[tuple[int, int]]) -
         last.append(tokens - 1)
     for logits_indices, pruned in ((last, True), (list(range(tokens)), False)):
         batch = build_forward_batch(specs, PAGE_SIZE, logits_indices=logits_indices)
-        eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 2)
+        eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 2, paged_attention=paged)
         with torch.inference_mode():
             expected = model(batch, eager_kv).index_select(0, batch.logits_indices)
             got = fast.run(batch, logits_rows=True)
             want_logits, got_logits = model.compute_logits(expected), model.compute_logits(got)
-        _assert_same_kv(eager_kv, fast_kv)
-        if pruned:
+        _assert_same_kv(eager_kv, fast_kv, close=paged)
+        if pruned or paged:
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
             torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-4)
             assert torch.equal(got_logits.argmax(-1), want_logits.argmax(-1))
@@ -241,3 +263,17 @@ def test_embedded_model_greedy_tokens_same_on_and_off() -> None:
         return [o.outputs[0].token_ids for o in out]
 
     assert run() == run(disable_cpu_decode_forward=True, disable_cpu_prefill_forward=True)
+
+
+@pytest.mark.skipif(not native, reason="no C compiler for the native paged decode kernel")
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_engine_greedy_tokens_same_with_paged_attention_on_and_off(checkpoints, family: str) -> None:
+    """The native paged kernel is the default where it builds; its greedy tokens are the gather + SDPA
+    path's (`disable_cpu_paged_attention`)."""
+    llm = LLM(str(checkpoints[family]), skip_tokenizer_init=True, show_progress=False)
+    assert llm.core.executor.runner.cpu_decode.paged_attention
+    llm.shutdown()
+    on, calls = _greedy(checkpoints[family])
+    off, off_calls = _greedy(checkpoints[family], disable_cpu_paged_attention=True)
+    assert calls == off_calls and calls["decode"] > 10
+    assert on == off

@@ -61,6 +61,9 @@ class EngineConfig:
     # CPU: steps with prompt chunks (prefill alone or mixed with decodes) run the same step-shared forward
     # (attention of a chunk with no cached prefix on its own new K/V); set: those steps run the layers.
     disable_cpu_prefill_forward: bool = False
+    # CPU: that forward's decode rows attend their pages in place through a C kernel built on first use
+    # (kernels/attention/decode_paged_cpu.py; within fp32 rounding of SDPA); set: pages gathered for SDPA.
+    disable_cpu_paged_attention: bool = False
     # Kernel overrides "family.mode=name", applied before the model is built (`--kernel`).
     kernel_overrides: tuple[str, ...] = ()
     # torch intra-op threads on the CPU (None: torch's default in-process; the server's engine

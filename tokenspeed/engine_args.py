@@ -45,6 +45,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="CPU: run decode steps through the model's eager layers, not the few-op decode forward")
     group.add_argument("--disable-cpu-prefill-forward", action="store_true",
                        help="CPU: run steps with prompt chunks (prefill, mixed) through the model's eager layers")
+    group.add_argument("--disable-cpu-paged-attention", action="store_true",
+                       help="CPU: gather decode rows' KV pages for SDPA instead of the native in-place paged kernel")
     group.add_argument("--cpu-threads", type=int, default=None,
                        help="torch threads of the engine on the CPU (serve default: all cores but one)")
     group.add_argument("--kernel", action="append", default=[], metavar="FAMILY.MODE=NAME",
@@ -107,6 +109,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         disable_overlap=args.disable_overlap,
         disable_cpu_decode_forward=args.disable_cpu_decode_forward,
         disable_cpu_prefill_forward=args.disable_cpu_prefill_forward,
+        disable_cpu_paged_attention=args.disable_cpu_paged_attention,
         kernel_overrides=tuple(args.kernel),
         cpu_threads=args.cpu_threads,
         speculative_config=speculative_config_dict(args.speculative_config),

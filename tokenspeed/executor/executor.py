@@ -225,6 +225,7 @@ class Executor:
             self.runner.cpu_decode = CPUDecodeForward.build(
                 self.model, self.kv, decode=not config.disable_cpu_decode_forward,
                 prefill=not config.disable_cpu_prefill_forward,
+                paged_attention=False if config.disable_cpu_paged_attention else None,
             )
         if rank is not None and rank.groups.topology.dp_attention:
             topology = rank.groups.topology
