@@ -46,7 +46,7 @@ def load_library() -> ctypes.CDLL | None:
         try:
             path = build_library(_SOURCE, "paged_decode_cpu", ["-O3", "-march=native", "-std=gnu99"])
         except Exception:  # a compiler without -march=native: the generic vector code
-            path = build_library(_SOURCE, "paged_decode_cpu", ["-O3", "-std=gnu99"])
+            path = build_library(_SOURCE, "paged_decode_cpu", ["-O3", "-std=gnu99", "-Wno-psabi"])
         lib = ctypes.CDLL(str(path))
     except Exception as err:  # no compiler, unwritable cache, ...: the torch path serves
         logger.info("native CPU paged decode attention unavailable (%s); gathering pages for SDPA", err)

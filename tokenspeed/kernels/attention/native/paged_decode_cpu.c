@@ -33,6 +33,9 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 
 #define MAX_GROUP 16
 #define MAX_VECS 32 /* head_dim up to 256 */
+#ifndef PREFETCH_PAGES
+#define PREFETCH_PAGES 2 /* how many pages ahead a row's pages are asked for */
+#endif
 
 static inline v8f load8(const float *p) {
     v8f x;
@@ -57,6 +60,20 @@ static inline void hsum8x4(v8f a, v8f b, v8f c, v8f d, float *out) {
 #endif
 }
 
+/* Ask for lines PREFETCH_PAGES pages ahead of their use: pages are scattered over the pool, so the
+   hardware prefetchers see a new stream every page_size positions, and at 4-16 rows the K/V read
+   (MBs a layer) comes from DRAM. Measured on the embedded model, 16 rows of 540 positions: the
+   forward's attention 2.7 -> 1.6-1.8 ms (whole pages at once: 2.4; distance 1, 2, 4 alike). */
+static inline void prefetch_lines(const float *page, int64_t floats) {
+    for (int64_t f = 0; f < floats; f += 16) {
+#if defined(__x86_64__) || defined(__i386__)
+        __asm__ volatile("prefetcht0 %0" : : "m"(page[f])); /* GCC 12 at -O1+ drops __builtin_prefetch here */
+#else
+        __builtin_prefetch(page + f, 0, 3);
+#endif
+    }
+}
+
 static inline float hmax8(v8f x) {
     float m = x[0];
     for (int i = 1; i < 8; i++) m = x[i] > m ? x[i] : m;
@@ -65,8 +82,11 @@ static inline float hmax8(v8f x) {
 
 static inline v8f splat(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
 
-/* lanewise max(a, b) (no NaNs here): C has no vector `?:`, so select through the compare's mask */
+/* lanewise max(a, b) (no NaNs here); without AVX, C has no vector `?:`: select through the compare's mask */
 static inline v8f vmax8(v8f a, v8f b) {
+#ifdef __AVX__
+    return (v8f)_mm256_max_ps((__m256)a, (__m256)b);
+#else
     v8i ai, bi, take_a = a > b;
     memcpy(&ai, &a, sizeof ai);
     memcpy(&bi, &b, sizeof bi);
@@ -74,6 +94,7 @@ static inline v8f vmax8(v8f a, v8f b) {
     v8f out;
     memcpy(&out, &r, sizeof out);
     return out;
+#endif
 }
 
 /* 2^x for x <= 0 (to a few ulp for x >= -126; below, clamped there: such a weight is < 1e-37). */
@@ -112,20 +133,28 @@ static inline __attribute__((always_inline)) void attend_head(
         for (int64_t c = 0; c < vecs; c++) qv[j][c] = load8(qh + j * head_dim + c * 8) * splat(scale);
     /* 1. scores, one pass over the keys for the whole group, four positions at a time (a page
        holds whole fours; positions past len in the last one are scored and then masked) */
+    const int64_t num = (len + page_size - 1) / page_size;
     for (int64_t t0 = 0, p = 0; t0 < len; t0 += page_size, p++) {
         const float *kp = k + (int64_t)pages[p] * page_stride;
         const int64_t n = len - t0 < page_size ? len - t0 : page_size;
+        /* the same positions PREFETCH_PAGES pages ahead, a slice at a time (a burst would overflow the
+           misses the core can track) */
+        const float *ahead = p + PREFETCH_PAGES < num ? k + (int64_t)pages[p + PREFETCH_PAGES] * page_stride : NULL;
         int64_t i = 0;
         if (page_size % 4 == 0)
             for (; i < n; i += 4, kp += 4 * pos_stride) {
+                if (ahead) prefetch_lines(ahead + i * pos_stride, 4 * pos_stride);
+                v8f k0[MAX_VECS], k1[MAX_VECS], k2[MAX_VECS], k3[MAX_VECS]; /* the 4 keys, loaded once */
+                for (int64_t c = 0; c < vecs; c++) {
+                    k0[c] = load8(kp + c * 8), k1[c] = load8(kp + pos_stride + c * 8);
+                    k2[c] = load8(kp + 2 * pos_stride + c * 8), k3[c] = load8(kp + 3 * pos_stride + c * 8);
+                }
                 for (int64_t j = 0; j < group; j++) {
-                    v8f a0 = qv[j][0] * load8(kp), a1 = qv[j][0] * load8(kp + pos_stride);
-                    v8f a2 = qv[j][0] * load8(kp + 2 * pos_stride), a3 = qv[j][0] * load8(kp + 3 * pos_stride);
+                    const v8f q0 = qv[j][0];
+                    v8f a0 = q0 * k0[0], a1 = q0 * k1[0], a2 = q0 * k2[0], a3 = q0 * k3[0];
                     for (int64_t c = 1; c < vecs; c++) {
-                        a0 += qv[j][c] * load8(kp + c * 8);
-                        a1 += qv[j][c] * load8(kp + pos_stride + c * 8);
-                        a2 += qv[j][c] * load8(kp + 2 * pos_stride + c * 8);
-                        a3 += qv[j][c] * load8(kp + 3 * pos_stride + c * 8);
+                        const v8f qc = qv[j][c];
+                        a0 += qc * k0[c], a1 += qc * k1[c], a2 += qc * k2[c], a3 += qc * k3[c];
                     }
                     hsum8x4(a0, a1, a2, a3, scratch + j * padded + t0 + i);
                 }
@@ -162,7 +191,9 @@ static inline __attribute__((always_inline)) void attend_head(
     for (int64_t t0 = 0, p = 0; t0 < len; t0 += page_size, p++) {
         const float *vp = v + (int64_t)pages[p] * page_stride;
         const int64_t n = len - t0 < page_size ? len - t0 : page_size;
+        const float *ahead = p + PREFETCH_PAGES < num ? v + (int64_t)pages[p + PREFETCH_PAGES] * page_stride : NULL;
         for (int64_t i = 0; i < n; i++, vp += pos_stride) {
+            if (ahead) prefetch_lines(ahead + i * pos_stride, pos_stride);
             v8f vv[MAX_VECS];
             for (int64_t c = 0; c < vecs; c++) vv[c] = load8(vp + c * 8);
             for (int64_t j = 0; j < group; j++) {
