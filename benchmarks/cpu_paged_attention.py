@@ -1,9 +1,10 @@
 """The CPU decode forward with its decode rows' attention on the native paged kernel vs gather + SDPA.
 
-    python benchmarks/cpu_paged_attention.py [--batches 1 4 16] [--context 540] [--rounds 15] [--out FILE]
+    python benchmarks/cpu_paged_attention.py [--batches 1 4 16] [--context 540] [--rounds 15] [--threads 1]
+        [--out FILE]
 
 Why beside `cpu_decode_step.py` (which compares whole engines, tree against tree): this isolates the
-one switch, in one process on one K/V pool. The embedded model (fp32, one torch thread), a pool four
+one switch, in one process on one K/V pool. The embedded model (fp32, `--threads` torch threads: the kernel itself runs on one), a pool four
 times the batch's pages (scattered, random K/V: at 16 rows the batch's K/V, ~18 MB over the 4 layers,
 do not stay in cache between forwards, as in an engine), B decode rows of `--context` - i positions.
 Per B: the best of `--rounds` x 10 calls of `CPUDecodeForward.run` with `paged_attention` off
@@ -40,9 +41,10 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--context", type=int, default=540)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the kernel runs on one)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     folder = embedded_model_path()
     config = ModelConfig.from_pretrained(folder)
     model = build_model(config, dtype=torch.float32, device=torch.device("cpu"))
@@ -99,6 +101,7 @@ def main() -> None:
                                         else sys.argv[0], *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "context": args.context,
+        "threads": args.threads,
         "results": results,
     }, indent=1) + "\n")
     print(f"written to {args.out}")
