@@ -277,3 +277,21 @@ def test_engine_greedy_tokens_same_with_paged_attention_on_and_off(checkpoints, 
     off, off_calls = _greedy(checkpoints[family], disable_cpu_paged_attention=True)
     assert calls == off_calls and calls["decode"] > 10
     assert on == off
+
+
+def test_paged_attention_switches_and_no_compiler(checkpoints, monkeypatch, tmp_path) -> None:
+    """`TOKENSPEED_CPU_ATTENTION_NATIVE=0` and `paged_attention=False` keep the gather + SDPA path; where no
+    C compiler works the kernel is unavailable and the forward falls back to it silently."""
+    model, config = _model(checkpoints["qwen3"])
+    kv = _kv(config, 4, 0)
+    assert not CPUDecodeForward.build(model, kv, paged_attention=False).paged_attention
+    monkeypatch.setenv("TOKENSPEED_CPU_ATTENTION_NATIVE", "0")
+    assert not CPUDecodeForward.build(model, kv).paged_attention
+    monkeypatch.delenv("TOKENSPEED_CPU_ATTENTION_NATIVE")
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("TOKENSPEED_CACHE_DIR", str(tmp_path))  # nothing built yet
+    monkeypatch.setattr(decode_paged_cpu, "_LIB", None)
+    monkeypatch.setattr(decode_paged_cpu, "_TRIED", False)
+    assert decode_paged_cpu.load_library() is None
+    forward = CPUDecodeForward.build(model, kv)
+    assert forward is not None and not forward.paged_attention
