@@ -120,8 +120,8 @@ static inline v8f exp2_8(v8f x) {
 }
 
 /* One (row, kv head): `group` queries at qh, positions 0..len-1 on `pages`, results at oh. Always
-   inlined into `attend_fixed` with constant group and vecs, so that the loops unroll and the
-   queries and accumulators live in registers. */
+   inlined into `paged_decode_attention`'s dispatch with constant group and vecs, so that the loops
+   unroll and the queries and accumulators live in registers. */
 static inline __attribute__((always_inline)) void attend_head(
     const float *qh, const float *k, const float *v, const int32_t *pages, int64_t len, int64_t page_size,
     int64_t pos_stride, int64_t page_stride, float scale, float *scratch, float *oh, const int64_t group,
