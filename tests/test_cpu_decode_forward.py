@@ -162,11 +162,12 @@ def test_logits_rows_close_to_layers(checkpoints, rows: list[tuple[int, int]], p
             assert torch.equal(got, expected)
 
 
-def test_chunk_without_logits_rows(checkpoints) -> None:
+@pytest.mark.parametrize("paged", [False, pytest.param(True, marks=pytest.mark.skipif(not native, reason="no cc"))])
+def test_chunk_without_logits_rows(checkpoints, paged: bool) -> None:
     """A prompt chunk that samples nothing (chunked prefill): no rows back, the layers' K/V."""
     model, config = _model(checkpoints["qwen3"])
     batch = build_forward_batch([RowSpec(list(range(3, 43)), 0, [1, 2, 3])], PAGE_SIZE, logits_indices=[])
-    eager_kv, fast_kv, fast = _pools_and_forward(model, config, 5, 3)
+    eager_kv, fast_kv, fast = _pools_and_forward(model, config, 5, 3, paged_attention=paged)
     with torch.inference_mode():
         model(batch, eager_kv)
         assert fast.run(batch, logits_rows=True).shape == (0, config.hidden_size)

@@ -68,7 +68,8 @@ def test_large_scores_stay_finite() -> None:
 
 
 def test_rejects_out_of_range_lengths_and_pages() -> None:
-    """Checked before anything is read: a length over max_seq_len, a page id outside the pool, bad shapes."""
+    """Checked before anything is read: a length over max_seq_len, a page id outside the pool, a table too
+    narrow, other dtypes, head shapes the kernel does not hold."""
     q, k, v, table, seq_lens = _inputs([20, 9], 8, 2, 32, 16, seed=4)
     with pytest.raises(ValueError, match="length"):
         decode_paged_cpu.paged_decode_attention(q, k, v, table, seq_lens, 19, 1.0)
@@ -78,4 +79,6 @@ def test_rejects_out_of_range_lengths_and_pages() -> None:
         decode_paged_cpu.paged_decode_attention(q, k, v, bad, seq_lens, 20, 1.0)
     with pytest.raises(TypeError):
         decode_paged_cpu.paged_decode_attention(q, k, v, table.long(), seq_lens, 20, 1.0)
+    with pytest.raises(ValueError, match="wide enough"):
+        decode_paged_cpu.paged_decode_attention(q, k, v, table[:, :1], seq_lens, 20, 1.0)
     assert not decode_paged_cpu.supports(8, 2, 36) and not decode_paged_cpu.supports(64, 2, 32)

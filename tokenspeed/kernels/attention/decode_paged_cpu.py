@@ -93,6 +93,8 @@ def paged_decode_attention(
         raise ValueError("q rows, page table rows and lengths must be contiguous")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape):
         raise ValueError("contiguous K and V caches of one shape")
+    if page_table.shape[0] != rows or seq_lens.shape != (rows,) or page_table.shape[1] * page_size < max_seq_len:
+        raise ValueError("a page table row and a length per q row, the table wide enough for max_seq_len")
     out = torch.empty((rows, heads, head_dim), dtype=torch.float32)
     scratch = torch.empty(heads // kv_heads * (-(-max_seq_len // 8) * 8), dtype=torch.float32)
     status = lib.paged_decode_attention(
