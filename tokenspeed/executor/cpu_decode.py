@@ -128,14 +128,12 @@ class PromptRow:
 @dataclass(slots=True)
 class DecodeRows:
     """The one-token (decode) rows of a step, as their attention reads them: for the gather + SDPA path
-    (`pages`, `mask`, `span`) or for the native paged kernel (`table`, `lens`, `max_len`)."""
+    (`pages`, `mask`, `span`) or for the native paged kernel (`plan`)."""
 
     pages: torch.Tensor | None = None  # [rows * span_pages] int64: each row's pages, 0 past its end
     mask: torch.Tensor | None = None  # [rows, 1, 1, span] fp32: 0 where visible, -inf past the row's end
     span: int = 0  # positions gathered per row (span_pages * page_size)
-    table: torch.Tensor | None = None  # [rows, >= pages] int32: each row's page table (native kernel)
-    lens: torch.Tensor | None = None  # [rows] int64: positions each row attends (native kernel)
-    max_len: int = 0
+    plan: decode_paged_cpu.PagedDecodePlan | None = None  # page tables and lengths, checked once a step
 
 
 @dataclass(slots=True)
@@ -330,7 +328,9 @@ class CPUDecodeForward:
         """One-token rows (int64 lens `[rows]` or `[rows, 1]`): what their attention reads."""
         rows = page_table.shape[0]
         if self.paged_attention:
-            return DecodeRows(table=page_table, lens=lens.reshape(rows), max_len=max_seq_len)
+            return DecodeRows(plan=decode_paged_cpu.PagedDecodePlan(
+                page_table, lens.reshape(rows), max_seq_len, heads=self.num_heads, kv_heads=self.num_kv_heads,
+                head_dim=self.head_dim, page_size=self.page_size))
         lens = lens.view(rows, 1)
         span_pages = -(-max_seq_len // self.page_size)
         span = span_pages * self.page_size
@@ -457,9 +457,8 @@ class CPUDecodeForward:
         pages with GQA folded into SDPA's query length. Either reshapes to `[rows, heads, head_dim]`."""
         rows = step.decode
         assert rows is not None
-        if rows.table is not None and rows.lens is not None:
-            return decode_paged_cpu.paged_decode_attention(
-                q, w.k_cache, w.v_cache, rows.table, rows.lens, rows.max_len, self.scale)
+        if rows.plan is not None:
+            return rows.plan(q, w.k_cache, w.v_cache, self.scale)
         assert rows.pages is not None and rows.mask is not None
         count = q.shape[0]
         kv_heads, head_dim = self.num_kv_heads, self.head_dim
