@@ -7,9 +7,12 @@ instead: per (row, kv head) one pass over the keys scores the whole GQA group, a
 softmax, one pass over the values. It is not SDPA's summation order, so it equals the torch path
 within fp32 rounding (tested to 1e-5), not bit for bit.
 
-Built on first use with the system C compiler (`-O3 -march=native`, no fast-math; `native_build.py`);
-where none works it is unavailable (logged once) and the caller keeps the gather + SDPA path. Off
-switch: `TOKENSPEED_CPU_ATTENTION_NATIVE=0` (or `--disable-cpu-paged-attention`).
+Built on first use with the system C compiler (`-O3 -march=native`, no fast-math; `native_build.py`;
+~3 s once per source version and CPU, then cached); where none works it is unavailable (logged once)
+and the caller keeps the gather + SDPA path. Off switch: `TOKENSPEED_CPU_ATTENTION_NATIVE=0` (or
+`--disable-cpu-paged-attention`). It runs on one thread: the CPU engine's choice for small models
+(`executor/cpu_threads.py`); at two torch threads it still beat the parallel gather + SDPA on the
+embedded model (`benchmarks/results/cpu/cpu_decode_paged_attention.md`), more were not measured.
 """
 
 from __future__ import annotations
