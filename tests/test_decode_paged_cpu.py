@@ -8,13 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from tokenspeed.kernels.attention import decode_paged_cpu
 
 pytestmark = pytest.mark.skipif(decode_paged_cpu.load_library() is None, reason="no C compiler")
 
 
-def _gather_sdpa(q, k, v, table, lens, scale):
+def _gather_sdpa(q: Tensor, k: Tensor, v: Tensor, table: Tensor, lens: Tensor, scale: float) -> Tensor:
     """The CPU decode forward's torch path: each row's pages gathered, padded, masked, one SDPA call."""
     rows, heads, head_dim = q.shape
     _, page_size, kv_heads, _ = k.shape
@@ -30,7 +31,9 @@ def _gather_sdpa(q, k, v, table, lens, scale):
     return out.reshape(rows, heads, head_dim)
 
 
-def _inputs(lens, heads, kv_heads, head_dim, page_size, seed):
+def _inputs(
+    lens: list[int], heads: int, kv_heads: int, head_dim: int, page_size: int, seed: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     gen = torch.Generator().manual_seed(seed)
     counts = [-(-n // page_size) for n in lens]
     num_pages = sum(counts) + 5
@@ -50,7 +53,7 @@ def _inputs(lens, heads, kv_heads, head_dim, page_size, seed):
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(8, 2, 32), (4, 4, 16), (8, 1, 64), (6, 2, 128), (12, 4, 24)])
 @pytest.mark.parametrize("page_size", [16, 1, 6])
 @pytest.mark.parametrize("lens", [[1], [37], [16, 5, 70, 33, 1, 48], [513, 200]])
-def test_matches_gather_sdpa(lens, heads, kv_heads, head_dim, page_size) -> None:
+def test_matches_gather_sdpa(lens: list[int], heads: int, kv_heads: int, head_dim: int, page_size: int) -> None:
     q, k, v, table, seq_lens = _inputs(lens, heads, kv_heads, head_dim, page_size, seed=len(lens) + page_size)
     scale = head_dim**-0.5
     expected = _gather_sdpa(q, k, v, table, seq_lens, scale)
