@@ -22,7 +22,8 @@ the step time: the steps other processes did not disturb), best round kept. `tok
 B * steps over the whole `generate` call (prefill included).
 
 Then, at the model-runner level, it re-runs the last B-row decode batch it saw
-(its K/V are still in the pool) in a loop: `runner_forward_ms` is the best of
+(the last of the widest: the final steps of a chunked prefill's batch can be
+narrower; `runner_rows` says how many rows it had; its K/V are still in the pool) in a loop: `runner_forward_ms` is the best of
 `--repeat` calls of forward + LM head, and `aten_ops` counts the aten calls one
 such call dispatches (torch.profiler): `total` counts nested calls too,
 `top_level` only those called from Python, and `by_name` the most frequent top-level ones.
@@ -67,7 +68,9 @@ class StepProbe(cpu_side_by_side.StepProbe):
         rows = len(attn.seq_lens)
         decode = attn.max_query_len == 1 and batch.num_tokens == rows
         self.current["rows"] = rows if decode else -1
-        if decode:
+        # the last of the widest decode batches: at B=16 the final steps run only the last-admitted rows
+        # (prefill is chunked), so the very last decode batch can be a few rows narrower than B
+        if decode and (self.last_decode_batch is None or rows >= len(self.last_decode_batch.attn.seq_lens)):
             self.last_decode_batch = batch
 
 
@@ -125,6 +128,7 @@ def measure(args: argparse.Namespace, llm_kwargs: dict[str, Any], seed: int) -> 
             llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
         for b in args.batches:
             probe.steps.clear()
+            probe.last_decode_batch = None
             prompts = [
                 {"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(args.context)]} for _ in range(b)
             ]
@@ -163,6 +167,7 @@ def measure(args: argparse.Namespace, llm_kwargs: dict[str, Any], seed: int) -> 
                     t1 = time.perf_counter()
                     runner_forward(runner, batch)
                     times.append(time.perf_counter() - t1)
+            row["runner_rows"] = len(batch.attn.seq_lens)
             row["runner_forward_ms"] = round(min(times) * 1e3, 3)
             row["runner_forward_median_ms"] = round(statistics.median(times) * 1e3, 3)
             row["aten_ops"] = count_aten_ops(runner, batch)

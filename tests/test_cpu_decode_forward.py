@@ -1,8 +1,12 @@
 """The CPU decode forward (`executor/cpu_decode.py`) equals the model's eager layers bit for bit, on
 decode-only steps and on steps with prompt chunks (prefill, mixed), and the engine's greedy tokens are
-the same with it on and off (`disable_cpu_decode_forward`, `disable_cpu_prefill_forward`). Bit for bit
-with GEMM prepacking off; with it on (`executor/cpu_linear.py`, oneDNN kernels: another fp32 rounding)
-within 1e-5 relative, and the same greedy tokens (`disable_cpu_gemm_prepack`)."""
+the same with it on and off (`disable_cpu_decode_forward`, `disable_cpu_prefill_forward`).
+
+Bit for bit with GEMM prepacking off and its decode rows on the gather + SDPA path
+(`paged_attention=False`). Each fast path sums in another order: GEMM prepacking (`executor/cpu_linear.py`,
+oneDNN kernels) is compared within 1e-5 relative, the native paged kernel (`decode_paged_cpu`, the
+default where a C compiler works) within fp32 rounding (`test_paged_attention_*`), and the engine's
+greedy tokens with each on and off (`disable_cpu_gemm_prepack`, `disable_cpu_paged_attention`)."""
 
 from __future__ import annotations
 
@@ -18,9 +22,11 @@ from tokenspeed.executor import cpu_linear
 from tokenspeed.executor.batch_builder import RowSpec, build_forward_batch
 from tokenspeed.executor.cpu_decode import CPUDecodeForward
 from tokenspeed.kernels import scoped_kernel_overrides
+from tokenspeed.kernels.attention import decode_paged_cpu
 from tokenspeed.models import ModelConfig, build_model, load_weights
 
 PAGE_SIZE = 16
+native = decode_paged_cpu.load_library() is not None  # a C compiler for the native paged decode kernel
 
 
 def _model(folder):
@@ -39,22 +45,30 @@ def _kv(config: ModelConfig, num_pages: int, seed: int) -> PagedKVStorage:
     return kv
 
 
-def _pools_and_forward(model, config: ModelConfig, num_pages: int, seed: int, prepack: bool = False):
+def _pools_and_forward(model, config: ModelConfig, num_pages: int, seed: int, prepack: bool = False,
+                       paged_attention: bool = False):
     """Two K/V pools with the same random history (the eager layers', the CPU forward's) and the CPU forward
-    built on the second (GEMM prepacking off unless `prepack`: bit-equal to the layers)."""
+    built on the second (GEMM prepacking off unless `prepack`, decode rows gathered for SDPA unless
+    `paged_attention`: bit-equal to the layers)."""
     eager_kv, fast_kv = _kv(config, num_pages, seed), _kv(config, num_pages, seed)
-    fast = CPUDecodeForward.build(model, fast_kv, prepack=prepack)
-    assert fast is not None
+    fast = CPUDecodeForward.build(model, fast_kv, prepack=prepack, paged_attention=paged_attention)
+    assert fast is not None and fast.paged_attention == bool(paged_attention)
     return eager_kv, fast_kv, fast
 
 
-def _assert_same_kv(eager_kv: PagedKVStorage, fast_kv: PagedKVStorage) -> None:
+def _assert_same_kv(eager_kv: PagedKVStorage, fast_kv: PagedKVStorage, *, close: bool = False) -> None:
+    """Equal pools (`close`: within fp32 rounding: a layer's K/V come from the last one's attention)."""
     for a, b in zip((*eager_kv.k, *eager_kv.v), (*fast_kv.k, *fast_kv.v)):
-        assert torch.equal(a, b)
+        if close:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(a, b)
 
 
 def _assert_equals_layers_bitwise(model, config: ModelConfig, batch, num_pages: int) -> None:
-    """The CPU forward takes `batch`, and its hidden states and written K/V are the eager layers', bit for bit."""
+    """The CPU forward takes `batch`, and its hidden states and written K/V are the eager layers', bit for bit;
+    with the native paged kernel for its decode rows (where it builds), the same K/V and hidden states
+    within fp32 rounding (the last layer's attention output feeds the states: 1e-5)."""
     eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 1)
     assert fast.serves(batch)
     with torch.inference_mode():
@@ -62,6 +76,13 @@ def _assert_equals_layers_bitwise(model, config: ModelConfig, batch, num_pages: 
         got = fast.run(batch)
     assert torch.equal(got, expected)
     _assert_same_kv(eager_kv, fast_kv)
+    if not native:
+        return
+    _, paged_kv, paged = _pools_and_forward(model, config, num_pages, 1, paged_attention=True)
+    with torch.inference_mode():
+        got = paged.run(batch)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    _assert_same_kv(eager_kv, paged_kv, close=True)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -112,11 +133,13 @@ def test_prompt_steps_equal_layers_bitwise(checkpoints, family: str, rows: list[
     _assert_equals_layers_bitwise(model, config, batch, num_pages)
 
 
+@pytest.mark.parametrize("paged", [False, pytest.param(True, marks=pytest.mark.skipif(not native, reason="no cc"))])
 @pytest.mark.parametrize("rows", [[(0, 130)], [(20, 30)], [(0, 40), (33, 1), (0, 1), (64, 17)]])
-def test_logits_rows_close_to_layers(checkpoints, rows: list[tuple[int, int]]) -> None:
+def test_logits_rows_close_to_layers(checkpoints, rows: list[tuple[int, int]], paged: bool) -> None:
     """`run(logits_rows=True)` (the last layer for the logits rows alone on prompt steps): K/V bit for bit,
     the rows' hidden states and logits within fp32 rounding of the layers', the same argmax; with every
-    position scored (prompt logprobs) the whole layer runs and the rows are the layers' bit for bit."""
+    position scored (prompt logprobs) the whole layer runs and the rows are the layers' bit for bit
+    (within fp32 rounding where the native paged kernel attends the decode rows: `paged`)."""
     model, config = _model(checkpoints["qwen3"])
     num_pages = sum(-(-(a + b) // PAGE_SIZE) for a, b in rows) + 3
     specs, used, last, tokens = [], 0, [], 0
@@ -129,13 +152,13 @@ def test_logits_rows_close_to_layers(checkpoints, rows: list[tuple[int, int]]) -
         last.append(tokens - 1)
     for logits_indices, pruned in ((last, True), (list(range(tokens)), False)):
         batch = build_forward_batch(specs, PAGE_SIZE, logits_indices=logits_indices)
-        eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 2)
+        eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 2, paged_attention=paged)
         with torch.inference_mode():
             expected = model(batch, eager_kv).index_select(0, batch.logits_indices)
             got = fast.run(batch, logits_rows=True)
             want_logits, got_logits = model.compute_logits(expected), model.compute_logits(got)
-        _assert_same_kv(eager_kv, fast_kv)
-        if pruned:
+        _assert_same_kv(eager_kv, fast_kv, close=paged)
+        if pruned or paged:
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
             torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-4)
             assert torch.equal(got_logits.argmax(-1), want_logits.argmax(-1))
@@ -143,11 +166,12 @@ def test_logits_rows_close_to_layers(checkpoints, rows: list[tuple[int, int]]) -
             assert torch.equal(got, expected)
 
 
-def test_chunk_without_logits_rows(checkpoints) -> None:
+@pytest.mark.parametrize("paged", [False, pytest.param(True, marks=pytest.mark.skipif(not native, reason="no cc"))])
+def test_chunk_without_logits_rows(checkpoints, paged: bool) -> None:
     """A prompt chunk that samples nothing (chunked prefill): no rows back, the layers' K/V."""
     model, config = _model(checkpoints["qwen3"])
     batch = build_forward_batch([RowSpec(list(range(3, 43)), 0, [1, 2, 3])], PAGE_SIZE, logits_indices=[])
-    eager_kv, fast_kv, fast = _pools_and_forward(model, config, 5, 3)
+    eager_kv, fast_kv, fast = _pools_and_forward(model, config, 5, 3, paged_attention=paged)
     with torch.inference_mode():
         model(batch, eager_kv)
         assert fast.run(batch, logits_rows=True).shape == (0, config.hidden_size)
@@ -356,3 +380,35 @@ def test_embedded_model_prepack(monkeypatch) -> None:
     env_off, env_unpacked = run()
     assert env_unpacked == (False, False, False)
     assert on == off == env_off
+
+
+@pytest.mark.skipif(not native, reason="no C compiler for the native paged decode kernel")
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_engine_greedy_tokens_same_with_paged_attention_on_and_off(checkpoints, family: str) -> None:
+    """The native paged kernel is the default where it builds; its greedy tokens are the gather + SDPA
+    path's (`disable_cpu_paged_attention`)."""
+    llm = LLM(str(checkpoints[family]), skip_tokenizer_init=True, show_progress=False)
+    assert llm.core.executor.runner.cpu_decode.paged_attention
+    llm.shutdown()
+    on, calls = _greedy(checkpoints[family])
+    off, off_calls = _greedy(checkpoints[family], disable_cpu_paged_attention=True)
+    assert calls == off_calls and calls["decode"] > 10
+    assert on == off
+
+
+def test_paged_attention_switches_and_no_compiler(checkpoints, monkeypatch, tmp_path) -> None:
+    """`TOKENSPEED_CPU_ATTENTION_NATIVE=0` and `paged_attention=False` keep the gather + SDPA path; where no
+    C compiler works the kernel is unavailable and the forward falls back to it silently."""
+    model, config = _model(checkpoints["qwen3"])
+    kv = _kv(config, 4, 0)
+    assert not CPUDecodeForward.build(model, kv, paged_attention=False).paged_attention
+    monkeypatch.setenv("TOKENSPEED_CPU_ATTENTION_NATIVE", "0")
+    assert not CPUDecodeForward.build(model, kv).paged_attention
+    monkeypatch.delenv("TOKENSPEED_CPU_ATTENTION_NATIVE")
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("TOKENSPEED_CACHE_DIR", str(tmp_path))  # nothing built yet
+    monkeypatch.setattr(decode_paged_cpu, "_LIB", None)
+    monkeypatch.setattr(decode_paged_cpu, "_TRIED", False)
+    assert decode_paged_cpu.load_library() is None
+    forward = CPUDecodeForward.build(model, kv)
+    assert forward is not None and not forward.paged_attention

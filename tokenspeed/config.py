@@ -65,6 +65,9 @@ class EngineConfig:
     # (executor/cpu_linear.py; fp32 rounding differs from F.linear); set (or env
     # TOKENSPEED_CPU_GEMM_PREPACK=0): F.linear on the layers' weights, bit-equal to the layers.
     disable_cpu_gemm_prepack: bool = False
+    # CPU: that forward's decode rows attend their pages in place through a C kernel built on first use
+    # (kernels/attention/decode_paged_cpu.py; within fp32 rounding of SDPA); set: pages gathered for SDPA.
+    disable_cpu_paged_attention: bool = False
     # Kernel overrides "family.mode=name", applied before the model is built (`--kernel`).
     kernel_overrides: tuple[str, ...] = ()
     # torch intra-op threads on the CPU (None: torch's default in-process; the server's engine

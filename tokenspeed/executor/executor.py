@@ -227,6 +227,7 @@ class Executor:
                 self.model, self.kv, decode=not config.disable_cpu_decode_forward,
                 prefill=not config.disable_cpu_prefill_forward,
                 prepack=prepack_enabled(config.disable_cpu_gemm_prepack),
+                paged_attention=False if config.disable_cpu_paged_attention else None,
             )
         if rank is not None and rank.groups.topology.dp_attention:
             topology = rank.groups.topology

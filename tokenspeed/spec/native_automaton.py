@@ -10,7 +10,7 @@ Same construction, counts and queries as the Python class, step for step (the
 Python class stays the reference: `tests/test_spec_drafters.py` compares them
 state by state and proposal by proposal). Built on first use with the system C
 compiler (`$CC`, else `cc`) into `$TOKENSPEED_CACHE_DIR` (default
-`~/.cache/tokenspeed`), keyed by the source's hash; where no compiler works the
+`~/.cache/tokenspeed`), keyed by the source's hash (`tokenspeed/native_build.py`); where no compiler works the
 drafter falls back to the Python class (a warning, once). Off switch:
 `TOKENSPEED_SUFFIX_NATIVE=0`.
 """
@@ -18,15 +18,13 @@ drafter falls back to the Python class (a warning, once). Off switch:
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import subprocess
-import tempfile
 from array import array
 from collections.abc import Sequence
 from pathlib import Path
 
+from tokenspeed.native_build import build_library
 from tokenspeed.spec.suffix_automaton import Match
 
 logger = logging.getLogger("tokenspeed.spec")
@@ -55,24 +53,7 @@ def load_library() -> ctypes.CDLL | None:
 
 
 def _build() -> Path:
-    source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(source).hexdigest()[:16]
-    folder = Path(os.environ.get("TOKENSPEED_CACHE_DIR", Path.home() / ".cache" / "tokenspeed")) / "native"
-    target = folder / f"suffix_automaton-{digest}.so"
-    if target.exists():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    handle, scratch = tempfile.mkstemp(suffix=".so", dir=folder)
-    os.close(handle)
-    try:
-        compiler = os.environ.get("CC", "cc")
-        subprocess.run([compiler, "-O2", "-std=c99", "-shared", "-fPIC", "-o", scratch, str(_SOURCE)],
-                       check=True, capture_output=True, timeout=120)
-        os.replace(scratch, target)  # atomic: concurrent builders each publish a whole library
-    finally:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
-    return target
+    return build_library(_SOURCE, "suffix_automaton", ["-O2", "-std=c99"])
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:

@@ -1,0 +1,56 @@
+"""Build a small C source into a shared library once, cached on disk, for ctypes.
+
+Why one helper: the native pieces (`spec/native_automaton.py`, `kernels/attention/decode_paged_cpu.py`)
+are single C files compiled on first use with the system compiler (`$CC`, else `cc`) rather than
+shipped as wheels; each build is keyed by the source, the flags and (for `-march=native`) the CPU's
+feature flags, so an edited source, other flags or a cache directory shared with another machine
+never load a stale or illegal library. Cache: `$TOKENSPEED_CACHE_DIR/native` (default
+`~/.cache/tokenspeed/native`). Callers catch the exception where no compiler works and fall back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _cpu_identity() -> bytes:
+    """What `-march=native` compiles for: the machine and, on Linux, the CPU's feature flags."""
+    identity = platform.machine().encode()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return identity + line.encode()
+    except OSError:
+        pass
+    return identity
+
+
+def build_library(source: Path, name: str, flags: Sequence[str]) -> Path:
+    """`source` compiled with `flags` (plus `-shared -fPIC`) into `<cache>/native/<name>-<key>.so`, built
+    once per key; raises where the compiler fails."""
+    compiler = os.environ.get("CC", "cc")
+    key = hashlib.sha256(source.read_bytes())
+    key.update("\0".join([compiler, *flags]).encode())
+    if "-march=native" in flags:
+        key.update(_cpu_identity())
+    folder = Path(os.environ.get("TOKENSPEED_CACHE_DIR", Path.home() / ".cache" / "tokenspeed")) / "native"
+    target = folder / f"{name}-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, scratch = tempfile.mkstemp(suffix=".so", dir=folder)
+    os.close(handle)
+    try:
+        subprocess.run([compiler, *flags, "-shared", "-fPIC", "-o", scratch, str(source)],
+                       check=True, capture_output=True, timeout=120)
+        os.replace(scratch, target)  # atomic: concurrent builders each publish a whole library
+    finally:
+        if os.path.exists(scratch):
+            os.unlink(scratch)
+    return target
