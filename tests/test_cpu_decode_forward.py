@@ -384,9 +384,10 @@ def test_embedded_model_prepack(monkeypatch) -> None:
 
 @pytest.mark.skipif(not native, reason="no C compiler for the native paged decode kernel")
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_engine_greedy_tokens_same_with_paged_attention_on_and_off(checkpoints, family: str) -> None:
+def test_engine_greedy_tokens_same_with_paged_attention_on_and_off(checkpoints, monkeypatch, family: str) -> None:
     """The native paged kernel is the default where it builds; its greedy tokens are the gather + SDPA
     path's (`disable_cpu_paged_attention`)."""
+    monkeypatch.delenv("TOKENSPEED_CPU_ATTENTION_NATIVE", raising=False)
     llm = LLM(str(checkpoints[family]), skip_tokenizer_init=True, show_progress=False)
     assert llm.core.executor.runner.cpu_decode.paged_attention
     llm.shutdown()
