@@ -10,7 +10,7 @@ Same construction, counts and queries as the Python class, step for step (the
 Python class stays the reference: `tests/test_spec_drafters.py` compares them
 state by state and proposal by proposal). Built on first use with the system C
 compiler (`$CC`, else `cc`) into `$TOKENSPEED_CACHE_DIR` (default
-`~/.cache/tokenspeed`), keyed by the source's hash (`tokenspeed/native_build.py`); where no compiler works the
+`~/.cache/tokenspeed`), keyed by the source's hash (`tokenspeed/kernels/native_build.py`); where no compiler works the
 drafter falls back to the Python class (a warning, once). Off switch:
 `TOKENSPEED_SUFFIX_NATIVE=0`.
 """
@@ -24,7 +24,7 @@ from array import array
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokenspeed.native_build import build_library
+from tokenspeed.kernels.native_build import build_library
 from tokenspeed.spec.suffix_automaton import Match
 
 logger = logging.getLogger("tokenspeed.spec")

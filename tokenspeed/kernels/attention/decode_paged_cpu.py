@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from tokenspeed.native_build import build_library
+from tokenspeed.kernels.native_build import build_library
 
 logger = logging.getLogger("tokenspeed.kernels")
 

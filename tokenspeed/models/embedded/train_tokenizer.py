@@ -148,7 +148,7 @@ def model_config(tok: Tokenizer) -> dict[str, object]:
         "model_type": "qwen3",
         "vocab_size": VOCAB_SIZE,
         "hidden_size": 256,
-        "intermediate_size": 576,  # sized so the model and its EAGLE head fit 8 MB in bf16
+        "intermediate_size": 576,  # sized so the models and their draft heads fit 16 MB of bf16 together
         "num_hidden_layers": 4,
         "num_attention_heads": 8,
         "num_key_value_heads": 2,
