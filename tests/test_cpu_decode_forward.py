@@ -56,6 +56,22 @@ def _pools_and_forward(model, config: ModelConfig, num_pages: int, seed: int, pr
     return eager_kv, fast_kv, fast
 
 
+def _rows_batch(config: ModelConfig, rows: list[tuple[int, int]], seed: int):
+    """A batch of rows (cached prefix, new tokens) of random tokens in scattered pages, and its page count."""
+    num_pages = sum(-(-(a + b) // PAGE_SIZE) for a, b in rows) + 3
+    pool = list(range(num_pages))
+    random.Random(len(rows)).shuffle(pool)
+    specs, used, logits, tokens = [], 0, [], 0
+    rng = random.Random(seed)
+    for prefix, new in rows:
+        pages = pool[used : used + -(-(prefix + new) // PAGE_SIZE)]
+        used += len(pages)
+        specs.append(RowSpec([rng.randrange(config.vocab_size) for _ in range(new)], prefix, pages))
+        tokens += new
+        logits.append(tokens - 1)
+    return build_forward_batch(specs, PAGE_SIZE, logits_indices=logits), num_pages
+
+
 def _assert_same_kv(eager_kv: PagedKVStorage, fast_kv: PagedKVStorage, *, close: bool = False) -> None:
     """Equal pools (`close`: within fp32 rounding: a layer's K/V come from the last one's attention)."""
     for a, b in zip((*eager_kv.k, *eager_kv.v), (*fast_kv.k, *fast_kv.v)):
@@ -118,18 +134,7 @@ def test_prompt_steps_equal_layers_bitwise(checkpoints, family: str, rows: list[
     """Steps with prompt chunks (rows of (cached prefix, new tokens)): hidden states and written K/V equal to
     the eager layers' (extend kernel, decodes batched), bit for bit."""
     model, config = _model(checkpoints[family])
-    num_pages = sum(-(-(a + b) // PAGE_SIZE) for a, b in rows) + 3
-    pool = list(range(num_pages))
-    random.Random(len(rows)).shuffle(pool)
-    specs, used, logits, tokens = [], 0, [], 0
-    rng = random.Random(5)
-    for prefix, new in rows:
-        pages = pool[used : used + -(-(prefix + new) // PAGE_SIZE)]
-        used += len(pages)
-        specs.append(RowSpec([rng.randrange(config.vocab_size) for _ in range(new)], prefix, pages))
-        tokens += new
-        logits.append(tokens - 1)
-    batch = build_forward_batch(specs, PAGE_SIZE, logits_indices=logits)
+    batch, num_pages = _rows_batch(config, rows, seed=5)
     _assert_equals_layers_bitwise(model, config, batch, num_pages)
 
 
@@ -295,22 +300,6 @@ def pack_from_one_row(monkeypatch):
     monkeypatch.setattr(cpu_linear, "ROWS_MIN_BY_SIZE", ((0, 1),))
 
 
-def _packed_rows(model, config, rows: list[tuple[int, int]]):
-    """A batch of rows (cached prefix, new tokens) in scattered pages, its page count."""
-    num_pages = sum(-(-(a + b) // PAGE_SIZE) for a, b in rows) + 3
-    pool = list(range(num_pages))
-    random.Random(len(rows)).shuffle(pool)
-    specs, used, logits, tokens = [], 0, [], 0
-    rng = random.Random(9)
-    for prefix, new in rows:
-        pages = pool[used : used + -(-(prefix + new) // PAGE_SIZE)]
-        used += len(pages)
-        specs.append(RowSpec([rng.randrange(config.vocab_size) for _ in range(new)], prefix, pages))
-        tokens += new
-        logits.append(tokens - 1)
-    return build_forward_batch(specs, PAGE_SIZE, logits_indices=logits), num_pages
-
-
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @pytest.mark.parametrize("rows", [
     [(0, 1)],
@@ -324,7 +313,7 @@ def test_prepacked_gemms_close_to_layers(checkpoints, pack_from_one_row, family:
     """Packed GEMMs (every weight, from one row): hidden states and written K/V within 1e-5 relative of the
     eager layers', the LM head (`logits`) too, and the same argmax."""
     model, config = _model(checkpoints[family])
-    batch, num_pages = _packed_rows(model, config, rows)
+    batch, num_pages = _rows_batch(config, rows, seed=9)
     eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 4, prepack=True)
     assert all(w.qkv.packed is not None and w.down.packed is not None for w in fast.layers)
     assert fast.lm_head is not None and fast.lm_head.packed is not None
@@ -408,8 +397,8 @@ def test_paged_attention_switches_and_no_compiler(checkpoints, monkeypatch, tmp_
     monkeypatch.delenv("TOKENSPEED_CPU_ATTENTION_NATIVE")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("TOKENSPEED_CACHE_DIR", str(tmp_path))  # nothing built yet
-    monkeypatch.setattr(decode_paged_cpu, "_LIB", None)
-    monkeypatch.setattr(decode_paged_cpu, "_TRIED", False)
+    monkeypatch.setattr(decode_paged_cpu.NATIVE, "lib", None)
+    monkeypatch.setattr(decode_paged_cpu.NATIVE, "tried", False)
     assert decode_paged_cpu.load_library() is None
     forward = CPUDecodeForward.build(model, kv)
     assert forward is not None and not forward.paged_attention

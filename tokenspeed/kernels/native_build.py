@@ -10,12 +10,14 @@ never load a stale or illegal library. Cache: `$TOKENSPEED_CACHE_DIR/native` (de
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import logging
 import os
 import platform
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -54,3 +56,28 @@ def build_library(source: Path, name: str, flags: Sequence[str]) -> Path:
         if os.path.exists(scratch):
             os.unlink(scratch)
     return target
+
+
+class NativeLibrary:
+    """One native piece's library, built and loaded on its first use, then kept for the process.
+
+    `load` builds and declares it (ctypes signatures); where that raises (no compiler, an unwritable
+    cache, ...) `get` logs `fallback` once at `level` and returns None ever after, and the caller keeps
+    its torch or Python path.
+    """
+
+    def __init__(self, load: Callable[[], ctypes.CDLL], logger: logging.Logger, fallback: str,
+                 level: int = logging.INFO) -> None:
+        self._load, self._logger, self._fallback, self._level = load, logger, fallback, level
+        self.lib: ctypes.CDLL | None = None
+        self.tried = False
+
+    def get(self) -> ctypes.CDLL | None:
+        if not self.tried:
+            self.tried = True
+            try:
+                self.lib = self._load()
+            except Exception as err:
+                self._logger.log(self._level, "%s (%s)", self._fallback, err)
+                self.lib = None
+        return self.lib

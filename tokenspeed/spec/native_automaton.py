@@ -24,14 +24,12 @@ from array import array
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokenspeed.kernels.native_build import build_library
+from tokenspeed.kernels.native_build import NativeLibrary, build_library
 from tokenspeed.spec.suffix_automaton import Match
 
 logger = logging.getLogger("tokenspeed.spec")
 
 _SOURCE = Path(__file__).parent / "native" / "suffix_automaton.c"
-_LIB: ctypes.CDLL | None = None
-_TRIED = False
 
 
 def native_enabled() -> bool:
@@ -40,16 +38,7 @@ def native_enabled() -> bool:
 
 def load_library() -> ctypes.CDLL | None:
     """The compiled automaton (built once per source version), or None where it cannot be built."""
-    global _LIB, _TRIED
-    if _TRIED:
-        return _LIB
-    _TRIED = True
-    try:
-        _LIB = _declare(ctypes.CDLL(str(_build())))
-    except Exception as err:  # no compiler, unwritable cache, ...: the Python automaton serves
-        logger.warning("native suffix automaton unavailable (%s); using the Python one", err)
-        _LIB = None
-    return _LIB
+    return NATIVE.get()
 
 
 def _build() -> Path:
@@ -79,6 +68,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         function.argtypes = args
         function.restype = result
     return lib
+
+
+NATIVE = NativeLibrary(lambda: _declare(ctypes.CDLL(str(_build()))), logger,
+                       "native suffix automaton unavailable; using the Python one", logging.WARNING)
 
 
 class NativeSuffixAutomaton:

@@ -24,13 +24,11 @@ from pathlib import Path
 
 import torch
 
-from tokenspeed.kernels.native_build import build_library
+from tokenspeed.kernels.native_build import NativeLibrary, build_library
 
 logger = logging.getLogger("tokenspeed.kernels")
 
 _SOURCE = Path(__file__).parent / "native" / "paged_decode_cpu.c"
-_LIB: ctypes.CDLL | None = None
-_TRIED = False
 MAX_GROUP = 16  # the C kernel's limits (MAX_GROUP, MAX_VECS there)
 MAX_HEAD_DIM = 256
 
@@ -39,27 +37,25 @@ def native_enabled() -> bool:
     return os.environ.get("TOKENSPEED_CPU_ATTENTION_NATIVE", "1") != "0"
 
 
-def load_library() -> ctypes.CDLL | None:
-    """The compiled kernel (built once per source version and CPU), or None where it cannot be built."""
-    global _LIB, _TRIED
-    if _TRIED:
-        return _LIB
-    _TRIED = True
+def _load() -> ctypes.CDLL:
     try:
-        try:
-            path = build_library(_SOURCE, "paged_decode_cpu", ["-O3", "-march=native", "-std=gnu99"])
-        except Exception:  # a compiler without -march=native: the generic vector code
-            path = build_library(_SOURCE, "paged_decode_cpu", ["-O3", "-std=gnu99", "-Wno-psabi"])
-        lib = ctypes.CDLL(str(path))
-    except Exception as err:  # no compiler, unwritable cache, ...: the torch path serves
-        logger.info("native CPU paged decode attention unavailable (%s); gathering pages for SDPA", err)
-        return None
+        path = build_library(_SOURCE, "paged_decode_cpu", ["-O3", "-march=native", "-std=gnu99"])
+    except Exception:  # a compiler without -march=native: the generic vector code
+        path = build_library(_SOURCE, "paged_decode_cpu", ["-O3", "-std=gnu99", "-Wno-psabi"])
+    lib = ctypes.CDLL(str(path))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn = lib.paged_decode_attention
     fn.argtypes = [ptr, i64, ptr, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, ptr]
     fn.restype = ctypes.c_int
-    _LIB = lib
-    return _LIB
+    return lib
+
+
+NATIVE = NativeLibrary(_load, logger, "native CPU paged decode attention unavailable; gathering pages for SDPA")
+
+
+def load_library() -> ctypes.CDLL | None:
+    """The compiled kernel (built once per source version and CPU), or None where it cannot be built."""
+    return NATIVE.get()
 
 
 def supports(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
