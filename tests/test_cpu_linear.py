@@ -66,7 +66,6 @@ def test_off_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     assert torch.equal(off(x), F.linear(x, weight))
     monkeypatch.delenv(cpu_linear.ENV_SWITCH, raising=False)
     assert cpu_linear.prepack_enabled()
-    assert not cpu_linear.prepack_enabled(disabled_by_config=True)
     monkeypatch.setenv(cpu_linear.ENV_SWITCH, "0")
     assert not cpu_linear.prepack_enabled()
     monkeypatch.setenv(cpu_linear.ENV_SWITCH, "1")

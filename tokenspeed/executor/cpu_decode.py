@@ -96,7 +96,8 @@ import torch.nn.functional as F
 
 from tokenspeed.batch.forward_batch import ForwardBatch
 from tokenspeed.batch.kv_storage import PagedKVStorage
-from tokenspeed.executor.cpu_linear import PREPACK_MAX_BYTES, CPULinear, pack
+from tokenspeed.executor.cpu_linear import PREPACK_MAX_BYTES, CPULinear, pack, pack_lm_head, prepack_enabled
+from tokenspeed.executor.cpu_step import DecodeRows, DecodeStep, PromptRow
 from tokenspeed.kernels.attention import decode_paged_cpu
 from tokenspeed.kernels.attention.extend_torch_sdpa import attend_causal_blocks, causal_blocks
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
@@ -123,41 +124,6 @@ class LayerWeights:
     v_pages: torch.Tensor
     k_cache: torch.Tensor  # the layer's caches as the pool holds them, for the native paged kernel
     v_cache: torch.Tensor
-
-
-@dataclass(slots=True)
-class PromptRow:
-    """A row with several new tokens (a prompt chunk) in a step: what its attention needs, built once."""
-
-    start: int  # its first token in the batch
-    end: int
-    seq_len: int  # KV length after this step
-    pages: torch.Tensor | None  # int64 pages of positions 0..seq_len-1; None: no cached prefix, attend the new K/V
-    visible: torch.Tensor | None  # [q_len, seq_len] bool; None: plain causal (`is_causal`) or in blocks
-    blocks: list[tuple[int, int, torch.Tensor]] | None = None  # causal query blocks (`causal_blocks`)
-
-
-@dataclass(slots=True)
-class DecodeRows:
-    """The one-token (decode) rows of a step, as their attention reads them: for the gather + SDPA path
-    (`pages`, `mask`, `span`) or for the native paged kernel (`plan`)."""
-
-    pages: torch.Tensor | None = None  # [rows * span_pages] int64: each row's pages, 0 past its end
-    mask: torch.Tensor | None = None  # [rows, 1, 1, span] fp32: 0 where visible, -inf past the row's end
-    span: int = 0  # positions gathered per row (span_pages * page_size)
-    plan: decode_paged_cpu.PagedDecodePlan | None = None  # page tables and lengths, checked once a step
-
-
-@dataclass(slots=True)
-class DecodeStep:
-    """What every layer of one step shares, built once per step."""
-
-    cos: torch.Tensor  # [tokens, 1, 2, head_dim // 2]: (cos, cos) of each token's position
-    sin: torch.Tensor  # [tokens, 1, 2, head_dim // 2]: (-sin, sin)
-    slots: torch.Tensor  # [tokens] int64
-    decode: DecodeRows | None  # the one-token rows (None: none)
-    decode_tokens: torch.Tensor | None = None  # mixed steps: the decode rows' tokens (None: all rows decode)
-    prompts: tuple[PromptRow, ...] = ()  # the rows with several new tokens, in batch order
 
 
 def _why_not(model: torch.nn.Module, kv: PagedKVStorage) -> str | None:
@@ -209,20 +175,6 @@ def _why_not(model: torch.nn.Module, kv: PagedKVStorage) -> str | None:
     return None
 
 
-def _plain_lm_head(model: torch.nn.Module, prepack: bool) -> CPULinear | None:
-    """The LM head as a packed `CPULinear` where `compute_logits` is a plain fp32 `F.linear` (an `LMHead`
-    with no decode GEMM kernel) and packing took; else None (`compute_logits` runs)."""
-    from tokenspeed.layers.embedding import LMHead
-    from tokenspeed.models.llama import DenseDecoderForCausalLM
-
-    head = getattr(model, "lm_head", None)
-    if (not prepack or type(head) is not LMHead or getattr(model, "_lm_head_gemm", None) is not None
-            or getattr(type(model), "compute_logits", None) is not DenseDecoderForCausalLM.compute_logits):
-        return None
-    linear = pack(head.weight, enabled=True)
-    return linear if linear.packed is not None else None
-
-
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`norm.rms=torch_fp32`'s arithmetic, op for op."""
     return weight * (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps))
@@ -233,17 +185,18 @@ class CPUDecodeForward:
 
     def __init__(
         self, model: torch.nn.Module, kv: PagedKVStorage, *, decode: bool = True, prefill: bool = True,
-        prepack: bool = True, paged_attention: bool = False,
+        prepack: bool | None = None, paged_attention: bool | None = None,
     ) -> None:
-        """`prepack`: the GEMM weights and the LM head pre-packed for oneDNN (`cpu_linear.py`; fp32
-        rounding, not bit for bit, where it runs)."""
+        """`prepack`: the GEMM weights and the LM head pre-packed for oneDNN where that pays (`cpu_linear.py`;
+        fp32 rounding, not bit for bit). `paged_attention`: the decode rows' attention through the native
+        paged kernel where it builds and takes the heads (`decode_paged_cpu`; fp32 rounding). None: on
+        unless its env switch (`TOKENSPEED_CPU_GEMM_PREPACK=0`, `TOKENSPEED_CPU_ATTENTION_NATIVE=0`) is set;
+        with both False the forward equals the eager layers bit for bit."""
         inner: Any = model.model  # a DecoderModel (`_why_not`)
         self.decode = decode  # decode-only steps
         self.prefill = prefill  # steps with prompt chunks (prefill only or mixed with decodes)
         # `run(logits_rows=True)` on steps with prompt chunks: the last layer for the logits rows only.
         self.prune_last_layer = True
-        # The decode rows' attention reads the pages in place (`decode_paged_cpu`); off: gather + SDPA.
-        self.paged_attention = paged_attention
         first = inner.layers[0].self_attn
         self.model = model
         self.embedding = inner.embed_tokens.weight
@@ -251,6 +204,13 @@ class CPUDecodeForward:
         self.eps = inner.norm.eps
         self.num_heads, self.num_kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
         self.scale = first.scale
+        # The decode rows' attention reads the pages in place (`decode_paged_cpu`); off: gather + SDPA.
+        self.paged_attention = (
+            (decode_paged_cpu.native_enabled() if paged_attention is None else paged_attention)
+            and decode_paged_cpu.supports(self.num_heads, self.num_kv_heads, self.head_dim)
+            and decode_paged_cpu.load_library() is not None
+        )
+        prepack = prepack_enabled() if prepack is None else prepack
         self.page_size = kv.page_size
         self.cos_cache = inner.rotary_emb.cos_cache
         self.sin_cache = inner.rotary_emb.sin_cache
@@ -286,7 +246,7 @@ class CPUDecodeForward:
                 v_cache=v_cache,
             ))
             self.layer_eps.append((layer.input_layernorm.eps, qk_eps, layer.post_attention_layernorm.eps))
-        self.lm_head = _plain_lm_head(model, prepack)
+        self.lm_head = pack_lm_head(model) if prepack else None
         linears = [lin for w in self.layers for lin in (w.qkv, w.o_proj, w.gate_up, w.down)]
         linears += [self.lm_head] if self.lm_head is not None else []
         packed_mib = sum(lin.packed_bytes for lin in linears) / 2**20
@@ -302,26 +262,17 @@ class CPUDecodeForward:
     @classmethod
     def build(
         cls, model: torch.nn.Module, kv: PagedKVStorage, *, decode: bool = True, prefill: bool = True,
-        prepack: bool = True, paged_attention: bool | None = None,
+        prepack: bool | None = None, paged_attention: bool | None = None,
     ) -> CPUDecodeForward | None:
-        """The CPU forward of `model` for the step kinds asked for, or None (logged) where the eager layers
-        must run every step. `paged_attention`: the decode rows' attention through the native paged kernel
-        where it builds and takes the heads (None: unless `TOKENSPEED_CPU_ATTENTION_NATIVE=0`; False: the
-        gather + SDPA path, equal to the eager layers bit for bit)."""
+        """The CPU forward of `model` for the step kinds asked for (`prepack`, `paged_attention`: as in
+        `__init__`), or None (logged) where the eager layers must run every step."""
         if not (decode or prefill):
             return None
         reason = _why_not(model, kv)
         if reason is not None:
             logger.info("CPU decode forward off: %s", reason)
             return None
-        forward = cls(model, kv, decode=decode, prefill=prefill, prepack=prepack)
-        if paged_attention is None:
-            paged_attention = decode_paged_cpu.native_enabled()
-        forward.paged_attention = (
-            paged_attention and decode_paged_cpu.supports(forward.num_heads, forward.num_kv_heads, forward.head_dim)
-            and decode_paged_cpu.load_library() is not None
-        )
-        return forward
+        return cls(model, kv, decode=decode, prefill=prefill, prepack=prepack, paged_attention=paged_attention)
 
     def serves(self, batch: ForwardBatch) -> bool:
         """Whether `run` takes this step (unpadded, not speculative: the runner checks those): decode-only

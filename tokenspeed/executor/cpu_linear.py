@@ -49,10 +49,9 @@ SMALL_WEIGHT_ROWS = 8
 PREPACK_MAX_BYTES = 1 << 30
 
 
-def prepack_enabled(disabled_by_config: bool = False) -> bool:
-    """Whether to pre-pack: not switched off by the config flag nor by `TOKENSPEED_CPU_GEMM_PREPACK=0`."""
-    value = os.environ.get(ENV_SWITCH, "1").strip().lower()
-    return not disabled_by_config and value not in ("0", "false", "off", "no")
+def prepack_enabled() -> bool:
+    """Whether to pre-pack where the config does not say: not unless `TOKENSPEED_CPU_GEMM_PREPACK=0`."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def rows_min(weight: torch.Tensor) -> int:
@@ -114,3 +113,17 @@ def pack(weight: torch.Tensor, *, enabled: bool = True) -> CPULinear:
         logger.debug("CPU GEMM prepack off for a %s weight: %s", tuple(weight.shape), exc)
         return CPULinear(weight)
     return CPULinear(weight, packed, rows_min(weight), op)
+
+
+def pack_lm_head(model: torch.nn.Module) -> CPULinear | None:
+    """The LM head as a packed `CPULinear` where `compute_logits` is a plain fp32 `F.linear` (an `LMHead`
+    with no decode GEMM kernel) and packing took; else None (`compute_logits` runs)."""
+    from tokenspeed.layers.embedding import LMHead
+    from tokenspeed.models.llama import DenseDecoderForCausalLM
+
+    head = getattr(model, "lm_head", None)
+    if (type(head) is not LMHead or getattr(model, "_lm_head_gemm", None) is not None
+            or getattr(type(model), "compute_logits", None) is not DenseDecoderForCausalLM.compute_logits):
+        return None
+    linear = pack(head.weight)
+    return linear if linear.packed is not None else None

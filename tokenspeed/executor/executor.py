@@ -41,7 +41,6 @@ from tokenspeed.config import (
 from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest, ModelNotSupported
 from tokenspeed.executor.attention_ranks import AttentionRanks
 from tokenspeed.executor.cpu_decode import CPUDecodeForward
-from tokenspeed.executor.cpu_linear import prepack_enabled
 from tokenspeed.executor.cpu_threads import apply_cpu_threads
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from tokenspeed.executor.kv_tiers import HostKVTier, default_host_kv_cache_bytes
@@ -226,7 +225,7 @@ class Executor:
             self.runner.cpu_decode = CPUDecodeForward.build(
                 self.model, self.kv, decode=not config.disable_cpu_decode_forward,
                 prefill=not config.disable_cpu_prefill_forward,
-                prepack=prepack_enabled(config.disable_cpu_gemm_prepack),
+                prepack=False if config.disable_cpu_gemm_prepack else None,
                 paged_attention=False if config.disable_cpu_paged_attention else None,
             )
         if rank is not None and rank.groups.topology.dp_attention:
