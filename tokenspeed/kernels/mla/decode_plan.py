@@ -40,6 +40,11 @@ class DecodeLaunch:
     anchored: bool = False
 
 
+def fold_groups(q_len: int, fold: int) -> int:
+    """Programs per row and head block: groups of `fold` query tokens, the last one possibly short."""
+    return -(-q_len // fold)
+
+
 def choose_fold(num_heads: int, q_len: int, block_h: int = BLOCK_H) -> int:
     """Query tokens folded into one program: as few programs per row as tiles of num_heads * F <= block_h
     rows allow, F balanced over them (16 heads: q_len 5 -> 3 + 2, not five unfolded programs); 1 when one
@@ -47,12 +52,8 @@ def choose_fold(num_heads: int, q_len: int, block_h: int = BLOCK_H) -> int:
     widest = min(q_len, block_h // num_heads)
     if widest <= 1:
         return 1
-    return -(-q_len // -(-q_len // widest))
-
-
-def fold_groups(q_len: int, fold: int) -> int:
-    """Programs per row and head block: groups of `fold` query tokens, the last one possibly short."""
-    return -(-q_len // fold)
+    groups = fold_groups(q_len, widest)  # the fewest groups the tile allows
+    return -(-q_len // groups)  # the tokens spread evenly over them
 
 
 def head_tiling(num_heads: int, fold: int) -> tuple[int, int]:
