@@ -175,10 +175,48 @@ def llama(args: argparse.Namespace, models: dict[str, str]) -> None:
         out[name] = {"bs1_tpot_ms": round(step * 1e3, 3), "roofline_ms": round(roofline * 1e3, 3),
                      "roofline_ratio": round(step / roofline, 3), "weight_bytes_per_token": weights}
         log(f"llama {name}: bs1 TPOT {step * 1e3:.3f} ms, roofline {roofline * 1e3:.3f} ms ({step / roofline:.3f}x)")
+        if args.profile:
+            profile_decode(llm, prompt_len, args.out.with_name(f"{args.out.stem}.{name}.profile.txt"))
         release(llm)
     out["bf16_over_fp8"] = round(out["bf16"]["bs1_tpot_ms"] / out["fp8"]["bs1_tpot_ms"], 3)
     out["targets"] = {"fp8_roofline_ratio_max": 1.15, "bf16_over_fp8_min": 1.7,
                       "met": out["fp8"]["roofline_ratio"] <= 1.15 and out["bf16_over_fp8"] >= 1.7}
+
+
+def profile_decode(llm: Any, prompt_len: int, path: Path, steps: int = 32) -> None:
+    """The device kernels of `steps` bs1 decode steps (torch.profiler), per step, beside the wall clock.
+
+    Kernels inside CUDA graphs are traced too; busy time below the wall clock is launch gaps and host time.
+    (CPU ops under --smoke.)
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    from tokenspeed import SamplingParams
+
+    core = llm.core
+    vocab = core.executor.model_config.vocab_size
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 16, ignore_eos=True, detokenize=False)
+    core.add_request("profile-decode", _prompts(random.Random(4), 1, prompt_len, vocab)[0]["prompt_token_ids"], params)
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(8):
+        core.step()
+    sync()
+    t = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            core.step()
+        sync()
+    wall_us = (time.perf_counter() - t) / steps * 1e6
+    while core.has_unfinished():
+        core.step()
+    rows = [(e.key, e.count / steps, e.device_time_total / steps) for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r[2])
+    busy = sum(r[2] for r in rows)
+    lines = [f"{steps} decode steps, bs1, context ~{prompt_len}: wall {wall_us:.1f} us/step (profiled), "
+             f"kernels busy {busy:.1f} us/step", "", "| kernel | per step | us/step |", "|---|---:|---:|"]
+    lines += [f"| {key[:90]} | {count:g} | {us:.1f} |" for key, count, us in rows[:40]]
+    path.write_text("\n".join(lines) + "\n")
+    log("\n".join(lines[:24]))
 
 
 def qwen3_moe(args: argparse.Namespace, models: dict[str, str]) -> None:
@@ -252,6 +290,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/fp8/fp8_e2e.json"))
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma separated, of {', '.join(SECTIONS)}")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, measures nothing")
+    parser.add_argument("--profile", action="store_true", help="llama: a kernel table of bs1 decode steps per variant")
     args = parser.parse_args()
     command = " ".join(["python", "benchmarks/fp8_e2e.py", *sys.argv[1:]])
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
