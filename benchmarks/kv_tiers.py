@@ -26,7 +26,10 @@ copies (`executor/kv_tiers.py`) on the preset's page layout, and their ratio.
 Presets: `cpu` (the embedded model, 2K contexts, minutes on 2 cores) and
 `h200` (the Qwen3-8B preset with dummy weights, sessions grown to 60K+
 tokens). The agentic plan is shrunk from its native 128K window to the
-preset's max context, so sessions reach it only over many turns (`--turns`).
+preset's max context (`h200`: planned for a 128K window, `--plan-context`,
+served with a 64K one, so that a quarter of the working set is a real
+quarter of the sessions' 60K+ tokens, and the device pool can still hold one
+max-length request), so sessions reach it only over many turns (`--turns`).
 On the H200 the LRU baseline re-prefills whole sessions, so split the run:
 `--configs lru`, then the other three with `--merge-from` the first part's
 kv_tiers.json (or the same `--output-dir`): the results merge into one file. `--budget-s` bounds the whole run: each configuration gets an equal
@@ -62,8 +65,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu": dict(model=None, max_context=2048, page_size=16, concurrency=6, sessions=6, turns=36, time_scale=0.02,
                 host_bytes=1 << 30, session_ttl=300, budget_s=1800, dtype="float32", extra=["--cpu-threads", "1"],
                 layout=dict(layers=4, kv_heads=2, head_dim=32), copy_pages=256),
-    "h200": dict(model="qwen3-8b", yarn_context=131072, max_context=131072, page_size=16, concurrency=4, sessions=4,
-                 turns=20, time_scale=0.01, host_bytes=48 << 30, session_ttl=300, budget_s=290, dtype="bfloat16",
+    "h200": dict(model="qwen3-8b", yarn_context=131072, max_context=65536, plan_context=131072, page_size=16,
+                 concurrency=4, sessions=4, turns=21, time_scale=0.01, host_bytes=48 << 30, session_ttl=300, budget_s=290, dtype="bfloat16",
                  extra=["--max-num-seqs", "16", "--cuda-graph-max-bs", "16"],
                  layout=dict(layers=36, kv_heads=8, head_dim=128), copy_pages=512),
 }
@@ -244,6 +247,7 @@ def run_config(name: str, host: bool, retention: bool, mode: str, preset: dict[s
                      "--output-dir", str(folder), "--workload", "agentic", "--concurrency", str(preset["concurrency"]),
                      "--sessions", str(preset["sessions"]), "--turns", str(preset["turns"]),
                      "--max-context", str(preset["max_context"]), "--time-scale", str(preset["time_scale"]),
+                     *(["--plan-context", str(preset["plan_context"])] if preset.get("plan_context") else []),
                      "--label", name, "--session-key", "--ignore-eos", "--no-progress", "--no-calibrate"]
             left = max(30.0, timeout_s - (time.monotonic() - started))
             try:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Device run D of wave 2 (one call): the FP8 GPU tests (issue 16), Llama-3.1-8B bs1 FP8 vs bf16 with a
-# kernel table of the decode step per variant (`fp8_e2e.py --sections llama --profile`), then the LRU
-# part of issue 13's KV-tier benchmark on the Qwen3-8B preset (KV_CONFIGS, BUDGET seconds; the other
-# configurations merge in a later call with --merge-from). Outputs: at most 8 files (tarballs). Carry .whl_gpu.
+# kernel table of the decode step per variant (`fp8_e2e.py --sections llama --profile`), then parts
+# of issue 13's KV-tier benchmark on the Qwen3-8B preset (KV_PARTS="CONFIGS:BUDGET ...", "": none; a
+# later call merges more with KV_ARGS="--merge-from F"). Outputs: at most 8 files (tarballs). Carry .whl_gpu.
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl_gpu/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 NCCL_NVLS_ENABLE=0 TOKENSPEED_GPU_REPORT=$OUT/gpu_report.jsonl
@@ -20,10 +20,10 @@ if [ "${E2E_S:-90}" != 0 ]; then
 fi
 ${EXTRA:-true} >> $OUT/summary.txt 2>&1
 tar czf $OUT/fp8.tgz -C /tmp fp8
-if [ "${KV_CONFIGS:-lru}" != none ]; then
-  timeout $(( ${BUDGET:-300} + 40 )) python3 benchmarks/kv_tiers.py --preset h200 --configs ${KV_CONFIGS:-lru} \
-    --budget-s ${BUDGET:-300} --output-dir /tmp/kv_tiers ${KV_ARGS:-} > $OUT/kv_tiers.log 2>&1
-  echo "kv_tiers rc=$? t=$(( $(date +%s)-T0 ))" >> $OUT/summary.txt
+for part in ${KV_PARTS-lru:300}; do  # CONFIGS:BUDGET; each part merges into the same kv_tiers.json
+  timeout $(( ${part#*:} + 40 )) python3 benchmarks/kv_tiers.py --preset h200 --configs ${part%%:*} \
+    --budget-s ${part#*:} --output-dir /tmp/kv_tiers ${KV_ARGS:-} >> $OUT/kv_tiers.log 2>&1
+  echo "kv_tiers $part rc=$? t=$(( $(date +%s)-T0 ))" >> $OUT/summary.txt
   rm -rf /tmp/kv_tiers/model; cp /tmp/kv_tiers/kv_tiers.json $OUT/; tar czf $OUT/kv_tiers_runs.tgz -C /tmp kv_tiers
-fi
+done
 cat $OUT/summary.txt; tail -3 $OUT/gpu_tests.log 2>/dev/null

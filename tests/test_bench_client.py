@@ -264,3 +264,15 @@ def test_bench_serve_writes_results_and_overlays(fake_server, tmp_path, capsys):
 def test_bench_serve_unreachable_server_is_a_clear_error(tmp_path, capsys):
     assert _bench("http://127.0.0.1:9", tmp_path) == 2
     assert "cannot pick a model" in capsys.readouterr().err
+
+
+def test_plan_context_grows_sessions_past_the_server_window_and_cuts_them(fake_server, tmp_path):
+    """--plan-context: sessions planned for a longer window end before a turn would overflow the server's."""
+    url, _ = fake_server
+    out = tmp_path / "run"
+    assert _bench(url, out, "--turns", "20", "--plan-context", str(4 * MAX_CONTEXT), max_context=None) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {(r["max_context"], r["plan_context"]) for r in rows} == {(MAX_CONTEXT, 4 * MAX_CONTEXT)}
+    assert all(r["errors"] == 0 for r in rows) and rows[-1]["sessions_cut"] > 0
+    lines = [json.loads(x) for x in next(out.glob("requests-*.jsonl")).read_text().splitlines()]
+    assert max(x["prompt_tokens"] + x["output_tokens"] for x in lines) <= MAX_CONTEXT

@@ -66,6 +66,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--max-context", type=int, default=None,
                         help="shrink every session proportionally so each prompt + reply fits "
                              "(default: the max_model_len the server reports, if any)")
+    parser.add_argument("--plan-context", type=int, default=None,
+                        help="shrink the sessions to this window instead (may exceed the server's): sessions "
+                             "grow as for a longer context and end when their next turn would not fit the server")
     parser.add_argument("--ignore-eos", action="store_true", help="ask the server to always generate max_tokens")
     parser.add_argument("--session-key", action="store_true",
                         help="send each session's id as prompt_cache_key (a server's session retention key)")
@@ -110,6 +113,7 @@ def _metadata(args: argparse.Namespace, label: str, model: str, info: dict[str, 
         "gpus": args.gpus,
         "seed": args.seed,
         "max_context": max_context,
+        "plan_context": args.plan_context,
         "time_scale": args.time_scale,
         "ignore_eos": args.ignore_eos,
         "shape_scale": plan.scale,
@@ -140,7 +144,7 @@ async def sweep(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[Po
         max_context = min(windows) if windows else None
         ratios = TextRatios() if args.no_calibrate else await calibrate(http, options, max_context)
         needed = max(args.sessions, max(args.concurrency))
-        plan = fit_to_context(build_plan(args, needed), max_context, ratios.turn_overhead)
+        plan = fit_to_context(build_plan(args, needed), args.plan_context or max_context, ratios.turn_overhead)
         prefix_text = system_text(args.seed, plan.prefix_tokens, ratios) if plan.prefix_tokens else ""
         await _warm_up(http, options, prefix_text)
         metadata = _metadata(args, args.label or model, model, info, plan, ratios, max_context)
