@@ -29,7 +29,10 @@ tokens). The agentic plan is shrunk from its native 128K window to the
 preset's max context (`h200`: planned for a 128K window, `--plan-context`,
 served with a 64K one, so that a quarter of the working set is a real
 quarter of the sessions' 60K+ tokens, and the device pool can still hold one
-max-length request), so sessions reach it only over many turns (`--turns`).
+max-length request; replies capped at 128 tokens, so that the run is about
+prefill and reuse rather than decode), so sessions reach it only over many
+turns (`--turns`). A configuration that overruns its share of `--budget-s`
+is reported from the requests that finished (`timed_out`, `requests_finished`).
 On the H200 the LRU baseline re-prefills whole sessions, so split the run:
 `--configs lru`, then the other three with `--merge-from` the first part's
 kv_tiers.json (or the same `--output-dir`): the results merge into one file. `--budget-s` bounds the whole run: each configuration gets an equal
@@ -57,6 +60,7 @@ import httpx
 import torch
 
 from tokenspeed.batch.kv_storage import PagedKVStorage
+from tokenspeed.bench.metrics import percentile
 from tokenspeed.bench.pareto import TPS_FLOOR
 from tokenspeed.executor.kv_tiers import HostKVTier
 from tokenspeed.kvcache import CopyKind, CopyOp, KVLayout
@@ -66,7 +70,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                 host_bytes=1 << 30, session_ttl=300, budget_s=1800, dtype="float32", extra=["--cpu-threads", "1"],
                 layout=dict(layers=4, kv_heads=2, head_dim=32), copy_pages=256),
     "h200": dict(model="qwen3-8b", yarn_context=131072, max_context=65536, plan_context=131072, page_size=16,
-                 concurrency=4, sessions=4, turns=21, time_scale=0.01, host_bytes=48 << 30, session_ttl=300, budget_s=290, dtype="bfloat16",
+                 concurrency=4, sessions=4, turns=24, reply_cap=128, time_scale=0.01, host_bytes=44 << 30,
+                 session_ttl=300, budget_s=290, dtype="bfloat16",
                  extra=["--max-num-seqs", "16", "--cuda-graph-max-bs", "16"],
                  layout=dict(layers=36, kv_heads=8, head_dim=128), copy_pages=512),
 }
@@ -219,6 +224,10 @@ def reuse_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
             "prompt_tokens": prompts, "prefilled_tokens": prefilled, "longest_context_tokens": longest}
 
 
+def _percentile(values: list[float], q: float) -> float | None:
+    return round(percentile(values, q), 1) if values else None
+
+
 def run_config(name: str, host: bool, retention: bool, mode: str, preset: dict[str, Any], out_dir: Path,
                timeout_s: float) -> dict[str, Any]:
     port = _free_port()
@@ -248,6 +257,7 @@ def run_config(name: str, host: bool, retention: bool, mode: str, preset: dict[s
                      "--sessions", str(preset["sessions"]), "--turns", str(preset["turns"]),
                      "--max-context", str(preset["max_context"]), "--time-scale", str(preset["time_scale"]),
                      *(["--plan-context", str(preset["plan_context"])] if preset.get("plan_context") else []),
+                     *(["--output-len", str(preset["reply_cap"])] if preset.get("reply_cap") else []),
                      "--label", name, "--session-key", "--ignore-eos", "--no-progress", "--no-calibrate"]
             left = max(30.0, timeout_s - (time.monotonic() - started))
             try:
@@ -255,7 +265,6 @@ def run_config(name: str, host: bool, retention: bool, mode: str, preset: dict[s
                 row["timed_out"] = False
             except subprocess.TimeoutExpired:
                 row["timed_out"] = True
-                return row
             tiers = httpx.get(url + "/debug/kv", timeout=10).json().get("kv_tiers", {})
         finally:
             server.terminate()
@@ -263,16 +272,21 @@ def run_config(name: str, host: bool, retention: bool, mode: str, preset: dict[s
                 server.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 server.kill()
+    records = [json.loads(line) for path in folder.glob("requests-*.jsonl") for line in path.read_text().splitlines()]
+    row.update(reuse_metrics(records))
+    row["tier_counters"] = tiers.get("counters", {})
+    if row["timed_out"]:  # what the requests that finished say (the bench writes each as it ends)
+        ttfts = sorted(r["ttft_s"] * 1e3 for r in records if r.get("error") is None and r.get("ttft_s") is not None)
+        row.update({"requests_finished": len(records), "ttft_p50_ms": _percentile(ttfts, 50),
+                    "ttft_p99_ms": _percentile(ttfts, 99)})
+        return row
     result = json.loads((folder / "results.json").read_text())
     point = result["rows"][0] if isinstance(result, dict) else result[0]
-    records = [json.loads(line) for line in next(folder.glob("requests-*.jsonl")).read_text().splitlines()]
-    row.update(reuse_metrics(records))
     row.update({"ttft_p50_ms": point.get("ttft_p50_ms"), "ttft_p99_ms": point.get("ttft_p99_ms"),
                 "tps_per_user": point.get("tps_per_user"), "total_tpm_per_gpu": point.get("total_tpm_per_gpu"),
                 "errors": point.get("errors"), "requests": point.get("requests")})
     tps = point.get("tps_per_user") or 0.0
     row["tpm_per_gpu_at_floor"] = point.get("total_tpm_per_gpu") if tps >= TPS_FLOOR else None
-    row["tier_counters"] = tiers.get("counters", {})
     return row
 
 

@@ -12,7 +12,7 @@ from tokenspeed.bench.conversation import Conversation, TextRatios, completion_p
 from tokenspeed.bench.distributions import sample_gap_s
 from tokenspeed.bench.fixed import random_plan, swe_smith_plan
 from tokenspeed.bench.metrics import percentile
-from tokenspeed.bench.workload import CONTEXT_HEADROOM, fit_to_context
+from tokenspeed.bench.workload import CONTEXT_HEADROOM, cap_replies, fit_to_context
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +78,14 @@ def test_plan_is_a_pure_function_of_seed():
     assert agentic_plan(5, 3) != agentic_plan(5, 4)
     # More sessions extend the list rather than reshuffling it.
     assert agentic_plan(8, 3).sessions[:5] == agentic_plan(5, 3).sessions
+
+
+def test_cap_replies_shortens_only_the_long_replies():
+    native = agentic_plan(6, 5)
+    capped = cap_replies(native, 64)
+    pairs = [(n, c) for ns, cs in zip(native.sessions, capped.sessions) for n, c in zip(ns.turns, cs.turns)]
+    assert all(c.output_tokens == min(n.output_tokens, 64) and c.new_tokens == n.new_tokens for n, c in pairs)
+    assert any(n.output_tokens > 64 for n, _ in pairs) and any(n.output_tokens < 64 for n, _ in pairs)
 
 
 @pytest.mark.parametrize("max_context", [1024, 4096, 32_768])

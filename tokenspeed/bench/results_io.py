@@ -95,6 +95,15 @@ def requests_path(out_dir: Path, label: str) -> Path:
     return out_dir / f"requests-{safe}.jsonl"
 
 
+def append_request(out_dir: Path, label: str, concurrency: int, record: RequestRecord) -> None:
+    """One finished request, appended as it arrives, so that a run stopped early keeps what it measured
+    (`write_requests` rewrites the file whole at the end)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    line = {"label": label, "concurrency": concurrency, **asdict(record)}
+    with requests_path(out_dir, label).open("a") as handle:
+        handle.write(json.dumps(_json_safe(line), sort_keys=True) + "\n")
+
+
 def write_requests(out_dir: Path, label: str, concurrency_records: Iterable[tuple[int, Sequence[RequestRecord]]]) -> Path:
     """One JSON line per request, tagged with its concurrency point (replaces the label's file)."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -36,9 +36,9 @@ from tokenspeed.bench.fixed import SWE_SMITH_FIRST_TURN, SWE_SMITH_TURN_TOKENS, 
 from tokenspeed.bench.metrics import summarize
 from tokenspeed.bench.pareto import plot_pareto
 from tokenspeed.bench.report import make_progress, print_summary, write_summary
-from tokenspeed.bench.results_io import write_requests, write_rows
+from tokenspeed.bench.results_io import append_request, requests_path, write_requests, write_rows
 from tokenspeed.bench.sweep import PointRun, PointSpec, run_point
-from tokenspeed.bench.workload import WorkloadPlan, fit_to_context
+from tokenspeed.bench.workload import WorkloadPlan, cap_replies, fit_to_context
 
 WORKLOADS = ("agentic", "swe-smith", "random")
 
@@ -78,7 +78,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--api", choices=("chat", "completions"), default="chat", help="endpoint to drive (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: %(default)s)")
     parser.add_argument("--input-len", type=int, default=1024, help="random: prompt tokens (default: %(default)s)")
-    parser.add_argument("--output-len", type=int, default=None, help="random/swe-smith: reply tokens (128/256)")
+    parser.add_argument("--output-len", type=int, default=None, help="random/swe-smith: reply tokens (128/256); agentic: the most a reply may take")
     parser.add_argument("--first-turn-len", type=int, default=SWE_SMITH_FIRST_TURN, help="swe-smith: first turn (default: %(default)s)")
     parser.add_argument("--turn-len", type=int, default=SWE_SMITH_TURN_TOKENS, help="swe-smith: tokens per turn (default: %(default)s)")
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default: %(default)s)")
@@ -90,7 +90,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def build_plan(args: argparse.Namespace, sessions: int) -> WorkloadPlan:
     """The native-scale plan of `sessions` sessions for the chosen workload."""
     if args.workload == "agentic":
-        return agentic_plan(sessions, args.seed, args.turns)
+        plan = agentic_plan(sessions, args.seed, args.turns)
+        return plan if args.output_len is None else cap_replies(plan, args.output_len)
     if args.workload == "swe-smith":
         return swe_smith_plan(sessions, args.seed, args.turns, args.first_turn_len, args.turn_len,
                               args.output_len or 256)
@@ -148,6 +149,7 @@ async def sweep(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[Po
         prefix_text = system_text(args.seed, plan.prefix_tokens, ratios) if plan.prefix_tokens else ""
         await _warm_up(http, options, prefix_text)
         metadata = _metadata(args, args.label or model, model, info, plan, ratios, max_context)
+        requests_path(args.output_dir, metadata["label"]).unlink(missing_ok=True)
 
         rows: list[dict[str, Any]] = []
         runs: list[PointRun] = []
@@ -161,7 +163,9 @@ async def sweep(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[Po
                 task = progress.add_task(f"C={concurrency}", total=total, status="")
                 tokens = {"out": 0, "err": 0}
 
-                def on_record(record: RequestRecord, task: Any = task, tokens: dict[str, int] = tokens) -> None:
+                def on_record(record: RequestRecord, task: Any = task, tokens: dict[str, int] = tokens,
+                              concurrency: int = concurrency) -> None:
+                    append_request(args.output_dir, metadata["label"], concurrency, record)
                     tokens["out"] += record.output_tokens
                     tokens["err"] += 0 if record.ok else 1
                     progress.update(task, advance=1, status=f"{tokens['out']} out tok, {tokens['err']} err")

@@ -12,7 +12,7 @@ thousands of sessions without synthesising gigabytes of text.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # The share of `--max-context` a planned session may fill.  Text is rendered
 # from a calibrated chars-per-token ratio, which is right on average but not
@@ -75,6 +75,16 @@ class WorkloadPlan:
 
     def total_turns(self) -> int:
         return sum(len(s.turns) for s in self.sessions)
+
+
+def cap_replies(plan: WorkloadPlan, most: int) -> WorkloadPlan:
+    """The plan with every reply at most `most` tokens: the same prompts' shape for less decode time
+    (the sessions grow by the shorter replies only)."""
+    sessions = tuple(
+        SessionPlan(s.session_id, tuple(replace(t, output_tokens=min(t.output_tokens, most)) for t in s.turns))
+        for s in plan.sessions
+    )
+    return replace(plan, sessions=sessions)
 
 
 def truncate_session(
