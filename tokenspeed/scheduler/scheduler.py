@@ -290,6 +290,7 @@ class Scheduler:
                 if self._reserve(request, chunk, step):
                     step.add(request, self._make_row(request, chunk))
         if not step.preempted:
+            self._writeback_before_admission()
             self._admit(step)
         plan = ExecutionPlan(step_id=self._step_id, rows=step.rows)
         self._add_copies(plan, step)
@@ -458,6 +459,19 @@ class Scheduler:
         session = request.sampling.cache_session
         if session is not None and self.kv.enable_prefix_caching:
             self.kv.retain(request.table, session, request.sampling.cache_ttl)
+
+    def _writeback_before_admission(self) -> None:
+        """A write-back batch ahead of the admissions, when requests wait (their pages evict others).
+
+        The batch in `_add_copies` comes after this plan's allocations: a turn that just finished
+        left its new pages evictable and not yet on the host, and under a tight pool the next
+        admission evicted them at once (drops, re-prefilled on the session's next turn). Copied
+        first, they are pinned until their copies land: an admission that needs them waits a step
+        instead (`can_allocate_soon`), and write-back converges, so that wait is bounded.
+        """
+        batch = self.config.writeback_pages_per_step
+        if self.kv.host is not None and batch and (self._waiting or self._retracted):
+            self.kv.writeback(batch)
 
     def _add_copies(self, plan: ExecutionPlan, step: _Step) -> None:
         """Hand the plan the tier copies emitted while it was built, plus this step's write-back batch.
