@@ -149,6 +149,22 @@ def test_a_host_hit_loads_an_evicted_prefix_instead_of_recomputing() -> None:
     assert s.kv.counters.host_hit_pages > 0
 
 
+@pytest.mark.parametrize("session", ["agent-a", None])
+def test_a_finished_turn_reaches_the_host_before_the_next_admission_evicts_it(session: str | None) -> None:
+    """Issue 13 on the H100: a waiting request admitted as a turn finished evicted that turn's pages
+    before any write-back batch had copied them (device drops), so the session's next turn
+    re-prefilled them. A write-back batch now goes before the admissions."""
+    s, ex = make(12, host_slots=64, budget=24)
+    turn = list(range(1, 17))  # 8 pages of 2
+    s.submit("a1", turn, params(max_tokens=2, cache_session=session))
+    s.submit("b1", [50] * 20, params(max_tokens=2))  # 11 pages: admitted once a1 is done, evicting it
+    first = run_all(s, ex)
+    assert s.kv.counters.device_drops == 0 and s.kv.counters.pages_spilled >= 8
+    s.submit("a2", turn + first["a1"].tokens + [99], params(max_tokens=2, cache_session=session))
+    assert run_all(s, ex)["a2"].num_cached_tokens == 16  # every page a1 computed, from the host
+    assert s.kv.counters.host_hit_pages > 0
+
+
 @pytest.mark.parametrize("session", ["agent-1", None])
 def test_a_retained_session_outlives_unprotected_pages_until_its_ttl(session: str | None) -> None:
     clock = FakeClock()
