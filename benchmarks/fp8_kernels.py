@@ -219,7 +219,7 @@ def bench_gemv(timer: Timer, shapes: dict[str, tuple[int, int]], copy_gb_s: floa
         roofline_us = moved / copy_gb_s / 1e3
         bf16_us = timer.us(partial(torch.matmul, x, w_bf16.t()))
         bf16_gemv_us = timer.us(partial(gemv_triton, x, w_bf16))
-        choice = tuned_configs().get((n, k, BLOCK, x.dtype, x.dtype, False))
+        choice = tuned_configs().get((n, k, BLOCK, x.dtype, x.dtype, False, (False, False, False)))
         row = {
             "us": round(us, 2),
             "roofline_us": round(roofline_us, 2),

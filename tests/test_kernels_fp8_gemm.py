@@ -292,6 +292,47 @@ def test_fp8_gemv_triton_matches_reference(
 
 
 @interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("block_size", [(16, 128), PER_CHANNEL_BLOCK])
+@pytest.mark.parametrize("f16_math", [True, False])
+def test_fp8_gemv_fused_decode_forms_match_the_unfused_path(
+    dtype: torch.dtype, block_size: tuple[int, int], f16_math: bool
+) -> None:
+    """RMSNorm prologue, SiLU-and-mul over gate/up halves and the residual epilogue, each against the
+    reference kernels run one after the other (what the decode layer runs when they are not fused)."""
+    from tokenspeed.kernels.activation.reference import silu_and_mul_reference
+    from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
+    from tokenspeed.kernels.norm.rms_reference import rms_norm_reference
+
+    gen = torch.Generator().manual_seed(11)
+    m, n, k, eps = 2, 32, 384, 1e-6
+    w8, scales = quantize_weight_block(torch.randn(2 * n, k, generator=gen), block_size)
+    x = (torch.randn(m, k, generator=gen) * 3).to(dtype)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype)
+    res = torch.randn(m, n, generator=gen).to(dtype)
+    config = Fp8GemvConfig(block_n=8, groups=2, num_warps=4, stages=1, f16_math=f16_math)
+
+    def gemv(inp: torch.Tensor) -> torch.Tensor:
+        return fp8_gemm_reference(inp.float(), w8, scales, block_size=block_size).to(dtype)
+
+    normed = rms_norm_reference(x, norm_w, eps)
+    got = fp8_gemv_triton(x, w8, scales, block_size=block_size, config=config, norm_weight=norm_w, eps=eps)
+    assert _rel_err(got, gemv(normed)) < TOL[dtype]
+    assert fits_silu_mul(2 * n, k, block_size)
+    got = fp8_gemv_triton(x, w8, scales, block_size=block_size, config=config, norm_weight=norm_w, eps=eps,
+                          silu_mul=True)
+    assert got.shape == (m, n) and _rel_err(got, silu_and_mul_reference(gemv(normed))) < 4 * TOL[dtype]
+    w_out, s_out = quantize_weight_block(torch.randn(n, k, generator=gen), block_size)
+    got = fp8_gemv_triton(x, w_out, s_out, block_size=block_size, config=config, residual=res)
+    want = fp8_gemm_reference(x.float(), w_out, s_out, block_size=block_size).to(dtype).float() + res.float()
+    assert _rel_err(got, want.to(dtype)) < TOL[dtype]
+    mixed, mixed_scales = quantize_weight_block(torch.randn(48, k, generator=gen), (32, 128))  # halves of 24 rows
+    assert not fits_silu_mul(48, k, (32, 128))
+    with pytest.raises(ValueError, match="silu_mul"):
+        fp8_gemv_triton(x, mixed, mixed_scales, block_size=(32, 128), silu_mul=True)
+
+
+@interpreted
 @pytest.mark.parametrize("f16_math", [True, False])
 def test_fp8_gemv_keeps_fp16_lanes_in_range_for_any_activation_scale(f16_math: bool) -> None:
     """The fp16 loop scales activations by a power of two per program: huge, tiny and zero rows stay exact."""
@@ -384,3 +425,44 @@ def test_dispatch_calls_the_kernel_for_the_token_count() -> None:
     dispatch = select_fp8_gemm_by_batch(platform="cpu", dtype=torch.float32)
     got = dispatch(x, w8, scales, block_size=(128, 128), bias=bias)
     assert torch.equal(got, fp8_gemm_reference(x, w8, scales, block_size=(128, 128), bias=bias))
+
+
+@interpreted
+@pytest.mark.parametrize("block", [(128, 128), PER_CHANNEL_BLOCK])
+def test_fp8_layers_route_the_decode_forms_to_the_fused_fp8_gemv(
+    monkeypatch: pytest.MonkeyPatch, block: tuple[int, int]
+) -> None:
+    """Wiring: with the FP8 GEMV as the small-batch kernel (as on a GPU), an fp8 MLP's decode form is two
+    fused kernels whose result equals the plain path (norm, gate/up, SiLU-and-mul, down, residual add)."""
+    from tokenspeed.kernels.gemm.fp8_dispatch import Fp8GemmByBatch
+    from tokenspeed.layers import linear as linear_module
+    from tokenspeed.layers import mlp as mlp_module
+    from tokenspeed.layers.mlp import GatedMLP
+    from tokenspeed.layers.norm import RMSNorm
+    from tokenspeed.models.fp8_model import _route_decode_paths
+
+    def decode_kernel(mode: str, **_: object) -> tuple[object, int]:
+        return (lambda *a, **k: None), FP8_GEMV_MAX_TOKENS  # a selected (non-reference) bf16 decode kernel
+
+    monkeypatch.setattr(linear_module, "select_decode_gemm", decode_kernel)
+    monkeypatch.setattr(mlp_module, "select_decode_gemm", decode_kernel)
+    monkeypatch.setattr(Fp8GemmByBatch, "fused_decode", property(lambda self: fp8_gemv_triton))
+    gen = torch.Generator().manual_seed(5)
+    mlp = GatedMLP(256, 256, dtype=torch.float32)
+    for linear in (mlp.gate_up_proj, mlp.down_proj):
+        linear.weight.data.copy_(torch.randn(linear.weight.shape, generator=gen) * 0.05)
+        linear.use_fp8(block, checkpoint_block=None)
+    _route_decode_paths(mlp)
+    assert mlp.decode_max_tokens == FP8_GEMV_MAX_TOKENS
+    norm = RMSNorm(256, 1e-6)
+    norm.weight.data.copy_(1 + 0.1 * torch.randn(256, generator=gen))
+    x, residual = torch.randn(1, 256, generator=gen), torch.randn(1, 256, generator=gen)
+    fused = mlp.forward_decode(x, norm=norm, residual=residual)
+    plain = residual + mlp.down_proj(mlp._act(mlp.gate_up_proj(norm(x))))  # the reference FP8 kernels
+    assert _rel_err(fused, plain) < 1e-5
+    monkeypatch.setattr(mlp_module, "select_decode_gemm", lambda mode, **_: (None, -1))  # the off switch
+    off = GatedMLP(256, 256, dtype=torch.float32)
+    off.gate_up_proj.weight.data.zero_()
+    off.gate_up_proj.use_fp8(block, checkpoint_block=None)
+    _route_decode_paths(off)
+    assert off.decode_max_tokens == -1

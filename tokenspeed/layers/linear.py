@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenspeed.kernels.gemm import DECODE_MAX_TOKENS
+from tokenspeed.kernels.gemm import DECODE_MAX_TOKENS, FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_dispatch import Fp8GemmByBatch, select_fp8_gemm_by_batch
 from tokenspeed.kernels.quant.fp8 import BlockSize
 from tokenspeed.kernels.registry import Band, platform_of, select_kernel
@@ -94,7 +94,9 @@ class Linear(nn.Module):
             make_fp8_storage(self, "weight", block)
         self.fp8_block, self.checkpoint_block = block, checkpoint_block
         self._fp8_gemm = select_fp8_gemm_by_batch(platform=platform_of(self.weight.device), dtype=self._dtype)
-        self._decode_gemm, self._decode_max_tokens = None, -1  # the fused bf16 decode forms do not apply
+        # The fused decode forms go on in the FP8 GEMV, unless they are off (`--kernel gemm.decode=reference`).
+        fused = self._fp8_gemm.fused_decode if self._decode_gemm is not None else None
+        self._decode_gemm, self._decode_max_tokens = fused, FP8_GEMV_MAX_TOKENS if fused is not None else -1
 
     def drop_fp8(self, weight: torch.Tensor) -> None:
         """Back to a plain weight (a dequantised one, for layers that read the weight itself: MLA's kv_b_proj)."""
@@ -102,6 +104,7 @@ class Linear(nn.Module):
         self.weight_scale_inv = None
         self.fp8_block = self.checkpoint_block = None
         self._fp8_gemm = None
+        self._decode_gemm, self._decode_max_tokens = None, -1
 
     @property
     def decode_max_tokens(self) -> int:
@@ -127,7 +130,26 @@ class Linear(nn.Module):
         """[rms_norm(x)] W^T (+ b) [+ residual] in one decode kernel; only for `decode_max_tokens` or fewer rows."""
         if self._decode_gemm is None:
             raise RuntimeError("no decode GEMM kernel was selected for this layer")
+        if self._fp8_gemm is not None:
+            return self.fp8_decode(x, norm_weight=norm_weight, eps=eps, residual=residual)
         return self._decode_gemm(x, self.weight, self.bias, norm_weight=norm_weight, eps=eps, residual=residual)
+
+    def fp8_decode(
+        self,
+        x: torch.Tensor,
+        *,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 0.0,
+        residual: torch.Tensor | None = None,
+        silu_mul: bool = False,
+    ) -> torch.Tensor:
+        """The FP8 GEMV with the decode layer's fused forms (see `fp8_gemv_triton`); fp8 layers only."""
+        if self._fp8_gemm is None or self._decode_gemm is None:
+            raise RuntimeError("no fused FP8 decode kernel was selected for this layer")
+        return self._decode_gemm(
+            x, self.weight, self.weight_scale_inv, block_size=self.fp8_block, bias=self.bias,
+            norm_weight=norm_weight, eps=eps, residual=residual, silu_mul=silu_mul,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         fp8 = f", fp8 block={self.fp8_block}" if self.fp8_block is not None else ""

@@ -46,9 +46,16 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= self._fused_max_tokens:
-            gate_up = self.gate_up_proj
-            return self.down_proj(self._fused_gate_up(x, gate_up.weight, gate_up.bias))  # type: ignore[misc]
+            return self.down_proj(self._gate_up_act(x))
         return self.down_proj(self._act(self.gate_up_proj(x)))
+
+    def _gate_up_act(self, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
+        """silu_and_mul(gate_up([norm](x))) in one kernel (fp8 weights: the FP8 GEMV's fused form)."""
+        gate_up = self.gate_up_proj
+        norm_weight, eps = (None, 0.0) if norm is None else (norm.weight, norm.eps)
+        if gate_up.fp8_block is not None:
+            return gate_up.fp8_decode(x, norm_weight=norm_weight, eps=eps, silu_mul=True)
+        return self._fused_gate_up(x, gate_up.weight, gate_up.bias, norm_weight=norm_weight, eps=eps)  # type: ignore[misc]
 
     def forward_decode(self, x: torch.Tensor, *, norm: RMSNorm, residual: torch.Tensor) -> torch.Tensor:
         """residual + down(silu_and_mul(gate_up(norm(x)))) in two kernels; for `decode_max_tokens` rows at most.
@@ -59,6 +66,4 @@ class GatedMLP(nn.Module):
         """
         if self._fused_gate_up is None:
             raise RuntimeError("no fused gate/up decode kernel was selected for this MLP")
-        gate_up = self.gate_up_proj
-        h = self._fused_gate_up(x, gate_up.weight, gate_up.bias, norm_weight=norm.weight, eps=norm.eps)
-        return self.down_proj.forward_decode(h, residual=residual)
+        return self.down_proj.forward_decode(self._gate_up_act(x, norm), residual=residual)

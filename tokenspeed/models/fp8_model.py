@@ -17,8 +17,9 @@ What stays unquantised: the embedding, the LM head and MoE routers (not
 (bf16 in V3's checkpoint, as vLLM reads it), modules the checkpoint's
 `modules_to_not_convert` names (HF names, transformers' substring rule; a
 fused projection must be skipped whole or not at all), and, online, `kv_b_proj`.
-Layers whose fused bf16 decode kernels read the weight directly lose those
-fast paths (`decode_max_tokens` -1); FP8 layers have their own GEMV.
+The decode layer's fused forms (norms in the GEMV prologues, SiLU-and-mul,
+residual adds) run on the FP8 GEMV where it is the small-batch kernel, as on
+bf16 weights; elsewhere (the CPU's reference) the layers take the plain path.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from collections.abc import Iterator
 from torch import nn
 
 from tokenspeed.errors import ModelNotSupported
+from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
 from tokenspeed.layers.fp8_weights import dequantize_in_place, online_block, restore_dtype, stored_block
 from tokenspeed.layers.linear import Linear, MergedLinear
 from tokenspeed.layers.mlp import GatedMLP
 from tokenspeed.layers.moe import SparseMoE
+from tokenspeed.models.llama import DecoderLayer
 from tokenspeed.models.quant_config import Fp8Config
 
 # Linears whose weight a layer reads itself (absorbed into other products), never through a GEMM.
@@ -92,15 +95,16 @@ def _use_fp8(module: nn.Module, config: Fp8Config) -> None:
     module.use_fp8(_block_of(module, config), checkpoint_block=checkpoint_block)  # type: ignore[operator]
 
 
-def _drop_bf16_decode_paths(model: nn.Module) -> None:
-    """Fused bf16 decode kernels read `weight` themselves: off for layers that now hold fp8 ones."""
+def _route_decode_paths(model: nn.Module) -> None:
+    """The fused decode forms now run on the FP8 GEMV: each bound becomes what its fp8 kernels serve."""
     for module in model.modules():
         if isinstance(module, GatedMLP) and module.gate_up_proj.fp8_block is not None:
-            module._fused_max_tokens = -1
-        if hasattr(module, "_fused_decode_max_tokens") and any(
-            isinstance(m, Linear) and m.fp8_block is not None for m in module.modules()
-        ):
-            module._fused_decode_max_tokens = -1  # type: ignore[assignment]
+            gate_up = module.gate_up_proj
+            fits = fits_silu_mul(*gate_up.weight.shape, gate_up.fp8_block)
+            module._fused_max_tokens = gate_up.decode_max_tokens if fits and module._fused_max_tokens >= 0 else -1
+    for module in model.modules():
+        if isinstance(module, DecoderLayer):
+            module._fused_decode_max_tokens = module.fused_decode_limit()
 
 
 def prepare_fp8(model: nn.Module, config: Fp8Config | None) -> None:
@@ -120,7 +124,7 @@ def prepare_fp8(model: nn.Module, config: Fp8Config | None) -> None:
         elif isinstance(module, SparseMoE):
             for attr in ("w13", "w2"):
                 restore_dtype(module.experts, attr, module.experts.dtype)
-    _drop_bf16_decode_paths(model)
+    _route_decode_paths(model)
 
 
 def finish_fp8(model: nn.Module, config: Fp8Config | None) -> None:
@@ -130,7 +134,7 @@ def finish_fp8(model: nn.Module, config: Fp8Config | None) -> None:
     if not config.serialized:
         for _, module in list(_targets(model, config)):
             _use_fp8(module, config)
-        _drop_bf16_decode_paths(model)
+        _route_decode_paths(model)
         return
     for path, module in model.named_modules():
         if isinstance(module, Linear) and module.fp8_block is not None and path.rpartition(".")[2] in _ABSORBED:

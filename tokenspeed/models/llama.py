@@ -69,11 +69,13 @@ class DecoderLayer(nn.Module):
         self.mlp = self.build_mlp(config, index, dtype=dtype, device=device)
         # Decode-sized steps run the layer as four weight kernels with the norms and residual adds
         # fused in (see `forward`); only a GatedMLP has the fused form, so MoE layers keep the plain one.
-        self._fused_decode_max_tokens = (
-            min(self.self_attn.decode_max_tokens, self.mlp.decode_max_tokens)
-            if isinstance(self.mlp, GatedMLP)
-            else -1
-        )
+        self._fused_decode_max_tokens = self.fused_decode_limit()
+
+    def fused_decode_limit(self) -> int:
+        """Most rows the fused decode form serves (-1: none); FP8 weights recompute it (`fp8_model`)."""
+        if not isinstance(self.mlp, GatedMLP):
+            return -1
+        return min(self.self_attn.decode_max_tokens, self.mlp.decode_max_tokens)
 
     def build_mlp(
         self, config: ModelConfig, index: int, *, dtype: torch.dtype, device: torch.device

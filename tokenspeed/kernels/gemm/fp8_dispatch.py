@@ -14,6 +14,7 @@ CPU both sides are the reference.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,14 @@ from tokenspeed.kernels.quant.fp8 import WEIGHT_BLOCK, BlockSize
 from tokenspeed.kernels.registry import KernelSpec, select_kernel
 
 MAX_TOKENS = 2**31 - 1
+# The small-batch kernel that also has the decode layer's fused forms (norm prologue, SiLU-and-mul, residual).
+FUSED_DECODE_KERNEL = "triton_gemv"
+
+
+def fits_silu_mul(rows: int, k: int, block_size: BlockSize) -> bool:
+    """Whether a `[rows, k]` weight splits into gate and up halves whose row blocks never mix
+    (a fused GEMV program reads one scale row for its gate rows and one for its up rows)."""
+    return rows % 2 == 0 and (block_size[1] >= k or (rows // 2) % block_size[0] == 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +41,11 @@ class Fp8GemmByBatch:
     small: KernelSpec  # up to `max_small_tokens` tokens
     large: KernelSpec
     max_small_tokens: int
+
+    @property
+    def fused_decode(self) -> Callable[..., torch.Tensor] | None:
+        """The small-batch kernel when it takes the fused decode forms (`fp8_gemv_triton`), else None."""
+        return self.small.impl if self.small.name == FUSED_DECODE_KERNEL else None
 
     def kernel_for(self, num_tokens: int) -> KernelSpec:
         return self.small if num_tokens <= self.max_small_tokens else self.large

@@ -51,6 +51,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
+from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, WEIGHT_BLOCK, BlockSize
@@ -95,15 +96,37 @@ _TUNER: LaunchTuner[Fp8GemvConfig] = LaunchTuner("gemm.fp8 triton_gemv", lambda 
 
 
 @triton.jit
+def _load_x(x_row, offs, mask, norm_w_ptr, rstd, HAS_NORM: tl.constexpr):
+    """Activations at `offs`, RMS-normalised as `rms_norm_reference` rounds them when HAS_NORM."""
+    x = tl.load(x_row + offs, mask=mask, other=0.0)
+    if HAS_NORM:
+        nw = tl.load(norm_w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        normed = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
+        x = (nw * normed).to(x.dtype)
+    return x
+
+
+@triton.jit
+def _lane_sum(lanes, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Runs of LANE_RUN fp16 lanes summed in fp16 first (within a thread), then in fp32."""
+    runs = tl.sum(tl.reshape(lanes, [BLOCK_N, BLOCK_K // LANE_RUN, LANE_RUN]), 2, dtype=tl.float16)
+    return tl.sum(runs.to(tl.float32), 1)
+
+
+@triton.jit
 def _fp8_gemv_kernel(
     x_ptr,
     w_ptr,
     ws_ptr,
     bias_ptr,
+    norm_w_ptr,
+    res_ptr,
     out_ptr,
+    eps,
     stride_xm,
     stride_wn,
     stride_wsn,
+    stride_rm,
     stride_om,
     N: tl.constexpr,
     K: tl.constexpr,
@@ -118,6 +141,9 @@ def _fp8_gemv_kernel(
     F16_MATH: tl.constexpr,
     EVEN: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    SILU_MUL: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
@@ -133,51 +159,93 @@ def _fp8_gemv_kernel(
     offs_g = tl.arange(0, GROUPS)
     n_mask = offs_n < N
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    up_rows = rows + N * stride_wn  # SILU_MUL: the up rows n + N of a [2N, K] weight
     x_row = x_ptr + token.to(tl.int64) * stride_xm
     x_cols = offs_g[:, None] * GROUP_K + tl.arange(0, GROUP_K)[None, :]  # [GROUPS, GROUP_K] of a step
     scale_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn  # the program's row block
+    up_scale_row = ws_ptr + ((pid_n * BLOCK_N + N) // SCALE_BN) * stride_wsn
+    rstd = 0.0
+    if HAS_NORM:  # each program recomputes the row's RMS: K values from L2, cheaper than a norm kernel
+        squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            xv = tl.load(x_row + k0 + offs_k, mask=(k0 + offs_k) < K, other=0.0).to(tl.float32)
+            squares += xv * xv
+        rstd = tl.rsqrt(tl.sum(squares, 0) / K + eps)
     f = 1.0  # x is scaled by f in the fp16 loop, and the result divided by it
     if F16_MATH:  # the power of two that keeps every fp16 lane under _LANE_LIMIT (module docstring)
         peak = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            xv = tl.load(x_row + k0 + offs_k, mask=(k0 + offs_k) < K, other=0.0)
+            xv = _load_x(x_row, k0 + offs_k, (k0 + offs_k) < K, norm_w_ptr, rstd, HAS_NORM)
             peak = tl.maximum(peak, tl.abs(xv.to(tl.float32)))
         x_peak = tl.max(peak, 0)
         if not ROW_SCALE:  # SCALE_COLS: the row block's scales, padded to a power of two
             offs_s = tl.arange(0, SCALE_COLS)
-            x_peak *= tl.max(tl.load(scale_row + offs_s, mask=offs_s < scales_per_row, other=0.0), 0)
+            s_peak = tl.max(tl.load(scale_row + offs_s, mask=offs_s < scales_per_row, other=0.0), 0)
+            if SILU_MUL:
+                s_peak = tl.maximum(
+                    s_peak, tl.max(tl.load(up_scale_row + offs_s, mask=offs_s < scales_per_row, other=0.0), 0)
+                )
+            x_peak *= s_peak
         bound: tl.constexpr = _LANE_LIMIT / (448.0 * STEPS * LANE_RUN)
         f = tl.exp2(tl.minimum(tl.floor(tl.log2(bound / tl.maximum(x_peak, 1e-30))), 100.0))
         lanes = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float16)
+        lanes_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float16)
     else:
         tile = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        tile_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         if EVEN:
             w = tl.load(rows + (k0 + offs_k)[None, :])
-            x = tl.load(x_row + k0 + x_cols).to(tl.float32)
+            if SILU_MUL:
+                wu = tl.load(up_rows + (k0 + offs_k)[None, :])
         else:
-            k_ok = (k0 + offs_k) < K
-            w = tl.load(rows + (k0 + offs_k)[None, :], mask=n_mask[:, None] & k_ok[None, :], other=0.0)
-            x = tl.load(x_row + k0 + x_cols, mask=(k0 + x_cols) < K, other=0.0).to(tl.float32)
+            w_mask = n_mask[:, None] & ((k0 + offs_k) < K)[None, :]
+            w = tl.load(rows + (k0 + offs_k)[None, :], mask=w_mask, other=0.0)
+            if SILU_MUL:
+                wu = tl.load(up_rows + (k0 + offs_k)[None, :], mask=w_mask, other=0.0)
+        x = _load_x(x_row, k0 + x_cols, (k0 + x_cols) < K, norm_w_ptr, rstd, HAS_NORM).to(tl.float32)
+        xu = x
         if ROW_SCALE:
             x = x * f
+            xu = x
         else:  # the step's GROUPS block scales (times f), folded into the activations
             group_start = k0 + offs_g * GROUP_K
-            x = x * (tl.load(scale_row + group_start // SCALE_BK, mask=group_start < K, other=0.0) * f)[:, None]
+            group_scale = group_start // SCALE_BK
+            x = xu * (tl.load(scale_row + group_scale, mask=group_start < K, other=0.0) * f)[:, None]
+            if SILU_MUL:
+                xu = xu * (tl.load(up_scale_row + group_scale, mask=group_start < K, other=0.0) * f)[:, None]
         xk = tl.reshape(x, [BLOCK_K])
         if F16_MATH:
             lanes += w.to(tl.float16) * xk.to(tl.float16)[None, :]
+            if SILU_MUL:
+                lanes_up += wu.to(tl.float16) * tl.reshape(xu, [BLOCK_K]).to(tl.float16)[None, :]
         else:
             tile += w.to(tl.float32) * xk[None, :]
-    if F16_MATH:  # runs of LANE_RUN lanes summed in fp16 first (within a thread), then in fp32
-        runs = tl.sum(tl.reshape(lanes, [BLOCK_N, BLOCK_K // LANE_RUN, LANE_RUN]), 2, dtype=tl.float16)
-        acc = tl.sum(runs.to(tl.float32), 1) / f
+            if SILU_MUL:
+                tile_up += wu.to(tl.float32) * tl.reshape(xu, [BLOCK_K])[None, :]
+    if F16_MATH:
+        acc = _lane_sum(lanes, BLOCK_N, BLOCK_K) / f
+        acc_up = _lane_sum(lanes_up, BLOCK_N, BLOCK_K) / f
     else:
         acc = tl.sum(tile, 1)
+        acc_up = tl.sum(tile_up, 1)
     if ROW_SCALE:
         acc *= tl.load(ws_ptr + (offs_n // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)
+        if SILU_MUL:
+            acc_up *= tl.load(ws_ptr + ((offs_n + N) // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        if SILU_MUL:
+            acc_up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    if SILU_MUL or HAS_RESIDUAL:  # rounded step by step as the unfused path (GEMM output, activation, add)
+        act_dtype = x_ptr.dtype.element_ty
+        acc = acc.to(act_dtype).to(tl.float32)
+        if SILU_MUL:
+            up = acc_up.to(act_dtype).to(tl.float32)
+            gate = (acc / (1.0 + tl.exp(-acc))).to(act_dtype).to(tl.float32)
+            acc = (gate * up).to(act_dtype).to(tl.float32)
+        if HAS_RESIDUAL:
+            acc += tl.load(res_ptr + token.to(tl.int64) * stride_rm + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -206,14 +274,26 @@ def fp8_gemv_triton(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     config: Fp8GemvConfig | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    silu_mul: bool = False,
 ) -> torch.Tensor:
     """x `[..., K]` @ dequantised(weight)^T (+ bias) -> `[..., N]`; see `fp8_reference.fp8_gemm_reference`.
 
-    `config` None: the tuned launch shape for this weight (`LaunchTuner`).
+    The decode layer's fused forms, as in the bf16 GEMV (`gemv_triton.py`): `norm_weight` applies
+    RMSNorm to x first, `silu_mul` treats the weight as `[2N, K]` gate then up rows and returns
+    silu(gate) * up `[..., N]` (`fits_silu_mul` says which block scales allow it), `residual` is
+    added to the result. `config` None: the tuned launch shape for this weight (`LaunchTuner`).
     """
     n, k = check_fp8_gemm_args(x, weight, weight_scale, block_size)
     if weight.stride(-1) != 1:
         raise ValueError("the weight must be contiguous along K")
+    row_scale = block_size[1] >= k
+    if silu_mul:
+        if not fits_silu_mul(n, k, block_size):
+            raise ValueError(f"silu_mul needs gate and up rows in separate row blocks: {n} rows, block {block_size}")
+        n //= 2
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -221,7 +301,7 @@ def fp8_gemv_triton(
     out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out.view(*x.shape[:-1], n)
-    row_scale = block_size[1] >= k
+    res = None if residual is None else residual.reshape(-1, n)
     scales = weight_scale.contiguous()
 
     def launch(cfg: Fp8GemvConfig) -> None:
@@ -229,17 +309,20 @@ def fp8_gemv_triton(
         block_k = cfg.groups * GROUP_SIZE
         f16_math = cfg.f16_math and x.dtype != torch.float32  # fp32 activations: exact products and sums
         for_tensor(_fp8_gemv_kernel, x)[(triton.cdiv(n, block_n), m)](
-            x2, weight, scales, bias if bias is not None else out, out,
-            x2.stride(0), weight.stride(0), scales.stride(0), out.stride(0),
+            x2, weight, scales, bias if bias is not None else out,
+            norm_weight if norm_weight is not None else x2, res if res is not None else out, out, eps,
+            x2.stride(0), weight.stride(0), scales.stride(0), res.stride(0) if res is not None else 0, out.stride(0),
             N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], SCALE_COLS=next_power_of_2(scales.shape[1]),
             ROW_SCALE=row_scale,
             BLOCK_N=block_n, GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages, F16_MATH=f16_math,
             EVEN=n % block_n == 0 and k % block_k == 0, HAS_BIAS=bias is not None,
+            HAS_NORM=norm_weight is not None, HAS_RESIDUAL=res is not None, SILU_MUL=silu_mul,
             num_warps=cfg.num_warps, **pdl_launch_options(pdl_enabled(x.device)),
         )  # fmt: skip
 
     if config is None:
-        key = (n, k, block_size, x.dtype, out.dtype, bias is not None)
+        fused = (norm_weight is not None, residual is not None, silu_mul)
+        key = (n, k, block_size, x.dtype, out.dtype, bias is not None, fused)
         config = _TUNER.choose(key, x.device, launch)
     launch(config)
     return out.view(*x.shape[:-1], n)
