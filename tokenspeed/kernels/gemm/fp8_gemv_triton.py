@@ -36,6 +36,14 @@ activations (GROUPS products a step, not BLOCK_N * 128); per-channel and
 per-tensor scales (a block spanning K, `ROW_SCALE`) multiply each row's
 finished sum instead.
 
+Fused forms, the decode layer's as in `gemv_triton.py` (without them an FP8
+layer ran two norm kernels and an activation kernel per layer, and each GEMV
+waited on them): an RMSNorm prologue (each program recomputes the row's RMS
+and normalises x on load, rounded as `rms_norm_reference`), SiLU-and-mul (a
+program streams gate rows n and up rows n + N, each with its own row block's
+scales: `fits_silu_mul`) and a residual epilogue, rounded step by step as the
+unfused path.
+
 Launched with programmatic dependent launch on Hopper (`kernels/pdl.py`).
 """
 
