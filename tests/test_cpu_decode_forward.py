@@ -2,8 +2,9 @@
 decode-only steps and on steps with prompt chunks (prefill, mixed), and the engine's greedy tokens are
 the same with it on and off (`disable_cpu_decode_forward`, `disable_cpu_prefill_forward`).
 
-Bit for bit with GEMM prepacking off and its decode rows on the gather + SDPA path
-(`paged_attention=False`). Each fast path sums in another order: GEMM prepacking (`executor/cpu_linear.py`,
+Bit for bit with GEMM prepacking off, its decode rows on the gather + SDPA path
+(`paged_attention=False`) and the torch elementwise ops (`fused_ops=False`; the fused C ops are
+`test_cpu_fused.py`'s). Each fast path sums in another order: GEMM prepacking (`executor/cpu_linear.py`,
 oneDNN kernels) is compared within 1e-5 relative, the native paged kernel (`decode_paged_cpu`, the
 default where a C compiler works) within fp32 rounding (`test_paged_attention_*`), and the engine's
 greedy tokens with each on and off (`disable_cpu_gemm_prepack`, `disable_cpu_paged_attention`)."""
@@ -46,13 +47,15 @@ def _kv(config: ModelConfig, num_pages: int, seed: int) -> PagedKVStorage:
 
 
 def _pools_and_forward(model, config: ModelConfig, num_pages: int, seed: int, prepack: bool = False,
-                       paged_attention: bool = False):
+                       paged_attention: bool = False, fused_ops: bool = False):
     """Two K/V pools with the same random history (the eager layers', the CPU forward's) and the CPU forward
     built on the second (GEMM prepacking off unless `prepack`, decode rows gathered for SDPA unless
-    `paged_attention`: bit-equal to the layers)."""
+    `paged_attention`, torch elementwise ops unless `fused_ops`: bit-equal to the layers)."""
     eager_kv, fast_kv = _kv(config, num_pages, seed), _kv(config, num_pages, seed)
-    fast = CPUDecodeForward.build(model, fast_kv, prepack=prepack, paged_attention=paged_attention)
+    fast = CPUDecodeForward.build(model, fast_kv, prepack=prepack, paged_attention=paged_attention,
+                                  fused_ops=fused_ops)
     assert fast is not None and fast.paged_attention == bool(paged_attention)
+    assert (fast.fused is not None) == bool(fused_ops)
     return eager_kv, fast_kv, fast
 
 

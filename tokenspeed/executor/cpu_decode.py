@@ -98,6 +98,7 @@ from tokenspeed.batch.forward_batch import ForwardBatch
 from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.executor.cpu_linear import PREPACK_MAX_BYTES, CPULinear, pack, pack_lm_head, prepack_enabled
 from tokenspeed.executor.cpu_step import DecodeRows, DecodeStep, PromptRow
+from tokenspeed.kernels import cpu_fused
 from tokenspeed.kernels.attention import decode_paged_cpu
 from tokenspeed.kernels.attention.extend_torch_sdpa import attend_causal_blocks, causal_blocks
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
@@ -185,13 +186,16 @@ class CPUDecodeForward:
 
     def __init__(
         self, model: torch.nn.Module, kv: PagedKVStorage, *, decode: bool = True, prefill: bool = True,
-        prepack: bool | None = None, paged_attention: bool | None = None,
+        prepack: bool | None = None, paged_attention: bool | None = None, fused_ops: bool | None = None,
     ) -> None:
         """`prepack`: the GEMM weights and the LM head pre-packed for oneDNN where that pays (`cpu_linear.py`;
         fp32 rounding, not bit for bit). `paged_attention`: the decode rows' attention through the native
-        paged kernel where it builds and takes the heads (`decode_paged_cpu`; fp32 rounding). None: on
-        unless its env switch (`TOKENSPEED_CPU_GEMM_PREPACK=0`, `TOKENSPEED_CPU_ATTENTION_NATIVE=0`) is set;
-        with both False the forward equals the eager layers bit for bit."""
+        paged kernel where it builds and takes the heads (`decode_paged_cpu`; fp32 rounding). `fused_ops`:
+        residual add + RMSNorm, q/k norm + RoPE + K/V write and SiLU x up each as one C call where it
+        builds and takes the shapes (`kernels/cpu_fused.py`; fp32 rounding). None: on unless its env
+        switch (`TOKENSPEED_CPU_GEMM_PREPACK=0`, `TOKENSPEED_CPU_ATTENTION_NATIVE=0`,
+        `TOKENSPEED_CPU_FUSED_OPS=0`) is set; with all three False the forward equals the eager layers
+        bit for bit."""
         inner: Any = model.model  # a DecoderModel (`_why_not`)
         self.decode = decode  # decode-only steps
         self.prefill = prefill  # steps with prompt chunks (prefill only or mixed with decodes)
@@ -247,11 +251,38 @@ class CPUDecodeForward:
             ))
             self.layer_eps.append((layer.input_layernorm.eps, qk_eps, layer.post_attention_layernorm.eps))
         self.lm_head = pack_lm_head(model) if prepack else None
+        self.fused = self._fused_ops(cpu_fused.native_enabled() if fused_ops is None else fused_ops, model)
         linears = [lin for w in self.layers for lin in (w.qkv, w.o_proj, w.gate_up, w.down)]
         linears += [self.lm_head] if self.lm_head is not None else []
         packed_mib = sum(lin.packed_bytes for lin in linears) / 2**20
         if packed_mib:
             logger.info("CPU GEMM weights pre-packed for oneDNN: %.1f MiB", packed_mib)
+
+    def _fused_ops(self, enabled: bool, model: torch.nn.Module) -> cpu_fused.CPUFusedOps | None:
+        """The fused C ops for this model's shapes, with its weights, tables and pools checked once; None
+        where off, unbuildable or not these shapes (logged)."""
+        if not enabled:
+            return None
+        lib = cpu_fused.load_library()
+        hidden, widths = self.embedding.shape[1], [w.gate_up.weight.shape[0] // 2 for w in self.layers]
+        if lib is None or not cpu_fused.supports(hidden, self.head_dim // 2, *widths):
+            if lib is not None:
+                logger.info("CPU fused ops off: widths not a multiple of 8 (hidden %d, head_dim %d)", hidden,
+                            self.head_dim)
+            return None
+        try:
+            ops = cpu_fused.CPUFusedOps(lib, heads=self.num_heads, kv_heads=self.num_kv_heads,
+                                        head_dim=self.head_dim, cos_cache=self.cos_cache, sin_cache=self.sin_cache)
+            ops.check_norm(self.final_norm)
+            for w in self.layers:
+                ops.check_norm(w.input_norm), ops.check_norm(w.post_norm)
+                if w.qk_norm is not None:
+                    ops.check_norm(w.qk_norm, self.num_heads + self.num_kv_heads)
+                ops.check_kv(w.k_flat, w.v_flat)
+        except ValueError as err:
+            logger.info("CPU fused ops off: %s", err)
+            return None
+        return ops
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's `compute_logits` of `run`'s rows, through the packed LM head where there is one."""
@@ -262,7 +293,7 @@ class CPUDecodeForward:
     @classmethod
     def build(
         cls, model: torch.nn.Module, kv: PagedKVStorage, *, decode: bool = True, prefill: bool = True,
-        prepack: bool | None = None, paged_attention: bool | None = None,
+        prepack: bool | None = None, paged_attention: bool | None = None, fused_ops: bool | None = None,
     ) -> CPUDecodeForward | None:
         """The CPU forward of `model` for the step kinds asked for (`prepack`, `paged_attention`: as in
         `__init__`), or None (logged) where the eager layers must run every step."""
@@ -272,7 +303,8 @@ class CPUDecodeForward:
         if reason is not None:
             logger.info("CPU decode forward off: %s", reason)
             return None
-        return cls(model, kv, decode=decode, prefill=prefill, prepack=prepack, paged_attention=paged_attention)
+        return cls(model, kv, decode=decode, prefill=prefill, prepack=prepack, paged_attention=paged_attention,
+                   fused_ops=fused_ops)
 
     def serves(self, batch: ForwardBatch) -> bool:
         """Whether `run` takes this step (unpadded, not speculative: the runner checks those): decode-only
@@ -379,22 +411,30 @@ class CPUDecodeForward:
         tokens = batch.num_tokens
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
+        fused = self.fused
         stream = F.embedding(batch.input_ids, self.embedding)
         residual: torch.Tensor | None = None
         last = len(self.layers) - 1
         for index, (w, (eps_in, eps_qk, eps_post)) in enumerate(zip(self.layers, self.layer_eps)):
-            if residual is not None:
-                stream = stream + residual
-            qkv = w.qkv(_rms(stream, w.input_norm, eps_in))
-            qk = qkv[:, : q_width + kv_width].view(tokens, heads + kv_heads, head_dim)
-            if w.qk_norm is not None:
-                qk = _rms(qk, w.qk_norm, eps_qk)
-            halves = qk.view(tokens, heads + kv_heads, 2, head_dim // 2)
-            qk = (halves * step.cos + halves.flip(2) * step.sin).view(tokens, heads + kv_heads, head_dim)
-            k = qk[:, heads:]
-            v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
-            w.k_flat.index_copy_(0, step.slots, k)
-            w.v_flat.index_copy_(0, step.slots, v)
+            if fused is not None:  # stream += residual in place (a fresh GEMM output), then the norm
+                qkv = w.qkv(fused.add_rms_norm(stream, residual, w.input_norm, eps_in))
+                fused.qk_norm_rope_store(qkv, w.qk_norm, eps_qk, batch.positions, step.slots, w.k_flat, w.v_flat)
+                qk = qkv[:, : q_width + kv_width].view(tokens, heads + kv_heads, head_dim)
+                k = qk[:, heads:]
+                v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
+            else:
+                if residual is not None:
+                    stream = stream + residual
+                qkv = w.qkv(_rms(stream, w.input_norm, eps_in))
+                qk = qkv[:, : q_width + kv_width].view(tokens, heads + kv_heads, head_dim)
+                if w.qk_norm is not None:
+                    qk = _rms(qk, w.qk_norm, eps_qk)
+                halves = qk.view(tokens, heads + kv_heads, 2, head_dim // 2)
+                qk = (halves * step.cos + halves.flip(2) * step.sin).view(tokens, heads + kv_heads, head_dim)
+                k = qk[:, heads:]
+                v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
+                w.k_flat.index_copy_(0, step.slots, k)
+                w.v_flat.index_copy_(0, step.slots, v)
             if index == last and kept is not None:  # from here on, the logits rows only
                 rows, kept_step = kept
                 out = self._attend_decode(w, kept_step, qk[:, :heads].index_select(0, rows))
@@ -402,15 +442,24 @@ class CPUDecodeForward:
             else:
                 out = self._attend(w, step, qk[:, :heads], k, v)
             residual = stream
+            if fused is not None:
+                stream = w.o_proj(out.reshape(stream.shape[0], q_width))
+                gate_up = w.gate_up(fused.add_rms_norm(stream, residual, w.post_norm, eps_post))
+                residual = stream
+                stream = w.down(fused.silu_mul(gate_up))
+                continue
             stream = w.o_proj(out.reshape(stream.shape[0], q_width)) + residual
             gate_up = w.gate_up(_rms(stream, w.post_norm, eps_post))
             gate, up = gate_up.chunk(2, dim=-1)
             residual = stream
             stream = w.down(F.silu(gate) * up)
-        if residual is not None:
-            stream = stream + residual
         if logits_rows and kept is None:
             stream = stream.index_select(0, batch.logits_indices)
+            residual = None if residual is None else residual.index_select(0, batch.logits_indices)
+        if fused is not None:
+            return fused.add_rms_norm(stream, residual, self.final_norm, self.eps)
+        if residual is not None:
+            stream = stream + residual
         return _rms(stream, self.final_norm, self.eps)
 
     def _attend(
