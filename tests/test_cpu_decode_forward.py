@@ -176,14 +176,15 @@ def test_logits_rows_close_to_layers(checkpoints, rows: list[tuple[int, int]], p
 
 @pytest.mark.parametrize("paged", [False, pytest.param(True, marks=pytest.mark.skipif(not native, reason="no cc"))])
 def test_chunk_without_logits_rows(checkpoints, paged: bool) -> None:
-    """A prompt chunk that samples nothing (chunked prefill): no rows back, the layers' K/V."""
+    """A prompt chunk that samples nothing (chunked prefill): no rows back, the layers' K/V (within fp32
+    rounding where the native paged kernel attends the prompt's tokens: `paged`)."""
     model, config = _model(checkpoints["qwen3"])
     batch = build_forward_batch([RowSpec(list(range(3, 43)), 0, [1, 2, 3])], PAGE_SIZE, logits_indices=[])
     eager_kv, fast_kv, fast = _pools_and_forward(model, config, 5, 3, paged_attention=paged)
     with torch.inference_mode():
         model(batch, eager_kv)
         assert fast.run(batch, logits_rows=True).shape == (0, config.hidden_size)
-    _assert_same_kv(eager_kv, fast_kv)
+    _assert_same_kv(eager_kv, fast_kv, close=paged)
 
 
 def test_serves_what_the_layers_send_to_extend_or_decode(checkpoints) -> None:
@@ -405,3 +406,25 @@ def test_paged_attention_switches_and_no_compiler(checkpoints, monkeypatch, tmp_
     assert decode_paged_cpu.load_library() is None
     forward = CPUDecodeForward.build(model, kv)
     assert forward is not None and not forward.paged_attention
+
+
+@pytest.mark.skipif(not native, reason="no C compiler for the native paged decode kernel")
+@pytest.mark.parametrize("max_len", [1024, 64])
+def test_prompt_tokens_through_the_paged_kernel_up_to_its_length(checkpoints, monkeypatch, max_len: int) -> None:
+    """With the native paged kernel on, a step with prompt chunks attends every token as a one-token row over
+    its prefix while its rows end within `PAGED_PROMPT_MAX_LEN` positions, else through SDPA (prompt rows)
+    and the kernel (decode rows); either way within fp32 rounding of the layers."""
+    import tokenspeed.executor.cpu_decode as cpu_decode
+
+    monkeypatch.setattr(cpu_decode, "PAGED_PROMPT_MAX_LEN", max_len)
+    model, config = _model(checkpoints["qwen3"])
+    batch, num_pages = _rows_batch(config, [(0, 40), (33, 1), (20, 70)], seed=9)
+    eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 4, paged_attention=True)
+    step = fast.prepare(batch)
+    assert (step.tokens_plan is not None) == (max_len >= 90)
+    assert (step.decode is None) == (max_len >= 90) and len(step.prompts) == 2
+    with torch.inference_mode():
+        expected = model(batch, eager_kv)
+        got = fast.run(batch)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    _assert_same_kv(eager_kv, fast_kv, close=True)

@@ -73,6 +73,16 @@ went 48 -> 34 ms (`benchmarks/results/cpu/cpu_prefill_step.md`). Off switch
 for all of this: `--disable-cpu-prefill-forward`
 (`EngineConfig.disable_cpu_prefill_forward`).
 
+Between the GEMMs, residual add + RMSNorm, q/k RMSNorm + RoPE + the K/V writes, and SiLU x up run as
+one C call each where a C compiler works (`kernels/cpu_fused.py`; ~12 calls a layer instead of ~30 torch
+ops): the embedded model's decode step 1.30 / 2.17 / 4.09 -> 1.09 / 1.79 / 3.64 ms at 1 / 4 / 16 rows,
+a 512-token prefill 30.5 -> 28.9 ms (`benchmarks/results/cpu/cpu_fused_ops.md`). Within fp32 rounding
+of the torch ops (tested; greedy tokens identical). Off switch: `--disable-cpu-fused-ops`
+(`EngineConfig.disable_cpu_fused_ops`, env `TOKENSPEED_CPU_FUSED_OPS=0`). With the native paged kernel
+on, a step with prompt chunks whose rows end within `PAGED_PROMPT_MAX_LEN` positions attends every token
+as a one-token row over its own prefix, one kernel call a layer (no masks, gathers or repeated K/V:
+2.48 against 2.70 ms a layer on a 512-token prompt); its off switch is the paged kernel's.
+
 Why not torch.compile (measured on the 2-vCPU dev host, torch 2.13, this op
 sequence with K/V write + attention as one custom op, inductor C++ codegen):
 dynamic shapes compiled in 9-21 s (static ones in 48 s, and a static graph
@@ -108,6 +118,12 @@ logger = logging.getLogger("tokenspeed.executor")
 # The last layer runs for the logits rows alone (`CPUDecodeForward.run(logits_rows=True)`) while they are
 # at most this fraction of a step's tokens (a step scoring every prompt position keeps the whole layer).
 PRUNE_MAX_FRACTION = 0.25
+# Steps with prompt chunks whose rows all end within this many positions attend, with the native paged
+# kernel on, as one-token rows over their own prefixes in one call a layer (`_tokens_plan`): on the
+# embedded model's heads (8 over 2, head_dim 32, one thread) a causal 512-token row took 2.48 against
+# 2.70 ms in SDPA's 64-query blocks, 0.66 against 0.84 at 256, 9.7 against 9.9 at 1024, and 39.0
+# against 38.3 at 2048, so longer rows keep SDPA.
+PAGED_PROMPT_MAX_LEN = 1024
 
 
 @dataclass(slots=True)
@@ -323,25 +339,29 @@ class CPUDecodeForward:
         attn = batch.attn
         tokens = batch.num_tokens
         half = self.head_dim // 2
-        cos = self.cos_cache[batch.positions].view(tokens, 1, 1, half)
-        sin = self.sin_cache[batch.positions].view(tokens, 1, 1, half)
-        cos, sin = torch.cat((cos, cos), dim=2), torch.cat((-sin, sin), dim=2)
+        cos = sin = None  # the fused ops read the RoPE tables at the positions themselves
+        if self.fused is None:
+            cos = self.cos_cache[batch.positions].view(tokens, 1, 1, half)
+            sin = self.sin_cache[batch.positions].view(tokens, 1, 1, half)
+            cos, sin = torch.cat((cos, cos), dim=2), torch.cat((-sin, sin), dim=2)
         if attn.max_query_len == 1 and tokens == len(attn.seq_lens):  # decode-only
             assert attn.seq_lens_tensor is not None
             rows = self._decode_rows(attn.page_table, attn.seq_lens_tensor.long(), attn.max_seq_len)
             return DecodeStep(cos=cos, sin=sin, slots=attn.slot_mapping, decode=rows)
         starts, lens = attn.query_start, attn.seq_lens
+        tokens_plan = self._tokens_plan(batch)
         decode_rows: list[int] = []
         prompts: list[PromptRow] = []
         for row, seq_len in enumerate(lens):
             start, end = starts[row], starts[row + 1]
             if end - start == 1:
                 decode_rows.append(row)
-            elif end > start:
-                prompts.append(self._prompt_row(attn.page_table[row], start, end, seq_len))
+            elif end > start:  # (with a tokens plan, that attends it: no pages, masks or blocks to make)
+                prompts.append(PromptRow(start, end, seq_len, None, None) if tokens_plan is not None
+                               else self._prompt_row(attn.page_table[row], start, end, seq_len))
         decode: DecodeRows | None = None
         decode_tokens: torch.Tensor | None = None
-        if decode_rows:
+        if decode_rows and tokens_plan is None:
             index = torch.tensor(decode_rows, dtype=torch.long)
             decode_tokens = torch.tensor([starts[row] for row in decode_rows], dtype=torch.long)
             decode = self._decode_rows(
@@ -349,7 +369,23 @@ class CPUDecodeForward:
                 max(lens[row] for row in decode_rows),
             )
         return DecodeStep(cos=cos, sin=sin, slots=attn.slot_mapping, decode=decode,
-                          decode_tokens=decode_tokens, prompts=tuple(prompts))
+                          decode_tokens=decode_tokens, prompts=tuple(prompts), tokens_plan=tokens_plan)
+
+    def _tokens_plan(self, batch: ForwardBatch) -> decode_paged_cpu.PagedDecodePlan | None:
+        """Every token of a step with prompt chunks as a one-token row over its own prefix (positions 0 up to
+        its own), for the native paged kernel: the causal mask without a mask, cached prefixes without a
+        gather, GQA without repeated K/V. None where the kernel is off or a row ends past
+        `PAGED_PROMPT_MAX_LEN` (SDPA is as fast there). The step's K/V are in the pool before any layer's
+        attention reads them (written first in every layer)."""
+        attn = batch.attn
+        if not self.paged_attention or attn.max_seq_len > PAGED_PROMPT_MAX_LEN:
+            return None
+        starts = attn.query_start
+        counts = torch.tensor([starts[row + 1] - starts[row] for row in range(len(attn.seq_lens))])
+        table = attn.page_table.index_select(0, torch.repeat_interleave(torch.arange(counts.shape[0]), counts))
+        return decode_paged_cpu.PagedDecodePlan(
+            table, batch.positions + 1, attn.max_seq_len, heads=self.num_heads, kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim, page_size=self.page_size)
 
     def _decode_rows(self, page_table: torch.Tensor, lens: torch.Tensor, max_seq_len: int) -> DecodeRows:
         """One-token rows (int64 lens `[rows]` or `[rows, 1]`): what their attention reads."""
@@ -423,6 +459,7 @@ class CPUDecodeForward:
                 k = qk[:, heads:]
                 v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
             else:
+                assert step.cos is not None and step.sin is not None
                 if residual is not None:
                     stream = stream + residual
                 qkv = w.qkv(_rms(stream, w.input_norm, eps_in))
@@ -468,6 +505,8 @@ class CPUDecodeForward:
         """Attention of every token of the step, `[tokens, heads, head_dim]` (or a view of that shape)."""
         if not step.prompts:
             return self._attend_decode(w, step, q)
+        if step.tokens_plan is not None:
+            return step.tokens_plan(q, w.k_cache, w.v_cache, self.scale)
         out = torch.empty(q.shape, dtype=q.dtype)
         if step.decode_tokens is not None:
             decoded = self._attend_decode(w, step, q.index_select(0, step.decode_tokens))

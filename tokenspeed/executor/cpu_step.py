@@ -37,9 +37,12 @@ class DecodeRows:
 class DecodeStep:
     """What every layer of one step shares, built once per step."""
 
-    cos: torch.Tensor  # [tokens, 1, 2, head_dim // 2]: (cos, cos) of each token's position
-    sin: torch.Tensor  # [tokens, 1, 2, head_dim // 2]: (-sin, sin)
+    cos: torch.Tensor | None  # [tokens, 1, 2, head_dim // 2]: (cos, cos) of each token's position (None: fused ops)
+    sin: torch.Tensor | None  # [tokens, 1, 2, head_dim // 2]: (-sin, sin)
     slots: torch.Tensor  # [tokens] int64
     decode: DecodeRows | None  # the one-token rows (None: none)
     decode_tokens: torch.Tensor | None = None  # mixed steps: the decode rows' tokens (None: all rows decode)
     prompts: tuple[PromptRow, ...] = ()  # the rows with several new tokens, in batch order
+    # steps with prompt chunks: every token of the step as a one-token row over its own prefix, for the
+    # native paged kernel in one call a layer (`cpu_decode.PAGED_PROMPT_MAX_LEN`); None: `decode` + `prompts`
+    tokens_plan: decode_paged_cpu.PagedDecodePlan | None = None
