@@ -409,20 +409,17 @@ def test_paged_attention_switches_and_no_compiler(checkpoints, monkeypatch, tmp_
 
 
 @pytest.mark.skipif(not native, reason="no C compiler for the native paged decode kernel")
-@pytest.mark.parametrize("max_len", [1024, 64])
-def test_prompt_tokens_through_the_paged_kernel_up_to_its_length(checkpoints, monkeypatch, max_len: int) -> None:
-    """With the native paged kernel on, a step with prompt chunks attends every token as a one-token row over
-    its prefix while its rows end within `PAGED_PROMPT_MAX_LEN` positions, else through SDPA (prompt rows)
-    and the kernel (decode rows); either way within fp32 rounding of the layers."""
-    import tokenspeed.executor.cpu_decode as cpu_decode
-
-    monkeypatch.setattr(cpu_decode, "PAGED_PROMPT_MAX_LEN", max_len)
+@pytest.mark.parametrize("paged", [True, False])
+def test_prompt_rows_through_the_native_prefill_kernel(checkpoints, paged: bool) -> None:
+    """With the native paged kernels on, prompt chunks (from position 0 and after a cached prefix) attend
+    through the prefill kernel, the decode rows through the decode kernel, within fp32 rounding of the
+    layers; off, both keep SDPA (bit for bit: `test_prompt_steps_equal_layers_bitwise`)."""
     model, config = _model(checkpoints["qwen3"])
     batch, num_pages = _rows_batch(config, [(0, 40), (33, 1), (20, 70)], seed=9)
-    eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 4, paged_attention=True)
+    eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 4, paged_attention=paged)
     step = fast.prepare(batch)
-    assert (step.tokens_plan is not None) == (max_len >= 90)
-    assert (step.decode is None) == (max_len >= 90) and len(step.prompts) == 2
+    assert len(step.prompts) == 2 and all((row.plan is not None) == paged for row in step.prompts)
+    assert step.decode is not None and (step.decode.plan is not None) == paged
     with torch.inference_mode():
         expected = model(batch, eager_kv)
         got = fast.run(batch)

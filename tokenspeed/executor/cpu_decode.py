@@ -79,9 +79,9 @@ ops): the embedded model's decode step 1.30 / 2.17 / 4.09 -> 1.09 / 1.79 / 3.64 
 a 512-token prefill 30.5 -> 28.9 ms (`benchmarks/results/cpu/cpu_fused_ops.md`). Within fp32 rounding
 of the torch ops (tested; greedy tokens identical). Off switch: `--disable-cpu-fused-ops`
 (`EngineConfig.disable_cpu_fused_ops`, env `TOKENSPEED_CPU_FUSED_OPS=0`). With the native paged kernel
-on, a step with prompt chunks whose rows end within `PAGED_PROMPT_MAX_LEN` positions attends every token
-as a one-token row over its own prefix, one kernel call a layer (no masks, gathers or repeated K/V:
-2.48 against 2.70 ms a layer on a 512-token prompt); its off switch is the paged kernel's.
+on, prompt chunks attend their pages in place too, through a causal C kernel of their own
+(`kernels/attention/prefill_paged_cpu.py`: no masks, gathers or repeated K/V; 1.75 against 2.70 ms a
+layer on a 512-token prompt); its off switch is the paged kernel's.
 
 Why not torch.compile (measured on the 2-vCPU dev host, torch 2.13, this op
 sequence with K/V write + attention as one custom op, inductor C++ codegen):
@@ -109,7 +109,7 @@ from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.executor.cpu_linear import PREPACK_MAX_BYTES, CPULinear, pack, pack_lm_head, prepack_enabled
 from tokenspeed.executor.cpu_step import DecodeRows, DecodeStep, PromptRow
 from tokenspeed.kernels import cpu_fused
-from tokenspeed.kernels.attention import decode_paged_cpu
+from tokenspeed.kernels.attention import decode_paged_cpu, prefill_paged_cpu
 from tokenspeed.kernels.attention.extend_torch_sdpa import attend_causal_blocks, causal_blocks
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 
@@ -118,12 +118,6 @@ logger = logging.getLogger("tokenspeed.executor")
 # The last layer runs for the logits rows alone (`CPUDecodeForward.run(logits_rows=True)`) while they are
 # at most this fraction of a step's tokens (a step scoring every prompt position keeps the whole layer).
 PRUNE_MAX_FRACTION = 0.25
-# Steps with prompt chunks whose rows all end within this many positions attend, with the native paged
-# kernel on, as one-token rows over their own prefixes in one call a layer (`_tokens_plan`): on the
-# embedded model's heads (8 over 2, head_dim 32, one thread) a causal 512-token row took 2.48 against
-# 2.70 ms in SDPA's 64-query blocks, 0.66 against 0.84 at 256, 9.7 against 9.9 at 1024, and 39.0
-# against 38.3 at 2048, so longer rows keep SDPA.
-PAGED_PROMPT_MAX_LEN = 1024
 
 
 @dataclass(slots=True)
@@ -229,6 +223,11 @@ class CPUDecodeForward:
             (decode_paged_cpu.native_enabled() if paged_attention is None else paged_attention)
             and decode_paged_cpu.supports(self.num_heads, self.num_kv_heads, self.head_dim)
             and decode_paged_cpu.load_library() is not None
+        )
+        # Prompt chunks attend their pages in place too (`prefill_paged_cpu`) under the same switch.
+        self.prefill_kernel = (
+            self.paged_attention and prefill_paged_cpu.supports(self.num_heads, self.num_kv_heads, self.head_dim)
+            and prefill_paged_cpu.load_library() is not None
         )
         prepack = prepack_enabled() if prepack is None else prepack
         self.page_size = kv.page_size
@@ -349,19 +348,17 @@ class CPUDecodeForward:
             rows = self._decode_rows(attn.page_table, attn.seq_lens_tensor.long(), attn.max_seq_len)
             return DecodeStep(cos=cos, sin=sin, slots=attn.slot_mapping, decode=rows)
         starts, lens = attn.query_start, attn.seq_lens
-        tokens_plan = self._tokens_plan(batch)
         decode_rows: list[int] = []
         prompts: list[PromptRow] = []
         for row, seq_len in enumerate(lens):
             start, end = starts[row], starts[row + 1]
             if end - start == 1:
                 decode_rows.append(row)
-            elif end > start:  # (with a tokens plan, that attends it: no pages, masks or blocks to make)
-                prompts.append(PromptRow(start, end, seq_len, None, None) if tokens_plan is not None
-                               else self._prompt_row(attn.page_table[row], start, end, seq_len))
+            elif end > start:
+                prompts.append(self._prompt_row(attn.page_table[row], start, end, seq_len))
         decode: DecodeRows | None = None
         decode_tokens: torch.Tensor | None = None
-        if decode_rows and tokens_plan is None:
+        if decode_rows:
             index = torch.tensor(decode_rows, dtype=torch.long)
             decode_tokens = torch.tensor([starts[row] for row in decode_rows], dtype=torch.long)
             decode = self._decode_rows(
@@ -369,23 +366,7 @@ class CPUDecodeForward:
                 max(lens[row] for row in decode_rows),
             )
         return DecodeStep(cos=cos, sin=sin, slots=attn.slot_mapping, decode=decode,
-                          decode_tokens=decode_tokens, prompts=tuple(prompts), tokens_plan=tokens_plan)
-
-    def _tokens_plan(self, batch: ForwardBatch) -> decode_paged_cpu.PagedDecodePlan | None:
-        """Every token of a step with prompt chunks as a one-token row over its own prefix (positions 0 up to
-        its own), for the native paged kernel: the causal mask without a mask, cached prefixes without a
-        gather, GQA without repeated K/V. None where the kernel is off or a row ends past
-        `PAGED_PROMPT_MAX_LEN` (SDPA is as fast there). The step's K/V are in the pool before any layer's
-        attention reads them (written first in every layer)."""
-        attn = batch.attn
-        if not self.paged_attention or attn.max_seq_len > PAGED_PROMPT_MAX_LEN:
-            return None
-        starts = attn.query_start
-        counts = torch.tensor([starts[row + 1] - starts[row] for row in range(len(attn.seq_lens))])
-        table = attn.page_table.index_select(0, torch.repeat_interleave(torch.arange(counts.shape[0]), counts))
-        return decode_paged_cpu.PagedDecodePlan(
-            table, batch.positions + 1, attn.max_seq_len, heads=self.num_heads, kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim, page_size=self.page_size)
+                          decode_tokens=decode_tokens, prompts=tuple(prompts))
 
     def _decode_rows(self, page_table: torch.Tensor, lens: torch.Tensor, max_seq_len: int) -> DecodeRows:
         """One-token rows (int64 lens `[rows]` or `[rows, 1]`): what their attention reads."""
@@ -409,6 +390,11 @@ class CPUDecodeForward:
         q_len = end - start
         if q_len > seq_len:
             raise ValueError(f"a row has {q_len} new tokens but only {seq_len} cached positions")
+        if self.prefill_kernel:  # its pages in place, causal from its own positions: no masks or gathers
+            plan = prefill_paged_cpu.PagedPrefillRow(
+                page_table_row[: -(-seq_len // self.page_size)], seq_len - q_len, q_len, heads=self.num_heads,
+                kv_heads=self.num_kv_heads, head_dim=self.head_dim, page_size=self.page_size)
+            return PromptRow(start, end, seq_len, None, None, plan=plan)
         blocks = causal_blocks(q_len, seq_len, torch.device("cpu"))  # their masks made once, for every layer
         pages = None if q_len == seq_len else page_table_row[: -(-seq_len // self.page_size)].long()
         if blocks is not None or pages is None:  # no cached prefix: its keys are this step's, causally
@@ -505,8 +491,6 @@ class CPUDecodeForward:
         """Attention of every token of the step, `[tokens, heads, head_dim]` (or a view of that shape)."""
         if not step.prompts:
             return self._attend_decode(w, step, q)
-        if step.tokens_plan is not None:
-            return step.tokens_plan(q, w.k_cache, w.v_cache, self.scale)
         out = torch.empty(q.shape, dtype=q.dtype)
         if step.decode_tokens is not None:
             decoded = self._attend_decode(w, step, q.index_select(0, step.decode_tokens))
@@ -514,6 +498,9 @@ class CPUDecodeForward:
         group = self.num_heads // self.num_kv_heads
         for row in step.prompts:
             start, end = row.start, row.end
+            if row.plan is not None:  # the native kernel (the step's K/V are in the pool already)
+                row.plan(q[start:end], w.k_cache, w.v_cache, self.scale, out[start:end])
+                continue
             if row.pages is None:  # this step's keys and values, no gather
                 keys, values = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
             else:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenspeed.kernels.attention import decode_paged_cpu
+from tokenspeed.kernels.attention import decode_paged_cpu, prefill_paged_cpu
 
 
 @dataclass(slots=True)
@@ -20,6 +20,7 @@ class PromptRow:
     pages: torch.Tensor | None  # int64 pages of positions 0..seq_len-1; None: no cached prefix, attend the new K/V
     visible: torch.Tensor | None  # [q_len, seq_len] bool; None: plain causal (`is_causal`) or in blocks
     blocks: list[tuple[int, int, torch.Tensor]] | None = None  # causal query blocks (`causal_blocks`)
+    plan: prefill_paged_cpu.PagedPrefillRow | None = None  # the native kernel on its pages (all else unused)
 
 
 @dataclass(slots=True)
@@ -43,6 +44,3 @@ class DecodeStep:
     decode: DecodeRows | None  # the one-token rows (None: none)
     decode_tokens: torch.Tensor | None = None  # mixed steps: the decode rows' tokens (None: all rows decode)
     prompts: tuple[PromptRow, ...] = ()  # the rows with several new tokens, in batch order
-    # steps with prompt chunks: every token of the step as a one-token row over its own prefix, for the
-    # native paged kernel in one call a layer (`cpu_decode.PAGED_PROMPT_MAX_LEN`); None: `decode` + `prompts`
-    tokens_plan: decode_paged_cpu.PagedDecodePlan | None = None
