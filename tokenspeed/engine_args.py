@@ -25,7 +25,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-model-len", type=int, default=None,
                        help="longest prompt + output (default: the model's max_position_embeddings)")
     group.add_argument("--max-num-seqs", type=int, default=256, help="requests running at once (default: %(default)s)")
-    group.add_argument("--max-num-batched-tokens", type=int, default=None, help="per-step token budget (default: 8192; 2048 on the CPU)")
+    group.add_argument("--max-num-batched-tokens", type=int, default=None, help="per-step token budget (default: 8192; 1024 on the CPU)")
     group.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default: %(default)s)")
     group.add_argument("--disable-prefix-cache", action="store_true", help="turn prefix caching off")
     group.add_argument("--load-format", default="auto", help="auto | safetensors | dummy (random weights) (default: %(default)s)")
