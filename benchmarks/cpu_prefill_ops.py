@@ -3,8 +3,9 @@
     python benchmarks/cpu_prefill_ops.py [--prompts 1 4] [--context 512] [--repeat 5] [--out FILE]
 
 One torch thread, the embedded model (fp32) through the public `LLM` API. For each `--prompts N`
-it captures the runner batch of N prompts of `--context` random tokens admitted together (under
-the CPU step budget of 2048 tokens, 4 x 512 is one step: the burst's step), re-runs the runner's
+it captures the largest runner batch of N prompts of `--context` random tokens admitted together
+(a burst's step: under the CPU step budget of 1024 tokens, 4 x 512 run as two steps of two
+prompts; under 2048, before, as one), re-runs the runner's
 CPU forward on it (`run(logits_rows=True)` plus the LM head on the logits rows, as the runner
 does) and profiles it with torch.profiler, classing aten self time as GEMM (and its achieved
 GFLOP/s from the model's shapes), attention, elementwise (norms, RoPE, SiLU, residual adds,
