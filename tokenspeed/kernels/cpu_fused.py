@@ -65,9 +65,9 @@ def supports(*dims: int) -> bool:
     return all(d > 0 and d % 8 == 0 for d in dims)
 
 
-def _fp32(*tensors: torch.Tensor | None) -> bool:
-    return all(t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
-               for t in tensors)
+def _fp32(t: torch.Tensor) -> bool:
+    """Contiguous fp32 on the CPU (the cheapest checks: ~0.3 us; a generator over tensors cost ~1 us more)."""
+    return t.dtype is torch.float32 and t.is_cpu and t.is_contiguous()
 
 
 class CPUFusedOps:
@@ -85,7 +85,7 @@ class CPUFusedOps:
         half = head_dim // 2
         if not supports(half):
             raise ValueError(f"head_dim {head_dim} is not a multiple of 16")
-        if not _fp32(cos_cache, sin_cache) or cos_cache.dim() != 2 or cos_cache.shape[1] != half or \
+        if not (_fp32(cos_cache) and _fp32(sin_cache)) or cos_cache.dim() != 2 or cos_cache.shape[1] != half or \
                 sin_cache.shape != cos_cache.shape:
             raise ValueError(f"contiguous fp32 RoPE tables [max_pos, {half}]")
         self._lib = lib
@@ -102,18 +102,20 @@ class CPUFusedOps:
     def check_kv(self, k_flat: torch.Tensor, v_flat: torch.Tensor) -> None:
         """A layer's K and V slots, `[slots, kv_heads, head_dim]` contiguous fp32 each; raises if not."""
         shape = (self.kv_heads, self.head_dim)
-        if not _fp32(k_flat, v_flat) or k_flat.shape[1:] != shape or v_flat.shape != k_flat.shape:
+        if not (_fp32(k_flat) and _fp32(v_flat)) or k_flat.shape[1:] != shape or v_flat.shape != k_flat.shape:
             raise ValueError("contiguous fp32 K and V slots of one shape")
 
     def add_rms_norm(self, a: torch.Tensor, b: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """`a += b` in place (b None: no add), then RMSNorm of `a` with `weight` (`check_norm`): a new tensor.
         a and b contiguous fp32 `[rows, dim]`."""
-        if not _fp32(a, b) or a.dim() != 2 or a.shape[1] != weight.shape[0] or (b is not None and b.shape != a.shape):
+        shape = a.shape
+        if (not _fp32(a) or a.ndim != 2 or shape[1] != weight.shape[0]
+                or (b is not None and (not _fp32(b) or b.shape != shape))):
             raise ValueError(f"add_rms_norm: contiguous fp32 rows of {weight.shape[0]}")
-        out = torch.empty(a.shape, dtype=torch.float32)
-        dim = a.shape[1]
+        out = torch.empty(shape, dtype=torch.float32)
+        dim = shape[1]
         self._lib.add_rms_norm(a.data_ptr(), dim, None if b is None else b.data_ptr(), dim, weight.data_ptr(),
-                               out.data_ptr(), dim, a.shape[0], dim, eps)
+                               out.data_ptr(), dim, shape[0], dim, eps)
         return out
 
     def qk_norm_rope_store(
@@ -125,13 +127,14 @@ class CPUFusedOps:
         rotated at `positions` (rotate-half on the RoPE tables); then each token's k and v copied to its
         slot of `k_flat`/`v_flat` (`check_kv`). positions and slots: contiguous int64 `[tokens]` (C checks
         their range before anything is written)."""
-        tokens = qkv.shape[0]
-        if (not _fp32(qkv) or qkv.dim() != 2 or qkv.shape[1] != (self.heads + 2 * self.kv_heads) * self.head_dim
-                or positions.dtype != torch.int64 or slots.dtype != torch.int64 or positions.shape != (tokens,)
-                or slots.shape != (tokens,) or not (positions.is_contiguous() and slots.is_contiguous())):
+        tokens, width = qkv.shape
+        if (not _fp32(qkv) or width != (self.heads + 2 * self.kv_heads) * self.head_dim
+                or positions.dtype is not torch.int64 or slots.dtype is not torch.int64 or not positions.is_cpu
+                or not slots.is_cpu or positions.ndim != 1 or slots.ndim != 1 or positions.shape[0] != tokens
+                or slots.shape[0] != tokens or not (positions.is_contiguous() and slots.is_contiguous())):
             raise ValueError("qk_norm_rope_store: contiguous fp32 qkv rows, int64 positions and slots per token")
         status = self._lib.qk_norm_rope_store(
-            qkv.data_ptr(), qkv.shape[1], tokens, self.heads, self.kv_heads, self.head_dim,
+            qkv.data_ptr(), width, tokens, self.heads, self.kv_heads, self.head_dim,
             None if norm_weight is None else norm_weight.data_ptr(), eps, positions.data_ptr(),
             self._cos.data_ptr(), self._sin.data_ptr(), self._max_pos, slots.data_ptr(), k_flat.data_ptr(),
             v_flat.data_ptr(), k_flat.shape[0],
@@ -141,9 +144,10 @@ class CPUFusedOps:
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """`silu(gate) * up` of contiguous fp32 `[rows, 2 * dim]` rows `[gate | up]`: a new `[rows, dim]` tensor."""
-        dim = gate_up.shape[1] // 2
-        if not _fp32(gate_up) or gate_up.dim() != 2 or gate_up.shape[1] != 2 * dim or dim % 8:
+        rows, width = gate_up.shape
+        dim = width // 2
+        if not _fp32(gate_up) or width != 2 * dim or dim % 8:
             raise ValueError("silu_mul: contiguous fp32 [gate | up] rows, each half a multiple of 8 wide")
-        out = torch.empty((gate_up.shape[0], dim), dtype=torch.float32)
-        self._lib.silu_mul(gate_up.data_ptr(), 2 * dim, out.data_ptr(), dim, gate_up.shape[0], dim)
+        out = torch.empty((rows, dim), dtype=torch.float32)
+        self._lib.silu_mul(gate_up.data_ptr(), width, out.data_ptr(), dim, rows, dim)
         return out
