@@ -434,6 +434,10 @@ class CPUDecodeForward:
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         fused = self.fused
+        # this step's K/V as views of the QKV rows: only prompt rows that SDPA attends read them
+        kv_views = fused is None or any(row.plan is None for row in step.prompts)
+        k: torch.Tensor | None = None
+        v: torch.Tensor | None = None
         stream = F.embedding(batch.input_ids, self.embedding)
         residual: torch.Tensor | None = None
         last = len(self.layers) - 1
@@ -441,9 +445,10 @@ class CPUDecodeForward:
             if fused is not None:  # stream += residual in place (a fresh GEMM output), then the norm
                 qkv = w.qkv(fused.add_rms_norm(stream, residual, w.input_norm, eps_in))
                 fused.qk_norm_rope_store(qkv, w.qk_norm, eps_qk, batch.positions, step.slots, w.k_flat, w.v_flat)
-                qk = qkv[:, : q_width + kv_width].view(tokens, heads + kv_heads, head_dim)
-                k = qk[:, heads:]
-                v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
+                q = qkv[:, :q_width].view(tokens, heads, head_dim)
+                if kv_views:
+                    k = qkv[:, q_width : q_width + kv_width].view(tokens, kv_heads, head_dim)
+                    v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
             else:
                 assert step.cos is not None and step.sin is not None
                 if residual is not None:
@@ -458,12 +463,13 @@ class CPUDecodeForward:
                 v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
                 w.k_flat.index_copy_(0, step.slots, k)
                 w.v_flat.index_copy_(0, step.slots, v)
+                q = qk[:, :heads]
             if index == last and kept is not None:  # from here on, the logits rows only
                 rows, kept_step = kept
-                out = self._attend_decode(w, kept_step, qk[:, :heads].index_select(0, rows))
+                out = self._attend_decode(w, kept_step, q.index_select(0, rows))
                 stream = stream.index_select(0, rows)
             else:
-                out = self._attend(w, step, qk[:, :heads], k, v)
+                out = self._attend(w, step, q, k, v)
             residual = stream
             if fused is not None:
                 stream = w.o_proj(out.reshape(stream.shape[0], q_width))
@@ -486,9 +492,10 @@ class CPUDecodeForward:
         return _rms(stream, self.final_norm, self.eps)
 
     def _attend(
-        self, w: LayerWeights, step: DecodeStep, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        self, w: LayerWeights, step: DecodeStep, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
     ) -> torch.Tensor:
-        """Attention of every token of the step, `[tokens, heads, head_dim]` (or a view of that shape)."""
+        """Attention of every token of the step, `[tokens, heads, head_dim]` (or a view of that shape); k and v
+        (this step's, `[tokens, kv_heads, head_dim]`) are read for prompt rows without a native plan only."""
         if not step.prompts:
             return self._attend_decode(w, step, q)
         out = torch.empty(q.shape, dtype=q.dtype)
@@ -502,6 +509,7 @@ class CPUDecodeForward:
                 row.plan(q[start:end], w.k_cache, w.v_cache, self.scale, out[start:end])
                 continue
             if row.pages is None:  # this step's keys and values, no gather
+                assert k is not None and v is not None
                 keys, values = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
             else:
                 shape = (-1, self.num_kv_heads, self.head_dim)
