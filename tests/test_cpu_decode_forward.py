@@ -22,7 +22,7 @@ from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.executor import cpu_linear
 from tokenspeed.executor.batch_builder import RowSpec, build_forward_batch
 from tokenspeed.executor.cpu_decode import CPUDecodeForward
-from tokenspeed.kernels import scoped_kernel_overrides
+from tokenspeed.kernels import cpu_small_gemm, scoped_kernel_overrides
 from tokenspeed.kernels.attention import decode_paged_cpu
 from tokenspeed.models import ModelConfig, build_model, load_weights
 
@@ -302,6 +302,7 @@ def pack_from_one_row(monkeypatch):
     if cpu_linear.pack(torch.ones(8, 8)).packed is None:
         pytest.skip("this torch has no oneDNN packed linear")
     monkeypatch.setattr(cpu_linear, "ROWS_MIN_BY_SIZE", ((0, 1),))
+    monkeypatch.setenv(cpu_small_gemm.ENV_SWITCH, "0")  # oneDNN's kernel, not the native one for few rows
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -425,3 +426,29 @@ def test_prompt_rows_through_the_native_prefill_kernel(checkpoints, paged: bool)
         got = fast.run(batch)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     _assert_same_kv(eager_kv, fast_kv, close=True)
+
+
+@pytest.mark.skipif(cpu_small_gemm.load_library() is None, reason="no C compiler for the native small GEMM")
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_small_gemm_close_to_layers_and_same_greedy_tokens(checkpoints, monkeypatch, family: str) -> None:
+    """The native small GEMM (the default for 1-16 rows where it builds, the LM head too): decode and mixed
+    steps within 1e-5 relative of the layers, and the engine's greedy tokens those of `F.linear`
+    (`disable_cpu_gemm_prepack`) and of `TOKENSPEED_CPU_SMALL_GEMM=0`."""
+    monkeypatch.delenv(cpu_small_gemm.ENV_SWITCH, raising=False)
+    model, config = _model(checkpoints[family])
+    batch, num_pages = _rows_batch(config, [(15, 1), (4, 1), (69, 1), (32, 1)], seed=9)
+    eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 4, prepack=True)
+    assert all(lin.small is not None for w in fast.layers for lin in (w.qkv, w.o_proj, w.gate_up, w.down))
+    assert fast.lm_head is not None and fast.lm_head.small is not None
+    with torch.inference_mode():
+        expected = model(batch, eager_kv)
+        got = fast.run(batch)
+        want_logits, got_logits = model.compute_logits(expected), fast.logits(got)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5 * float(want_logits.abs().max()))
+    assert torch.equal(got_logits.argmax(-1), want_logits.argmax(-1))
+    on, calls = _greedy(checkpoints[family])
+    off, _ = _greedy(checkpoints[family], disable_cpu_gemm_prepack=True)
+    monkeypatch.setenv(cpu_small_gemm.ENV_SWITCH, "0")
+    env_off, _ = _greedy(checkpoints[family])
+    assert calls["decode"] > 10 and on == off == env_off
