@@ -2,8 +2,9 @@
 decode-only steps and on steps with prompt chunks (prefill, mixed), and the engine's greedy tokens are
 the same with it on and off (`disable_cpu_decode_forward`, `disable_cpu_prefill_forward`).
 
-Bit for bit with GEMM prepacking off and its decode rows on the gather + SDPA path
-(`paged_attention=False`). Each fast path sums in another order: GEMM prepacking (`executor/cpu_linear.py`,
+Bit for bit with GEMM prepacking off, its decode rows on the gather + SDPA path
+(`paged_attention=False`) and the torch elementwise ops (`fused_ops=False`; the fused C ops are
+`test_cpu_fused.py`'s). Each fast path sums in another order: GEMM prepacking (`executor/cpu_linear.py`,
 oneDNN kernels) is compared within 1e-5 relative, the native paged kernel (`decode_paged_cpu`, the
 default where a C compiler works) within fp32 rounding (`test_paged_attention_*`), and the engine's
 greedy tokens with each on and off (`disable_cpu_gemm_prepack`, `disable_cpu_paged_attention`)."""
@@ -21,7 +22,7 @@ from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.executor import cpu_linear
 from tokenspeed.executor.batch_builder import RowSpec, build_forward_batch
 from tokenspeed.executor.cpu_decode import CPUDecodeForward
-from tokenspeed.kernels import scoped_kernel_overrides
+from tokenspeed.kernels import cpu_small_gemm, scoped_kernel_overrides
 from tokenspeed.kernels.attention import decode_paged_cpu
 from tokenspeed.models import ModelConfig, build_model, load_weights
 
@@ -46,13 +47,15 @@ def _kv(config: ModelConfig, num_pages: int, seed: int) -> PagedKVStorage:
 
 
 def _pools_and_forward(model, config: ModelConfig, num_pages: int, seed: int, prepack: bool = False,
-                       paged_attention: bool = False):
+                       paged_attention: bool = False, fused_ops: bool = False):
     """Two K/V pools with the same random history (the eager layers', the CPU forward's) and the CPU forward
     built on the second (GEMM prepacking off unless `prepack`, decode rows gathered for SDPA unless
-    `paged_attention`: bit-equal to the layers)."""
+    `paged_attention`, torch elementwise ops unless `fused_ops`: bit-equal to the layers)."""
     eager_kv, fast_kv = _kv(config, num_pages, seed), _kv(config, num_pages, seed)
-    fast = CPUDecodeForward.build(model, fast_kv, prepack=prepack, paged_attention=paged_attention)
+    fast = CPUDecodeForward.build(model, fast_kv, prepack=prepack, paged_attention=paged_attention,
+                                  fused_ops=fused_ops)
     assert fast is not None and fast.paged_attention == bool(paged_attention)
+    assert (fast.fused is not None) == bool(fused_ops)
     return eager_kv, fast_kv, fast
 
 
@@ -173,14 +176,15 @@ def test_logits_rows_close_to_layers(checkpoints, rows: list[tuple[int, int]], p
 
 @pytest.mark.parametrize("paged", [False, pytest.param(True, marks=pytest.mark.skipif(not native, reason="no cc"))])
 def test_chunk_without_logits_rows(checkpoints, paged: bool) -> None:
-    """A prompt chunk that samples nothing (chunked prefill): no rows back, the layers' K/V."""
+    """A prompt chunk that samples nothing (chunked prefill): no rows back, the layers' K/V (within fp32
+    rounding where the native paged kernel attends the prompt's tokens: `paged`)."""
     model, config = _model(checkpoints["qwen3"])
     batch = build_forward_batch([RowSpec(list(range(3, 43)), 0, [1, 2, 3])], PAGE_SIZE, logits_indices=[])
     eager_kv, fast_kv, fast = _pools_and_forward(model, config, 5, 3, paged_attention=paged)
     with torch.inference_mode():
         model(batch, eager_kv)
         assert fast.run(batch, logits_rows=True).shape == (0, config.hidden_size)
-    _assert_same_kv(eager_kv, fast_kv)
+    _assert_same_kv(eager_kv, fast_kv, close=paged)
 
 
 def test_serves_what_the_layers_send_to_extend_or_decode(checkpoints) -> None:
@@ -298,6 +302,7 @@ def pack_from_one_row(monkeypatch):
     if cpu_linear.pack(torch.ones(8, 8)).packed is None:
         pytest.skip("this torch has no oneDNN packed linear")
     monkeypatch.setattr(cpu_linear, "ROWS_MIN_BY_SIZE", ((0, 1),))
+    monkeypatch.setenv(cpu_small_gemm.ENV_SWITCH, "0")  # oneDNN's kernel, not the native one for few rows
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -402,3 +407,48 @@ def test_paged_attention_switches_and_no_compiler(checkpoints, monkeypatch, tmp_
     assert decode_paged_cpu.load_library() is None
     forward = CPUDecodeForward.build(model, kv)
     assert forward is not None and not forward.paged_attention
+
+
+@pytest.mark.skipif(not native, reason="no C compiler for the native paged decode kernel")
+@pytest.mark.parametrize("paged", [True, False])
+def test_prompt_rows_through_the_native_prefill_kernel(checkpoints, paged: bool) -> None:
+    """With the native paged kernels on, prompt chunks (from position 0 and after a cached prefix) attend
+    through the prefill kernel, the decode rows through the decode kernel, within fp32 rounding of the
+    layers; off, both keep SDPA (bit for bit: `test_prompt_steps_equal_layers_bitwise`)."""
+    model, config = _model(checkpoints["qwen3"])
+    batch, num_pages = _rows_batch(config, [(0, 40), (33, 1), (20, 70)], seed=9)
+    eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 4, paged_attention=paged)
+    step = fast.prepare(batch)
+    assert len(step.prompts) == 2 and all((row.plan is not None) == paged for row in step.prompts)
+    assert step.decode is not None and (step.decode.plan is not None) == paged
+    with torch.inference_mode():
+        expected = model(batch, eager_kv)
+        got = fast.run(batch)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    _assert_same_kv(eager_kv, fast_kv, close=True)
+
+
+@pytest.mark.skipif(cpu_small_gemm.load_library() is None, reason="no C compiler for the native small GEMM")
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_small_gemm_close_to_layers_and_same_greedy_tokens(checkpoints, monkeypatch, family: str) -> None:
+    """The native small GEMM (the default for 1-16 rows where it builds, the LM head too): decode and mixed
+    steps within 1e-5 relative of the layers, and the engine's greedy tokens those of `F.linear`
+    (`disable_cpu_gemm_prepack`) and of `TOKENSPEED_CPU_SMALL_GEMM=0`."""
+    monkeypatch.delenv(cpu_small_gemm.ENV_SWITCH, raising=False)
+    model, config = _model(checkpoints[family])
+    batch, num_pages = _rows_batch(config, [(15, 1), (4, 1), (69, 1), (32, 1)], seed=9)
+    eager_kv, fast_kv, fast = _pools_and_forward(model, config, num_pages, 4, prepack=True)
+    assert all(lin.small is not None for w in fast.layers for lin in (w.qkv, w.o_proj, w.gate_up, w.down))
+    assert fast.lm_head is not None and fast.lm_head.small is not None
+    with torch.inference_mode():
+        expected = model(batch, eager_kv)
+        got = fast.run(batch)
+        want_logits, got_logits = model.compute_logits(expected), fast.logits(got)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5 * float(want_logits.abs().max()))
+    assert torch.equal(got_logits.argmax(-1), want_logits.argmax(-1))
+    on, calls = _greedy(checkpoints[family])
+    off, _ = _greedy(checkpoints[family], disable_cpu_gemm_prepack=True)
+    monkeypatch.setenv(cpu_small_gemm.ENV_SWITCH, "0")
+    env_off, _ = _greedy(checkpoints[family])
+    assert calls["decode"] > 10 and on == off == env_off

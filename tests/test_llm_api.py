@@ -165,9 +165,9 @@ def test_eos_ids_of_config_json_stop_generation(tmp_path):
     assert out.token_ids == tokens[: stop_at + 1] and out.finish_reason == "stop"
 
 
-def test_cpu_step_budget_defaults_to_2048_and_the_option_overrides_it(llm):
+def test_cpu_step_budget_defaults_to_1024_and_the_option_overrides_it(llm):
     """On the CPU a burst of prompts in one big step stalls every stream (see engine/core.py)."""
-    assert llm.core.scheduler.config.max_num_batched_tokens == 2048
+    assert llm.core.scheduler.config.max_num_batched_tokens == 1024
     explicit = LLM(page_size=16, max_model_len=1024, max_num_batched_tokens=512)
     try:
         assert explicit.core.scheduler.config.max_num_batched_tokens == 512

@@ -68,6 +68,10 @@ class EngineConfig:
     # CPU: that forward's decode rows attend their pages in place through a C kernel built on first use
     # (kernels/attention/decode_paged_cpu.py; within fp32 rounding of SDPA); set: pages gathered for SDPA.
     disable_cpu_paged_attention: bool = False
+    # CPU: that forward's residual add + RMSNorm, q/k norm + RoPE + K/V write and SiLU x up run as one C
+    # call each (kernels/cpu_fused.py; within fp32 rounding of the torch ops); set (or env
+    # TOKENSPEED_CPU_FUSED_OPS=0): the torch ops.
+    disable_cpu_fused_ops: bool = False
     # Kernel overrides "family.mode=name", applied before the model is built (`--kernel`).
     kernel_overrides: tuple[str, ...] = ()
     # torch intra-op threads on the CPU (None: torch's default in-process; the server's engine

@@ -25,7 +25,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-model-len", type=int, default=None,
                        help="longest prompt + output (default: the model's max_position_embeddings)")
     group.add_argument("--max-num-seqs", type=int, default=256, help="requests running at once (default: %(default)s)")
-    group.add_argument("--max-num-batched-tokens", type=int, default=None, help="per-step token budget (default: 8192; 2048 on the CPU)")
+    group.add_argument("--max-num-batched-tokens", type=int, default=None, help="per-step token budget (default: 8192; 1024 on the CPU)")
     group.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default: %(default)s)")
     group.add_argument("--disable-prefix-cache", action="store_true", help="turn prefix caching off")
     group.add_argument("--load-format", default="auto", help="auto | safetensors | dummy (random weights) (default: %(default)s)")
@@ -50,6 +50,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                             "(env TOKENSPEED_CPU_GEMM_PREPACK=0 too)")
     group.add_argument("--disable-cpu-paged-attention", action="store_true",
                        help="CPU: gather decode rows' KV pages for SDPA instead of the native in-place paged kernel")
+    group.add_argument("--disable-cpu-fused-ops", action="store_true",
+                       help="CPU: torch ops instead of the native fused norm / RoPE + KV write / SiLU ops")
     group.add_argument("--cpu-threads", type=int, default=None,
                        help="torch threads of the engine on the CPU (serve default: all cores but one)")
     group.add_argument("--kernel", action="append", default=[], metavar="FAMILY.MODE=NAME",
@@ -114,6 +116,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         disable_cpu_prefill_forward=args.disable_cpu_prefill_forward,
         disable_cpu_gemm_prepack=args.disable_cpu_gemm_prepack,
         disable_cpu_paged_attention=args.disable_cpu_paged_attention,
+        disable_cpu_fused_ops=args.disable_cpu_fused_ops,
         kernel_overrides=tuple(args.kernel),
         cpu_threads=args.cpu_threads,
         speculative_config=speculative_config_dict(args.speculative_config),

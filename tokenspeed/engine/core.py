@@ -68,8 +68,12 @@ _DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 # prefilled in one 8192-token step stalls every running stream for its whole length: 16 prompts
 # of 512 tokens on the embedded model waited 692 ms for their first token, 345 ms at 2048, for
 # 5% more tokens/s (benchmarks/results/cpu/cpu_prefill_step_burst.json). vLLM's CPU server
-# defaults to 2048 too.
-_DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU = 2048
+# defaults to 2048. 1024 measured better again behind the HTTP server (vLLM's `bench serve`, 512 in /
+# 64 out, two interleaved A/B pairs of 2 rounds): C=16 +3% output tok/s (1602 against 1553 on
+# average), mean TTFT 194 against 268 ms; C=4 +5% (953 against 906): a burst's prompts start
+# decoding two at a time, and their decode rows ride along in the next prompts' steps
+# (benchmarks/results/cpu/vs_vllm/budget_ab.txt).
+_DEFAULT_MAX_NUM_BATCHED_TOKENS_CPU = 1024
 _GRAMMAR_WAIT_S = 0.002  # an engine with nothing to run but grammars compiling waits this long for one
 
 

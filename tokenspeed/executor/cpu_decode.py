@@ -73,6 +73,16 @@ went 48 -> 34 ms (`benchmarks/results/cpu/cpu_prefill_step.md`). Off switch
 for all of this: `--disable-cpu-prefill-forward`
 (`EngineConfig.disable_cpu_prefill_forward`).
 
+Between the GEMMs, residual add + RMSNorm, q/k RMSNorm + RoPE + the K/V writes, and SiLU x up run as
+one C call each where a C compiler works (`kernels/cpu_fused.py`; ~12 calls a layer instead of ~30 torch
+ops): the embedded model's decode step 1.30 / 2.17 / 4.09 -> 1.09 / 1.79 / 3.64 ms at 1 / 4 / 16 rows,
+a 512-token prefill 30.5 -> 28.9 ms (`benchmarks/results/cpu/cpu_fused_ops.md`). Within fp32 rounding
+of the torch ops (tested; greedy tokens identical). Off switch: `--disable-cpu-fused-ops`
+(`EngineConfig.disable_cpu_fused_ops`, env `TOKENSPEED_CPU_FUSED_OPS=0`). With the native paged kernel
+on, prompt chunks attend their pages in place too, through a causal C kernel of their own
+(`kernels/attention/prefill_paged_cpu.py`: no masks, gathers or repeated K/V; 1.75 against 2.70 ms a
+layer on a 512-token prompt); its off switch is the paged kernel's.
+
 Why not torch.compile (measured on the 2-vCPU dev host, torch 2.13, this op
 sequence with K/V write + attention as one custom op, inductor C++ codegen):
 dynamic shapes compiled in 9-21 s (static ones in 48 s, and a static graph
@@ -98,7 +108,8 @@ from tokenspeed.batch.forward_batch import ForwardBatch
 from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.executor.cpu_linear import PREPACK_MAX_BYTES, CPULinear, pack, pack_lm_head, prepack_enabled
 from tokenspeed.executor.cpu_step import DecodeRows, DecodeStep, PromptRow
-from tokenspeed.kernels.attention import decode_paged_cpu
+from tokenspeed.kernels import cpu_fused
+from tokenspeed.kernels.attention import decode_paged_cpu, prefill_paged_cpu
 from tokenspeed.kernels.attention.extend_torch_sdpa import attend_causal_blocks, causal_blocks
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 
@@ -185,13 +196,16 @@ class CPUDecodeForward:
 
     def __init__(
         self, model: torch.nn.Module, kv: PagedKVStorage, *, decode: bool = True, prefill: bool = True,
-        prepack: bool | None = None, paged_attention: bool | None = None,
+        prepack: bool | None = None, paged_attention: bool | None = None, fused_ops: bool | None = None,
     ) -> None:
         """`prepack`: the GEMM weights and the LM head pre-packed for oneDNN where that pays (`cpu_linear.py`;
         fp32 rounding, not bit for bit). `paged_attention`: the decode rows' attention through the native
-        paged kernel where it builds and takes the heads (`decode_paged_cpu`; fp32 rounding). None: on
-        unless its env switch (`TOKENSPEED_CPU_GEMM_PREPACK=0`, `TOKENSPEED_CPU_ATTENTION_NATIVE=0`) is set;
-        with both False the forward equals the eager layers bit for bit."""
+        paged kernel where it builds and takes the heads (`decode_paged_cpu`; fp32 rounding). `fused_ops`:
+        residual add + RMSNorm, q/k norm + RoPE + K/V write and SiLU x up each as one C call where it
+        builds and takes the shapes (`kernels/cpu_fused.py`; fp32 rounding). None: on unless its env
+        switch (`TOKENSPEED_CPU_GEMM_PREPACK=0`, `TOKENSPEED_CPU_ATTENTION_NATIVE=0`,
+        `TOKENSPEED_CPU_FUSED_OPS=0`) is set; with all three False the forward equals the eager layers
+        bit for bit."""
         inner: Any = model.model  # a DecoderModel (`_why_not`)
         self.decode = decode  # decode-only steps
         self.prefill = prefill  # steps with prompt chunks (prefill only or mixed with decodes)
@@ -209,6 +223,11 @@ class CPUDecodeForward:
             (decode_paged_cpu.native_enabled() if paged_attention is None else paged_attention)
             and decode_paged_cpu.supports(self.num_heads, self.num_kv_heads, self.head_dim)
             and decode_paged_cpu.load_library() is not None
+        )
+        # Prompt chunks attend their pages in place too (`prefill_paged_cpu`) under the same switch.
+        self.prefill_kernel = (
+            self.paged_attention and prefill_paged_cpu.supports(self.num_heads, self.num_kv_heads, self.head_dim)
+            and prefill_paged_cpu.load_library() is not None
         )
         prepack = prepack_enabled() if prepack is None else prepack
         self.page_size = kv.page_size
@@ -247,11 +266,38 @@ class CPUDecodeForward:
             ))
             self.layer_eps.append((layer.input_layernorm.eps, qk_eps, layer.post_attention_layernorm.eps))
         self.lm_head = pack_lm_head(model) if prepack else None
+        self.fused = self._fused_ops(cpu_fused.native_enabled() if fused_ops is None else fused_ops, model)
         linears = [lin for w in self.layers for lin in (w.qkv, w.o_proj, w.gate_up, w.down)]
         linears += [self.lm_head] if self.lm_head is not None else []
         packed_mib = sum(lin.packed_bytes for lin in linears) / 2**20
         if packed_mib:
             logger.info("CPU GEMM weights pre-packed for oneDNN: %.1f MiB", packed_mib)
+
+    def _fused_ops(self, enabled: bool, model: torch.nn.Module) -> cpu_fused.CPUFusedOps | None:
+        """The fused C ops for this model's shapes, with its weights, tables and pools checked once; None
+        where off, unbuildable or not these shapes (logged)."""
+        if not enabled:
+            return None
+        lib = cpu_fused.load_library()
+        hidden, widths = self.embedding.shape[1], [w.gate_up.weight.shape[0] // 2 for w in self.layers]
+        if lib is None or not cpu_fused.supports(hidden, self.head_dim // 2, *widths):
+            if lib is not None:
+                logger.info("CPU fused ops off: widths not a multiple of 8 (hidden %d, head_dim %d)", hidden,
+                            self.head_dim)
+            return None
+        try:
+            ops = cpu_fused.CPUFusedOps(lib, heads=self.num_heads, kv_heads=self.num_kv_heads,
+                                        head_dim=self.head_dim, cos_cache=self.cos_cache, sin_cache=self.sin_cache)
+            ops.check_norm(self.final_norm)
+            for w in self.layers:
+                ops.check_norm(w.input_norm), ops.check_norm(w.post_norm)
+                if w.qk_norm is not None:
+                    ops.check_norm(w.qk_norm, self.num_heads + self.num_kv_heads)
+                ops.check_kv(w.k_flat, w.v_flat)
+        except ValueError as err:
+            logger.info("CPU fused ops off: %s", err)
+            return None
+        return ops
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's `compute_logits` of `run`'s rows, through the packed LM head where there is one."""
@@ -262,7 +308,7 @@ class CPUDecodeForward:
     @classmethod
     def build(
         cls, model: torch.nn.Module, kv: PagedKVStorage, *, decode: bool = True, prefill: bool = True,
-        prepack: bool | None = None, paged_attention: bool | None = None,
+        prepack: bool | None = None, paged_attention: bool | None = None, fused_ops: bool | None = None,
     ) -> CPUDecodeForward | None:
         """The CPU forward of `model` for the step kinds asked for (`prepack`, `paged_attention`: as in
         `__init__`), or None (logged) where the eager layers must run every step."""
@@ -272,7 +318,8 @@ class CPUDecodeForward:
         if reason is not None:
             logger.info("CPU decode forward off: %s", reason)
             return None
-        return cls(model, kv, decode=decode, prefill=prefill, prepack=prepack, paged_attention=paged_attention)
+        return cls(model, kv, decode=decode, prefill=prefill, prepack=prepack, paged_attention=paged_attention,
+                   fused_ops=fused_ops)
 
     def serves(self, batch: ForwardBatch) -> bool:
         """Whether `run` takes this step (unpadded, not speculative: the runner checks those): decode-only
@@ -291,9 +338,11 @@ class CPUDecodeForward:
         attn = batch.attn
         tokens = batch.num_tokens
         half = self.head_dim // 2
-        cos = self.cos_cache[batch.positions].view(tokens, 1, 1, half)
-        sin = self.sin_cache[batch.positions].view(tokens, 1, 1, half)
-        cos, sin = torch.cat((cos, cos), dim=2), torch.cat((-sin, sin), dim=2)
+        cos = sin = None  # the fused ops read the RoPE tables at the positions themselves
+        if self.fused is None:
+            cos = self.cos_cache[batch.positions].view(tokens, 1, 1, half)
+            sin = self.sin_cache[batch.positions].view(tokens, 1, 1, half)
+            cos, sin = torch.cat((cos, cos), dim=2), torch.cat((-sin, sin), dim=2)
         if attn.max_query_len == 1 and tokens == len(attn.seq_lens):  # decode-only
             assert attn.seq_lens_tensor is not None
             rows = self._decode_rows(attn.page_table, attn.seq_lens_tensor.long(), attn.max_seq_len)
@@ -341,6 +390,11 @@ class CPUDecodeForward:
         q_len = end - start
         if q_len > seq_len:
             raise ValueError(f"a row has {q_len} new tokens but only {seq_len} cached positions")
+        if self.prefill_kernel:  # its pages in place, causal from its own positions: no masks or gathers
+            plan = prefill_paged_cpu.PagedPrefillRow(
+                page_table_row[: -(-seq_len // self.page_size)], seq_len - q_len, q_len, heads=self.num_heads,
+                kv_heads=self.num_kv_heads, head_dim=self.head_dim, page_size=self.page_size)
+            return PromptRow(start, end, seq_len, None, None, plan=plan)
         blocks = causal_blocks(q_len, seq_len, torch.device("cpu"))  # their masks made once, for every layer
         pages = None if q_len == seq_len else page_table_row[: -(-seq_len // self.page_size)].long()
         if blocks is not None or pages is None:  # no cached prefix: its keys are this step's, causally
@@ -379,44 +433,69 @@ class CPUDecodeForward:
         tokens = batch.num_tokens
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
+        fused = self.fused
+        # this step's K/V as views of the QKV rows: only prompt rows that SDPA attends read them
+        kv_views = fused is None or any(row.plan is None for row in step.prompts)
+        k: torch.Tensor | None = None
+        v: torch.Tensor | None = None
         stream = F.embedding(batch.input_ids, self.embedding)
         residual: torch.Tensor | None = None
         last = len(self.layers) - 1
         for index, (w, (eps_in, eps_qk, eps_post)) in enumerate(zip(self.layers, self.layer_eps)):
-            if residual is not None:
-                stream = stream + residual
-            qkv = w.qkv(_rms(stream, w.input_norm, eps_in))
-            qk = qkv[:, : q_width + kv_width].view(tokens, heads + kv_heads, head_dim)
-            if w.qk_norm is not None:
-                qk = _rms(qk, w.qk_norm, eps_qk)
-            halves = qk.view(tokens, heads + kv_heads, 2, head_dim // 2)
-            qk = (halves * step.cos + halves.flip(2) * step.sin).view(tokens, heads + kv_heads, head_dim)
-            k = qk[:, heads:]
-            v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
-            w.k_flat.index_copy_(0, step.slots, k)
-            w.v_flat.index_copy_(0, step.slots, v)
+            if fused is not None:  # stream += residual in place (a fresh GEMM output), then the norm
+                qkv = w.qkv(fused.add_rms_norm(stream, residual, w.input_norm, eps_in))
+                fused.qk_norm_rope_store(qkv, w.qk_norm, eps_qk, batch.positions, step.slots, w.k_flat, w.v_flat)
+                q = qkv[:, :q_width].view(tokens, heads, head_dim)
+                if kv_views:
+                    k = qkv[:, q_width : q_width + kv_width].view(tokens, kv_heads, head_dim)
+                    v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
+            else:
+                assert step.cos is not None and step.sin is not None
+                if residual is not None:
+                    stream = stream + residual
+                qkv = w.qkv(_rms(stream, w.input_norm, eps_in))
+                qk = qkv[:, : q_width + kv_width].view(tokens, heads + kv_heads, head_dim)
+                if w.qk_norm is not None:
+                    qk = _rms(qk, w.qk_norm, eps_qk)
+                halves = qk.view(tokens, heads + kv_heads, 2, head_dim // 2)
+                qk = (halves * step.cos + halves.flip(2) * step.sin).view(tokens, heads + kv_heads, head_dim)
+                k = qk[:, heads:]
+                v = qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
+                w.k_flat.index_copy_(0, step.slots, k)
+                w.v_flat.index_copy_(0, step.slots, v)
+                q = qk[:, :heads]
             if index == last and kept is not None:  # from here on, the logits rows only
                 rows, kept_step = kept
-                out = self._attend_decode(w, kept_step, qk[:, :heads].index_select(0, rows))
+                out = self._attend_decode(w, kept_step, q.index_select(0, rows))
                 stream = stream.index_select(0, rows)
             else:
-                out = self._attend(w, step, qk[:, :heads], k, v)
+                out = self._attend(w, step, q, k, v)
             residual = stream
+            if fused is not None:
+                stream = w.o_proj(out.reshape(stream.shape[0], q_width))
+                gate_up = w.gate_up(fused.add_rms_norm(stream, residual, w.post_norm, eps_post))
+                residual = stream
+                stream = w.down(fused.silu_mul(gate_up))
+                continue
             stream = w.o_proj(out.reshape(stream.shape[0], q_width)) + residual
             gate_up = w.gate_up(_rms(stream, w.post_norm, eps_post))
             gate, up = gate_up.chunk(2, dim=-1)
             residual = stream
             stream = w.down(F.silu(gate) * up)
-        if residual is not None:
-            stream = stream + residual
         if logits_rows and kept is None:
             stream = stream.index_select(0, batch.logits_indices)
+            residual = None if residual is None else residual.index_select(0, batch.logits_indices)
+        if fused is not None:
+            return fused.add_rms_norm(stream, residual, self.final_norm, self.eps)
+        if residual is not None:
+            stream = stream + residual
         return _rms(stream, self.final_norm, self.eps)
 
     def _attend(
-        self, w: LayerWeights, step: DecodeStep, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        self, w: LayerWeights, step: DecodeStep, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
     ) -> torch.Tensor:
-        """Attention of every token of the step, `[tokens, heads, head_dim]` (or a view of that shape)."""
+        """Attention of every token of the step, `[tokens, heads, head_dim]` (or a view of that shape); k and v
+        (this step's, `[tokens, kv_heads, head_dim]`) are read for prompt rows without a native plan only."""
         if not step.prompts:
             return self._attend_decode(w, step, q)
         out = torch.empty(q.shape, dtype=q.dtype)
@@ -426,7 +505,11 @@ class CPUDecodeForward:
         group = self.num_heads // self.num_kv_heads
         for row in step.prompts:
             start, end = row.start, row.end
+            if row.plan is not None:  # the native kernel (the step's K/V are in the pool already)
+                row.plan(q[start:end], w.k_cache, w.v_cache, self.scale, out[start:end])
+                continue
             if row.pages is None:  # this step's keys and values, no gather
+                assert k is not None and v is not None
                 keys, values = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
             else:
                 shape = (-1, self.num_kv_heads, self.head_dim)

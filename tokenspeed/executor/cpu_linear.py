@@ -19,6 +19,13 @@ so small weights at few rows lose. Measured (`benchmarks/cpu_linear_gemm.py`, re
   LM head) got ~30 us slower with it (the next step's MKL GEMMs find their caches colder), so no
   weight runs packed at one row.
 
+Up to 16 rows (decode steps) a native kernel goes before both where a C compiler works
+(`kernels/cpu_small_gemm.py`: the weight packed once more as 16-column blocks, a tile of rows in
+registers): on the embedded model's shapes 1.1-2.4x faster than the better of MKL and oneDNN at 1-16
+rows alone, and inside the decode step (forward + LM head, one thread) 4 rows 2.01 / 1.89 -> 1.16 /
+1.21 ms, one row 716 -> 526 us (`benchmarks/results/cpu/cpu_fused_ops.md`). Off with the rest
+(`--disable-cpu-gemm-prepack`) or alone (`TOKENSPEED_CPU_SMALL_GEMM=0`). Above 16 rows:
+
 Hence `rows_min`: the packed kernel runs from 2 rows for weights of 2^18 elements or more, from 8
 rows below that; fewer rows keep `F.linear` on the original weight (the packed one is a copy, as
 large as the weight: the eager layers keep theirs). oneDNN sums in another order than MKL, so
@@ -36,6 +43,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from tokenspeed.kernels.cpu_small_gemm import MAX_ROWS as SMALL_MAX_ROWS
+from tokenspeed.kernels.cpu_small_gemm import SmallGemm, small_gemm
 
 logger = logging.getLogger("tokenspeed.executor")
 
@@ -61,21 +71,25 @@ def rows_min(weight: torch.Tensor) -> int:
 
 
 class CPULinear:
-    """`x @ weight.T` for `[rows, in]` fp32 rows: oneDNN on the packed weight from `rows_min` rows,
-    else `F.linear` on the original (the same call as the eager layers)."""
+    """`x @ weight.T` for `[rows, in]` fp32 rows: the native small GEMM up to `cpu_small_gemm.MAX_ROWS`
+    rows where there is one, oneDNN on the packed weight from `rows_min` rows, else `F.linear` on the
+    original (the same call as the eager layers)."""
 
-    __slots__ = ("weight", "packed", "rows_min", "_op")
+    __slots__ = ("weight", "packed", "rows_min", "_op", "small")
 
     def __init__(
         self, weight: torch.Tensor, packed: torch.Tensor | None = None, min_rows: int = 1,
-        op: Callable[..., torch.Tensor] | None = None,
+        op: Callable[..., torch.Tensor] | None = None, small: SmallGemm | None = None,
     ) -> None:
         self.weight = weight
         self.packed = packed if op is not None else None
         self.rows_min = min_rows
         self._op = op
+        self.small = small
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.small is not None and x.shape[0] <= SMALL_MAX_ROWS:
+            return self.small(x)
         if self.packed is not None and x.shape[0] >= self.rows_min:
             assert self._op is not None
             return self._op(x.contiguous(), self.packed, None, "none", [], "")
@@ -83,7 +97,8 @@ class CPULinear:
 
     @property
     def packed_bytes(self) -> int:
-        return 0 if self.packed is None else self.weight.numel() * self.weight.element_size()
+        copies = (self.packed is not None) + (self.small is not None)
+        return copies * self.weight.numel() * self.weight.element_size()
 
 
 def _packed_linear_op() -> Callable[..., torch.Tensor] | None:
@@ -96,12 +111,16 @@ def _packed_linear_op() -> Callable[..., torch.Tensor] | None:
         return None
 
 
-def pack(weight: torch.Tensor, *, enabled: bool = True) -> CPULinear:
-    """A `CPULinear` of `weight` (`[out, in]`, fp32, CPU, frozen: the packed copy is not refreshed),
-    packed when `enabled` and the oneDNN ops are there and agree with `F.linear` on a probe."""
+def pack(weight: torch.Tensor, *, enabled: bool = True, small: bool = True) -> CPULinear:
+    """A `CPULinear` of `weight` (`[out, in]`, fp32, CPU, frozen: the packed copies are not refreshed),
+    packed when `enabled` and the oneDNN ops are there and agree with `F.linear` on a probe; with the
+    native small GEMM for few rows too when `enabled` and `small` (`cpu_small_gemm.small_gemm`)."""
     op = _packed_linear_op() if enabled else None
-    if op is None or weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         return CPULinear(weight)
+    few = _small(weight) if enabled and small else None
+    if op is None:
+        return CPULinear(weight, small=few)
     try:
         with torch.no_grad():
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
@@ -111,8 +130,25 @@ def pack(weight: torch.Tensor, *, enabled: bool = True) -> CPULinear:
             raise RuntimeError("packed linear disagrees with F.linear")
     except (AttributeError, RuntimeError) as exc:
         logger.debug("CPU GEMM prepack off for a %s weight: %s", tuple(weight.shape), exc)
-        return CPULinear(weight)
-    return CPULinear(weight, packed, rows_min(weight), op)
+        return CPULinear(weight, small=few)
+    return CPULinear(weight, packed, rows_min(weight), op, few)
+
+
+def _small(weight: torch.Tensor) -> SmallGemm | None:
+    """The native small GEMM of `weight`, checked against `F.linear` on a probe; None where unavailable."""
+    try:
+        few = small_gemm(weight)
+        if few is None:
+            return None
+        probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            got, want = few(probe), F.linear(probe, weight)
+        if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max())):
+            raise ValueError("the small GEMM disagrees with F.linear")
+    except ValueError as exc:
+        logger.debug("CPU small GEMM off for a %s weight: %s", tuple(weight.shape), exc)
+        return None
+    return few
 
 
 def pack_lm_head(model: torch.nn.Module) -> CPULinear | None:
@@ -126,4 +162,4 @@ def pack_lm_head(model: torch.nn.Module) -> CPULinear | None:
             or getattr(type(model), "compute_logits", None) is not DenseDecoderForCausalLM.compute_logits):
         return None
     linear = pack(head.weight)
-    return linear if linear.packed is not None else None
+    return linear if linear.packed is not None or linear.small is not None else None

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenspeed.kernels.attention import decode_paged_cpu
+from tokenspeed.kernels.attention import decode_paged_cpu, prefill_paged_cpu
 
 
 @dataclass(slots=True)
@@ -20,6 +20,7 @@ class PromptRow:
     pages: torch.Tensor | None  # int64 pages of positions 0..seq_len-1; None: no cached prefix, attend the new K/V
     visible: torch.Tensor | None  # [q_len, seq_len] bool; None: plain causal (`is_causal`) or in blocks
     blocks: list[tuple[int, int, torch.Tensor]] | None = None  # causal query blocks (`causal_blocks`)
+    plan: prefill_paged_cpu.PagedPrefillRow | None = None  # the native kernel on its pages (all else unused)
 
 
 @dataclass(slots=True)
@@ -37,8 +38,8 @@ class DecodeRows:
 class DecodeStep:
     """What every layer of one step shares, built once per step."""
 
-    cos: torch.Tensor  # [tokens, 1, 2, head_dim // 2]: (cos, cos) of each token's position
-    sin: torch.Tensor  # [tokens, 1, 2, head_dim // 2]: (-sin, sin)
+    cos: torch.Tensor | None  # [tokens, 1, 2, head_dim // 2]: (cos, cos) of each token's position (None: fused ops)
+    sin: torch.Tensor | None  # [tokens, 1, 2, head_dim // 2]: (-sin, sin)
     slots: torch.Tensor  # [tokens] int64
     decode: DecodeRows | None  # the one-token rows (None: none)
     decode_tokens: torch.Tensor | None = None  # mixed steps: the decode rows' tokens (None: all rows decode)

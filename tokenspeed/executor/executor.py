@@ -227,6 +227,7 @@ class Executor:
                 prefill=not config.disable_cpu_prefill_forward,
                 prepack=False if config.disable_cpu_gemm_prepack else None,
                 paged_attention=False if config.disable_cpu_paged_attention else None,
+                fused_ops=False if config.disable_cpu_fused_ops else None,
             )
         if rank is not None and rank.groups.topology.dp_attention:
             topology = rank.groups.topology
