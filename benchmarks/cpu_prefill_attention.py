@@ -15,12 +15,13 @@ decode kernel over a page table row per token; `prefill_ms`: the prefill kernel.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_results import write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "cpu" / "cpu_prefill_attention.json"
@@ -90,12 +91,7 @@ def main() -> None:
     for length in args.lengths:
         results[str(length)] = measure(length, args.repeat)
         print(length, results[str(length)], flush=True)
-    args.out.write_text(json.dumps({
-        "command": "python benchmarks/cpu_prefill_attention.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-        "load_average": list(os.getloadavg()),
-        "results": results,
-    }, indent=1) + "\n")
+    write_result(args.out, results)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_side_by_side  # noqa: E402
+from cpu_results import write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "cpu" / "cpu_prefill_ops.json"
@@ -156,12 +156,7 @@ def main() -> None:
     args = parser.parse_args()
     results = measure(args)
     print(json.dumps(results["ceiling"]))
-    args.out.write_text(json.dumps({
-        "command": "python benchmarks/cpu_prefill_ops.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-        "load_average": list(os.getloadavg()),
-        "results": results,
-    }, indent=1) + "\n")
+    write_result(args.out, results)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,14 @@ absolute difference from `F.linear`. Results go to `--out` (default
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_results import write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "cpu" / "cpu_small_gemm.json"
@@ -64,12 +65,7 @@ def main() -> None:
             }
             results[f"{name}_{rows}"] = row
             print(f"{name} {shape} rows={rows}: {row}", flush=True)
-    args.out.write_text(json.dumps({
-        "command": "python benchmarks/cpu_small_gemm.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-        "load_average": list(os.getloadavg()),
-        "results": results,
-    }, indent=1) + "\n")
+    write_result(args.out, results)
 
 
 if __name__ == "__main__":
