@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from tokenspeed.kernels.native_build import NativeLibrary, build_library
+from tokenspeed.kernels.native_build import NativeLibrary, load_vector_library
 
 logger = logging.getLogger("tokenspeed.kernels")
 
@@ -37,12 +37,7 @@ def native_enabled() -> bool:
 
 
 def _load() -> ctypes.CDLL:
-    base = ["-O3", "-std=gnu99"]
-    try:
-        path = build_library(_SOURCE, "cpu_fused", [*base, "-march=native"])
-    except Exception:  # a compiler without -march=native: the generic vector code
-        path = build_library(_SOURCE, "cpu_fused", [*base, "-Wno-psabi"])
-    lib = ctypes.CDLL(str(path))
+    lib = load_vector_library(_SOURCE, "cpu_fused")
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
     lib.add_rms_norm.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, i64, i64, f32]
     lib.qk_norm_rope_store.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, f32, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from tokenspeed.kernels.native_build import NativeLibrary, build_library
+from tokenspeed.kernels.native_build import NativeLibrary, load_vector_library
 
 logger = logging.getLogger("tokenspeed.kernels")
 
@@ -32,11 +32,7 @@ def native_enabled() -> bool:
 
 
 def _load() -> ctypes.CDLL:
-    try:
-        path = build_library(_SOURCE, "cpu_small_gemm", ["-O3", "-march=native", "-std=gnu99"])
-    except Exception:  # a compiler without -march=native: the generic vector code
-        path = build_library(_SOURCE, "cpu_small_gemm", ["-O3", "-std=gnu99", "-Wno-psabi"])
-    lib = ctypes.CDLL(str(path))
+    lib = load_vector_library(_SOURCE, "cpu_small_gemm")
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.small_gemm.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr]
     lib.small_gemm.restype = None

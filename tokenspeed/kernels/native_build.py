@@ -1,6 +1,6 @@
 """Build a small C source into a shared library once, cached on disk, for ctypes.
 
-Why one helper: the native pieces (`spec/native_automaton.py`, `kernels/attention/decode_paged_cpu.py`)
+Why one helper: the native pieces (`spec/native_automaton.py`, the CPU kernels under `kernels/`)
 are single C files compiled on first use with the system compiler (`$CC`, else `cc`) rather than
 shipped as wheels; each build is keyed by the source, the flags and (for `-march=native`) the CPU's
 feature flags, so an edited source, other flags or a cache directory shared with another machine
@@ -56,6 +56,16 @@ def build_library(source: Path, name: str, flags: Sequence[str]) -> Path:
         if os.path.exists(scratch):
             os.unlink(scratch)
     return target
+
+
+def load_vector_library(source: Path, name: str) -> ctypes.CDLL:
+    """`source` built for this CPU (`-O3 -march=native`) and loaded; with a compiler that cannot target
+    the host CPU, the portable build of the same GCC vector-extension code instead."""
+    try:
+        path = build_library(source, name, ["-O3", "-march=native", "-std=gnu99"])
+    except Exception:  # a compiler without -march=native: the generic vector code
+        path = build_library(source, name, ["-O3", "-std=gnu99", "-Wno-psabi"])
+    return ctypes.CDLL(str(path))
 
 
 class NativeLibrary:

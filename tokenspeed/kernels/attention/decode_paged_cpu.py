@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from tokenspeed.kernels.native_build import NativeLibrary, build_library
+from tokenspeed.kernels.native_build import NativeLibrary, load_vector_library
 
 logger = logging.getLogger("tokenspeed.kernels")
 
@@ -38,11 +38,7 @@ def native_enabled() -> bool:
 
 
 def _load() -> ctypes.CDLL:
-    try:
-        path = build_library(_SOURCE, "paged_decode_cpu", ["-O3", "-march=native", "-std=gnu99"])
-    except Exception:  # a compiler without -march=native: the generic vector code
-        path = build_library(_SOURCE, "paged_decode_cpu", ["-O3", "-std=gnu99", "-Wno-psabi"])
-    lib = ctypes.CDLL(str(path))
+    lib = load_vector_library(_SOURCE, "paged_decode_cpu")
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn = lib.paged_decode_attention
     fn.argtypes = [ptr, i64, ptr, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, ptr]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from tokenspeed.kernels.native_build import NativeLibrary, build_library
+from tokenspeed.kernels.native_build import NativeLibrary, load_vector_library
 
 logger = logging.getLogger("tokenspeed.kernels")
 
@@ -32,11 +32,7 @@ _TILE = 8  # the C kernel's TILE: scratch rows of scores
 
 
 def _load() -> ctypes.CDLL:
-    try:
-        path = build_library(_SOURCE, "paged_prefill_cpu", ["-O3", "-march=native", "-std=gnu99"])
-    except Exception:  # a compiler without -march=native: the generic vector code
-        path = build_library(_SOURCE, "paged_prefill_cpu", ["-O3", "-std=gnu99", "-Wno-psabi"])
-    lib = ctypes.CDLL(str(path))
+    lib = load_vector_library(_SOURCE, "paged_prefill_cpu")
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn = lib.paged_prefill_attention
     fn.argtypes = [ptr, i64, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, i64]
