@@ -209,7 +209,12 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
-    """fp32 on the CPU (bf16 matmuls are slow there); the checkpoint's half type on GPUs."""
+    """fp32 on the CPU, the checkpoint's half type on GPUs.
+
+    fp32 even on CPUs with AVX512-BF16: the CPU fast paths (fused C ops, few-row GEMMs, paged
+    attention) are fp32, and `--dtype bfloat16` measured slower there (512-token prefill 32.4 vs
+    26.7 ms, 4-row decode step 3.67 vs 1.03 ms: `benchmarks/results/cpu/cpu_dtype_ab.json`).
+    """
     if dtype != "auto":
         return _DTYPES[dtype]
     if device.type == "cpu":
