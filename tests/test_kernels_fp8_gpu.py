@@ -124,6 +124,33 @@ def test_gemv_and_gemm_at_decode_sizes(m: int, block_size: tuple[int, int]) -> N
     assert _rel_err(fp8_gemm_triton(x, w8, scale, **kwargs), emulated) < GEMM_TOL
 
 
+@pytest.mark.parametrize("block_size", [WEIGHT_BLOCK, PER_CHANNEL_BLOCK], ids=["block", "per-channel"])
+def test_fused_decode_forms_at_llama_shapes_for_every_launch_shape(block_size: tuple[int, int]) -> None:
+    """The decode layer's fused forms on the device (RMSNorm prologue + SiLU-and-mul on gate_up,
+    residual epilogue on down), every launch shape the tuner may pick, against the reference kernels
+    run one after the other."""
+    from tokenspeed.kernels.activation.reference import silu_and_mul_reference
+    from tokenspeed.kernels.norm.rms_reference import rms_norm_reference
+
+    k, inter = 4096, 14336
+    gate_up, gate_up_scale = _weight(2 * inter, k, block_size, seed=3)
+    down, down_scale = _weight(k, inter, block_size, seed=4)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(1, k, device="cuda", generator=gen).to(BF16)
+    norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).to(BF16)
+    res = torch.randn(1, k, device="cuda", generator=gen).to(BF16)
+    normed = rms_norm_reference(x, norm_w, 1e-6)
+    h_want = silu_and_mul_reference(fp8_gemm_reference(normed.float(), gate_up, gate_up_scale, block_size=block_size).to(BF16))
+    out_want = fp8_gemm_reference(h_want.float(), down, down_scale, block_size=block_size).to(BF16).float() + res.float()
+    for config in choose_config(k):
+        h = fp8_gemv_triton(x, gate_up, gate_up_scale, block_size=block_size, config=config,
+                            norm_weight=norm_w, eps=1e-6, silu_mul=True)
+        assert h.shape == (1, inter) and _rel_err(h, h_want) < GEMM_TOL, config
+    for config in choose_config(inter):
+        out = fp8_gemv_triton(h_want, down, down_scale, block_size=block_size, config=config, residual=res)
+        assert _rel_err(out, out_want) < GEMM_TOL, config
+
+
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336)])
 def test_every_gemv_launch_shape_the_tuner_may_pick_is_correct(n: int, k: int) -> None:
     """bf16 activations with outliers up to 3e4 and a row of tiny values: the fp16 loop scales them into range."""
