@@ -282,8 +282,13 @@ def test_fp8_gemv_triton_matches_reference(
         Fp8GemvConfig(block_n=8, groups=2, num_warps=4, stages=2),
         Fp8GemvConfig(block_n=16, groups=1, num_warps=4, stages=2, f16_math=False),
         Fp8GemvConfig(block_n=4, groups=4, num_warps=4, stages=1),
+        Fp8GemvConfig(block_n=16, groups=1, num_warps=4, stages=1, mma=True),
     ]
     for config in configs:
+        if config is not None and config.mma and block_size[0] < 16 and block_size[1] < k:
+            with pytest.raises(ValueError, match="16 rows"):  # the tuner passes such a candidate over
+                fp8_gemv_triton(x, w8, scales, block_size=block_size, bias=bias, config=config)
+            continue
         got = fp8_gemv_triton(x, w8, scales, block_size=block_size, bias=bias, config=config)
         assert got.dtype == dtype and got.shape == (m, n)
         assert _rel_err(got, want) < TOL[dtype], config
@@ -294,9 +299,9 @@ def test_fp8_gemv_triton_matches_reference(
 @interpreted
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("block_size", [(16, 128), PER_CHANNEL_BLOCK])
-@pytest.mark.parametrize("f16_math", [True, False])
+@pytest.mark.parametrize("loop", ["f16", "f32", "mma"])
 def test_fp8_gemv_fused_decode_forms_match_the_unfused_path(
-    dtype: torch.dtype, block_size: tuple[int, int], f16_math: bool
+    dtype: torch.dtype, block_size: tuple[int, int], loop: str
 ) -> None:
     """RMSNorm prologue, SiLU-and-mul over gate/up halves and the residual epilogue, each against the
     reference kernels run one after the other (what the decode layer runs when they are not fused)."""
@@ -305,12 +310,13 @@ def test_fp8_gemv_fused_decode_forms_match_the_unfused_path(
     from tokenspeed.kernels.norm.rms_reference import rms_norm_reference
 
     gen = torch.Generator().manual_seed(11)
-    m, n, k, eps = 2, 32, 384, 1e-6
+    m, n, k, eps = 3, 32, 384, 1e-6
     w8, scales = quantize_weight_block(torch.randn(2 * n, k, generator=gen), block_size)
     x = (torch.randn(m, k, generator=gen) * 3).to(dtype)
     norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype)
     res = torch.randn(m, n, generator=gen).to(dtype)
-    config = Fp8GemvConfig(block_n=8, groups=2, num_warps=4, stages=1, f16_math=f16_math)
+    config = Fp8GemvConfig(block_n=16 if loop == "mma" else 8, groups=2, num_warps=4, stages=1,
+                           f16_math=loop == "f16", mma=loop == "mma")
 
     def gemv(inp: torch.Tensor) -> torch.Tensor:
         return fp8_gemm_reference(inp.float(), w8, scales, block_size=block_size).to(dtype)

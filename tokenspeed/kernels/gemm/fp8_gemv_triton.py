@@ -12,7 +12,7 @@ Where the time goes: an fp8 byte is one weight, so this kernel does twice
 the arithmetic per byte of the bf16 GEMV, and at the H200's ~36 bytes per
 clock per SM the instruction issue, not memory, was the limit of the first
 version (about 9 instructions per weight byte: widen to fp32, scale, FMA;
-0.3-0.5 of the copy bandwidth). Two inner loops (`F16_MATH`):
+0.3-0.5 of the copy bandwidth). Three inner loops (`F16_MATH`, and `mma`):
 - fp16 (default): the weight widens to fp16 with one instruction per pair
   (exactly) and is multiplied into fp16 lanes with packed FMAs, one per pair;
   each lane accumulates one product per K step (at most `STEPS`), and the
@@ -26,9 +26,16 @@ version (about 9 instructions per weight byte: widen to fp32, scale, FMA;
   flush to zero.
 - fp32: widen to fp32 and FMA into an fp32 tile (exact products, fp32 sums;
   about 1.5x the instructions); always for fp32 activations.
-`choose_config`'s candidates include both; `LaunchTuner` times them per
+- tensor cores (`mma`, `_fp8_gemv_mma_kernel`): swap-AB, the weight rows
+  as the dot's M side and up to 16 tokens as its N side, one 128-wide K
+  group a dot; the weight widens to the activation dtype exactly and the
+  products are exact in fp32. Almost no instructions per weight byte, so it
+  may stream faster where the loops above are issue-bound (the small
+  projections ran at 0.38-0.44 of the copy bandwidth on an H100).
+`choose_config`'s candidates include all three; `LaunchTuner` times them per
 shape on the device on first use (`kernels/autotune.py`), the first being
-the default where timing is off.
+the default where timing is off, and a candidate that fails to build is
+never chosen.
 
 Scales: a program's rows lie in one row block (BLOCK_N divides bn), so a
 K group's block scale is the same for all of them and multiplies the
@@ -69,6 +76,7 @@ from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_powe
 # The largest magnitude a sum of LANE_RUN fp16 lanes may reach (headroom 4x under fp16's 65504).
 _LANE_LIMIT = tl.constexpr(16384.0)
 LANE_RUN = tl.constexpr(16)
+MMA_TOKENS = 16  # tokens a tensor-core program serves (the dot's N side, padded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +88,7 @@ class Fp8GemvConfig:
     num_warps: int
     stages: int
     f16_math: bool = True
+    mma: bool = False  # `_fp8_gemv_mma_kernel`: up to 16 tokens a program on tensor cores (`groups` unused)
 
 
 def choose_config(k: int) -> list[Fp8GemvConfig]:
@@ -97,6 +106,8 @@ def choose_config(k: int) -> list[Fp8GemvConfig]:
         Fp8GemvConfig(block_n=4, groups=min(32, groups), num_warps=4, stages=2),
         Fp8GemvConfig(block_n=16, groups=min(16, groups), num_warps=8, stages=2),
         Fp8GemvConfig(block_n=8, groups=min(16, groups), num_warps=4, stages=3, f16_math=False),
+        Fp8GemvConfig(block_n=32, groups=1, num_warps=4, stages=4, mma=True),
+        Fp8GemvConfig(block_n=64, groups=1, num_warps=4, stages=3, mma=True),
     ]
 
 
@@ -257,6 +268,110 @@ def _fp8_gemv_kernel(
     tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
+@triton.jit
+def _fp8_gemv_mma_kernel(
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    bias_ptr,
+    norm_w_ptr,
+    res_ptr,
+    out_ptr,
+    eps,
+    M,
+    stride_xm,
+    stride_wn,
+    stride_wsn,
+    stride_rm,
+    stride_om,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
+    ROW_SCALE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    STAGES: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    IEEE: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """The same contract on tensor cores (swap-AB): BLOCK_N weight rows as the dot's M side, up to
+    BLOCK_T tokens as its N side, one K group of 128 a dot so each group's block scale multiplies
+    its partial sum; weights widen to the activation dtype exactly, products are exact in fp32."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_k = tl.arange(0, GROUP_K)
+    n_mask = offs_n < N
+    t_mask = offs_t < M
+    rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    up_rows = rows + N * stride_wn
+    x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xm
+    scale_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn
+    up_scale_row = ws_ptr + ((pid_n * BLOCK_N + N) // SCALE_BN) * stride_wsn
+    rstd = tl.zeros([BLOCK_T], dtype=tl.float32)
+    if HAS_NORM:
+        squares = tl.zeros([BLOCK_T], dtype=tl.float32)
+        for k0 in range(0, K, GROUP_K):
+            xv = tl.load(x_rows + (k0 + offs_k)[None, :], mask=t_mask[:, None] & ((k0 + offs_k) < K)[None, :],
+                         other=0.0).to(tl.float32)
+            squares += tl.sum(xv * xv, 1)
+        rstd = tl.rsqrt(squares / K + eps)
+    acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+    for k0 in tl.range(0, K, GROUP_K, num_stages=STAGES):
+        k_ok = (k0 + offs_k) < K
+        xt = tl.trans(_load_x(x_rows, (k0 + offs_k)[None, :], t_mask[:, None] & k_ok[None, :], norm_w_ptr,
+                              rstd[:, None], HAS_NORM))
+        w_mask = n_mask[:, None] & k_ok[None, :]
+        w = tl.load(rows + (k0 + offs_k)[None, :], mask=w_mask, other=0.0).to(xt.dtype)
+        if IEEE:
+            part = tl.dot(w, xt, input_precision="ieee")
+        else:
+            part = tl.dot(w, xt)
+        if not ROW_SCALE:
+            part *= tl.load(scale_row + k0 // SCALE_BK)
+        acc += part
+        if SILU_MUL:
+            wu = tl.load(up_rows + (k0 + offs_k)[None, :], mask=w_mask, other=0.0).to(xt.dtype)
+            if IEEE:
+                part_up = tl.dot(wu, xt, input_precision="ieee")
+            else:
+                part_up = tl.dot(wu, xt)
+            if not ROW_SCALE:
+                part_up *= tl.load(up_scale_row + k0 // SCALE_BK)
+            acc_up += part_up
+    if ROW_SCALE:
+        acc *= tl.load(ws_ptr + (offs_n // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)[:, None]
+        if SILU_MUL:
+            acc_up *= tl.load(ws_ptr + ((offs_n + N) // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)[:, None]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        if SILU_MUL:
+            acc_up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    out_mask = n_mask[:, None] & t_mask[None, :]
+    if SILU_MUL or HAS_RESIDUAL:  # rounded step by step as the unfused path
+        act_dtype = x_ptr.dtype.element_ty
+        acc = acc.to(act_dtype).to(tl.float32)
+        if SILU_MUL:
+            up = acc_up.to(act_dtype).to(tl.float32)
+            gate = (acc / (1.0 + tl.exp(-acc))).to(act_dtype).to(tl.float32)
+            acc = (gate * up).to(act_dtype).to(tl.float32)
+        if HAS_RESIDUAL:
+            res = tl.load(res_ptr + offs_t.to(tl.int64)[None, :] * stride_rm + offs_n[:, None], mask=out_mask, other=0.0)
+            acc += res.to(tl.float32)
+    dst = out_ptr + offs_t.to(tl.int64)[None, :] * stride_om + offs_n[:, None]
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
 def _fitting_block_n(block_n: int, scale_bn: int, row_scale: bool) -> int:
     """BLOCK_N, halved until a program's rows lie in one row block of block scales."""
     while not row_scale and scale_bn % block_n:
@@ -314,6 +429,21 @@ def fp8_gemv_triton(
 
     def launch(cfg: Fp8GemvConfig) -> None:
         block_n = _fitting_block_n(cfg.block_n, block_size[0], row_scale)
+        if cfg.mma:
+            if block_n < 16:  # row blocks narrower than a tensor-core tile: the tuner passes this candidate over
+                raise ValueError(f"the mma loop needs 16 rows a program; row blocks of {block_size[0]} allow {block_n}")
+            for_tensor(_fp8_gemv_mma_kernel, x)[(triton.cdiv(n, block_n), triton.cdiv(m, MMA_TOKENS))](
+                x2, weight, scales, bias if bias is not None else out,
+                norm_weight if norm_weight is not None else x2, res if res is not None else out, out, eps, m,
+                x2.stride(0), weight.stride(0), scales.stride(0), res.stride(0) if res is not None else 0,
+                out.stride(0),
+                N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], ROW_SCALE=row_scale,
+                BLOCK_N=block_n, BLOCK_T=MMA_TOKENS, GROUP_K=GROUP_SIZE, STAGES=cfg.stages,
+                HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=res is not None,
+                SILU_MUL=silu_mul, IEEE=x.dtype == torch.float32,
+                num_warps=cfg.num_warps, **pdl_launch_options(pdl_enabled(x.device)),
+            )  # fmt: skip
+            return
         block_k = cfg.groups * GROUP_SIZE
         f16_math = cfg.f16_math and x.dtype != torch.float32  # fp32 activations: exact products and sums
         for_tensor(_fp8_gemv_kernel, x)[(triton.cdiv(n, block_n), m)](
