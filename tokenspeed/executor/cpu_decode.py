@@ -106,11 +106,11 @@ import torch.nn.functional as F
 
 from tokenspeed.batch.forward_batch import ForwardBatch
 from tokenspeed.batch.kv_storage import PagedKVStorage
+from tokenspeed.executor.cpu_attention import CPUStepAttention
 from tokenspeed.executor.cpu_linear import PREPACK_MAX_BYTES, CPULinear, pack, pack_lm_head, prepack_enabled
 from tokenspeed.executor.cpu_step import DecodeRows, DecodeStep, PromptRow
 from tokenspeed.kernels import cpu_fused
 from tokenspeed.kernels.attention import decode_paged_cpu, prefill_paged_cpu
-from tokenspeed.kernels.attention.extend_torch_sdpa import attend_causal_blocks, causal_blocks
 from tokenspeed.layers.attention_backend import VERIFY_MAX_QUERY_LEN
 
 logger = logging.getLogger("tokenspeed.executor")
@@ -231,6 +231,9 @@ class CPUDecodeForward:
         )
         prepack = prepack_enabled() if prepack is None else prepack
         self.page_size = kv.page_size
+        self.attention = CPUStepAttention(heads=self.num_heads, kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                                          page_size=self.page_size, scale=self.scale, paged=self.paged_attention,
+                                          prefill_kernel=self.prefill_kernel)
         self.cos_cache = inner.rotary_emb.cos_cache
         self.sin_cache = inner.rotary_emb.sin_cache
         self.layers: list[LayerWeights] = []
@@ -345,7 +348,7 @@ class CPUDecodeForward:
             cos, sin = torch.cat((cos, cos), dim=2), torch.cat((-sin, sin), dim=2)
         if attn.max_query_len == 1 and tokens == len(attn.seq_lens):  # decode-only
             assert attn.seq_lens_tensor is not None
-            rows = self._decode_rows(attn.page_table, attn.seq_lens_tensor.long(), attn.max_seq_len)
+            rows = self.attention.decode_rows(attn.page_table, attn.seq_lens_tensor.long(), attn.max_seq_len)
             return DecodeStep(cos=cos, sin=sin, slots=attn.slot_mapping, decode=rows)
         starts, lens = attn.query_start, attn.seq_lens
         decode_rows: list[int] = []
@@ -355,53 +358,18 @@ class CPUDecodeForward:
             if end - start == 1:
                 decode_rows.append(row)
             elif end > start:
-                prompts.append(self._prompt_row(attn.page_table[row], start, end, seq_len))
+                prompts.append(self.attention.prompt_row(attn.page_table[row], start, end, seq_len))
         decode: DecodeRows | None = None
         decode_tokens: torch.Tensor | None = None
         if decode_rows:
             index = torch.tensor(decode_rows, dtype=torch.long)
             decode_tokens = torch.tensor([starts[row] for row in decode_rows], dtype=torch.long)
-            decode = self._decode_rows(
+            decode = self.attention.decode_rows(
                 attn.page_table.index_select(0, index), torch.tensor([lens[row] for row in decode_rows]),
                 max(lens[row] for row in decode_rows),
             )
         return DecodeStep(cos=cos, sin=sin, slots=attn.slot_mapping, decode=decode,
                           decode_tokens=decode_tokens, prompts=tuple(prompts))
-
-    def _decode_rows(self, page_table: torch.Tensor, lens: torch.Tensor, max_seq_len: int) -> DecodeRows:
-        """One-token rows (int64 lens `[rows]` or `[rows, 1]`): what their attention reads."""
-        rows = page_table.shape[0]
-        if self.paged_attention:
-            return DecodeRows(plan=decode_paged_cpu.PagedDecodePlan(
-                page_table, lens.reshape(rows), max_seq_len, heads=self.num_heads, kv_heads=self.num_kv_heads,
-                head_dim=self.head_dim, page_size=self.page_size))
-        lens = lens.view(rows, 1)
-        span_pages = -(-max_seq_len // self.page_size)
-        span = span_pages * self.page_size
-        owned = torch.arange(0, span, self.page_size) < lens  # [rows, span_pages]
-        pages = page_table[:, :span_pages].long().masked_fill_(~owned, 0).reshape(-1)
-        # SDPA turns a boolean mask into this additive one in every call; here it is made once a step.
-        hidden = (torch.arange(span) >= lens).view(rows, 1, 1, span)
-        mask = torch.zeros(hidden.shape, dtype=torch.float32).masked_fill_(hidden, float("-inf"))
-        return DecodeRows(pages=pages, mask=mask, span=span)
-
-    def _prompt_row(self, page_table_row: torch.Tensor, start: int, end: int, seq_len: int) -> PromptRow:
-        """A prompt chunk's row, as `extend_attention_torch_sdpa` attends it."""
-        q_len = end - start
-        if q_len > seq_len:
-            raise ValueError(f"a row has {q_len} new tokens but only {seq_len} cached positions")
-        if self.prefill_kernel:  # its pages in place, causal from its own positions: no masks or gathers
-            plan = prefill_paged_cpu.PagedPrefillRow(
-                page_table_row[: -(-seq_len // self.page_size)], seq_len - q_len, q_len, heads=self.num_heads,
-                kv_heads=self.num_kv_heads, head_dim=self.head_dim, page_size=self.page_size)
-            return PromptRow(start, end, seq_len, None, None, plan=plan)
-        blocks = causal_blocks(q_len, seq_len, torch.device("cpu"))  # their masks made once, for every layer
-        pages = None if q_len == seq_len else page_table_row[: -(-seq_len // self.page_size)].long()
-        if blocks is not None or pages is None:  # no cached prefix: its keys are this step's, causally
-            return PromptRow(start, end, seq_len, pages, None, blocks)
-        q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
-        visible = torch.arange(seq_len)[None, :] <= q_pos
-        return PromptRow(start, end, seq_len, pages, visible)
 
     def _kept_rows(self, batch: ForwardBatch, step: DecodeStep) -> tuple[torch.Tensor, DecodeStep] | None:
         """The tokens whose hidden states become logits, as one-token rows over their own prefixes (the
@@ -416,7 +384,7 @@ class CPUDecodeForward:
         rows = torch.tensor([bisect.bisect_right(starts, t) - 1 for t in kept.tolist()], dtype=torch.long)
         lens = batch.positions.index_select(0, kept).long() + 1
         max_len = int(lens.max()) if kept.shape[0] else 0
-        decode = self._decode_rows(batch.attn.page_table.index_select(0, rows), lens, max_len)
+        decode = self.attention.decode_rows(batch.attn.page_table.index_select(0, rows), lens, max_len)
         return kept, DecodeStep(cos=step.cos, sin=step.sin, slots=step.slots, decode=decode)
 
     def run(self, batch: ForwardBatch, *, logits_rows: bool = False) -> torch.Tensor:
@@ -466,10 +434,10 @@ class CPUDecodeForward:
                 q = qk[:, :heads]
             if index == last and kept is not None:  # from here on, the logits rows only
                 rows, kept_step = kept
-                out = self._attend_decode(w, kept_step, q.index_select(0, rows))
+                out = self.attention.attend_decode(w, kept_step, q.index_select(0, rows))
                 stream = stream.index_select(0, rows)
             else:
-                out = self._attend(w, step, q, k, v)
+                out = self.attention.attend(w, step, q, k, v)
             residual = stream
             if fused is not None:
                 stream = w.o_proj(out.reshape(stream.shape[0], q_width))
@@ -490,62 +458,3 @@ class CPUDecodeForward:
         if residual is not None:
             stream = stream + residual
         return _rms(stream, self.final_norm, self.eps)
-
-    def _attend(
-        self, w: LayerWeights, step: DecodeStep, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
-    ) -> torch.Tensor:
-        """Attention of every token of the step, `[tokens, heads, head_dim]` (or a view of that shape); k and v
-        (this step's, `[tokens, kv_heads, head_dim]`) are read for prompt rows without a native plan only."""
-        if not step.prompts:
-            return self._attend_decode(w, step, q)
-        out = torch.empty(q.shape, dtype=q.dtype)
-        if step.decode_tokens is not None:
-            decoded = self._attend_decode(w, step, q.index_select(0, step.decode_tokens))
-            out[step.decode_tokens] = decoded.reshape(-1, self.num_heads, self.head_dim)
-        group = self.num_heads // self.num_kv_heads
-        for row in step.prompts:
-            start, end = row.start, row.end
-            if row.plan is not None:  # the native kernel (the step's K/V are in the pool already)
-                row.plan(q[start:end], w.k_cache, w.v_cache, self.scale, out[start:end])
-                continue
-            if row.pages is None:  # this step's keys and values, no gather
-                assert k is not None and v is not None
-                keys, values = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
-            else:
-                shape = (-1, self.num_kv_heads, self.head_dim)
-                keys = w.k_pages.index_select(0, row.pages).view(shape)[: row.seq_len].transpose(0, 1)
-                values = w.v_pages.index_select(0, row.pages).view(shape)[: row.seq_len].transpose(0, 1)
-            if group > 1:  # the fused (flash) CPU kernel takes MHA only (see extend_torch_sdpa)
-                keys, values = keys.repeat_interleave(group, dim=0), values.repeat_interleave(group, dim=0)
-            queries = q[start:end].transpose(0, 1)[None]
-            if row.blocks is not None:
-                out[start:end] = attend_causal_blocks(queries, keys[None], values[None], row.blocks, self.scale)
-                continue
-            if row.visible is None:
-                res = F.scaled_dot_product_attention(queries, keys[None], values[None], is_causal=True,
-                                                     scale=self.scale)
-            else:
-                res = F.scaled_dot_product_attention(queries, keys[None], values[None], attn_mask=row.visible,
-                                                     scale=self.scale)
-            out[start:end] = res[0].transpose(0, 1)
-        return out
-
-    def _attend_decode(self, w: LayerWeights, step: DecodeStep, q: torch.Tensor) -> torch.Tensor:
-        """The one-token rows' attention: over their pages in place (native kernel), or over their gathered
-        pages with GQA folded into SDPA's query length. Either reshapes to `[rows, heads, head_dim]`."""
-        rows = step.decode
-        assert rows is not None
-        if rows.plan is not None:
-            return rows.plan(q, w.k_cache, w.v_cache, self.scale)
-        assert rows.pages is not None and rows.mask is not None
-        count = q.shape[0]
-        kv_heads, head_dim = self.num_kv_heads, self.head_dim
-        keys = w.k_pages.index_select(0, rows.pages).view(count, rows.span, kv_heads, head_dim)
-        values = w.v_pages.index_select(0, rows.pages).view(count, rows.span, kv_heads, head_dim)
-        return F.scaled_dot_product_attention(
-            q.view(count, kv_heads, self.num_heads // kv_heads, head_dim),
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            attn_mask=rows.mask,
-            scale=self.scale,
-        )
