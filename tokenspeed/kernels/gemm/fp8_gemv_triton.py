@@ -126,6 +126,19 @@ def _load_x(x_row, offs, mask, norm_w_ptr, rstd, HAS_NORM: tl.constexpr):
 
 
 @triton.jit
+def _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL: tl.constexpr):
+    """The GEMM output (and with SILU_MUL, silu(gate) * up) rounded step by step to the activation dtype,
+    as the unfused path rounds it (GEMM output, activation, product), back in fp32 for the residual add."""
+    act_dtype = x_ptr.dtype.element_ty
+    acc = acc.to(act_dtype).to(tl.float32)
+    if SILU_MUL:
+        up = acc_up.to(act_dtype).to(tl.float32)
+        gate = (acc / (1.0 + tl.exp(-acc))).to(act_dtype).to(tl.float32)
+        acc = (gate * up).to(act_dtype).to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _lane_sum(lanes, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Runs of LANE_RUN fp16 lanes summed in fp16 first (within a thread), then in fp32."""
     runs = tl.sum(tl.reshape(lanes, [BLOCK_N, BLOCK_K // LANE_RUN, LANE_RUN]), 2, dtype=tl.float16)
@@ -256,13 +269,8 @@ def _fp8_gemv_kernel(
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         if SILU_MUL:
             acc_up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    if SILU_MUL or HAS_RESIDUAL:  # rounded step by step as the unfused path (GEMM output, activation, add)
-        act_dtype = x_ptr.dtype.element_ty
-        acc = acc.to(act_dtype).to(tl.float32)
-        if SILU_MUL:
-            up = acc_up.to(act_dtype).to(tl.float32)
-            gate = (acc / (1.0 + tl.exp(-acc))).to(act_dtype).to(tl.float32)
-            acc = (gate * up).to(act_dtype).to(tl.float32)
+    if SILU_MUL or HAS_RESIDUAL:
+        acc = _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL)
         if HAS_RESIDUAL:
             acc += tl.load(res_ptr + token.to(tl.int64) * stride_rm + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
@@ -358,13 +366,8 @@ def _fp8_gemv_mma_kernel(
         if SILU_MUL:
             acc_up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
     out_mask = n_mask[:, None] & t_mask[None, :]
-    if SILU_MUL or HAS_RESIDUAL:  # rounded step by step as the unfused path
-        act_dtype = x_ptr.dtype.element_ty
-        acc = acc.to(act_dtype).to(tl.float32)
-        if SILU_MUL:
-            up = acc_up.to(act_dtype).to(tl.float32)
-            gate = (acc / (1.0 + tl.exp(-acc))).to(act_dtype).to(tl.float32)
-            acc = (gate * up).to(act_dtype).to(tl.float32)
+    if SILU_MUL or HAS_RESIDUAL:
+        acc = _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL)
         if HAS_RESIDUAL:
             res = tl.load(res_ptr + offs_t.to(tl.int64)[None, :] * stride_rm + offs_n[:, None], mask=out_mask, other=0.0)
             acc += res.to(tl.float32)
