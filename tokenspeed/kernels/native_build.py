@@ -2,7 +2,7 @@
 
 Why one helper: the native pieces (`spec/native_automaton.py`, the CPU kernels under `kernels/`)
 are single C files compiled on first use with the system compiler (`$CC`, else `cc`) rather than
-shipped as wheels; each build is keyed by the source, the flags and (for `-march=native`) the CPU's
+shipped as wheels; each build is keyed by the source (with the headers it includes), the flags and (for `-march=native`) the CPU's
 feature flags, so an edited source, other flags or a cache directory shared with another machine
 never load a stale or illegal library. Cache: `$TOKENSPEED_CACHE_DIR/native` (default
 `~/.cache/tokenspeed/native`). Callers catch the exception where no compiler works and fall back.
@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
@@ -33,11 +34,19 @@ def _cpu_identity() -> bytes:
     return identity
 
 
+def _source_text(source: Path) -> bytes:
+    """The source and every header it includes by a quoted path (recursively): what a build depends on."""
+    text = source.read_bytes()
+    for name in re.findall(rb'^#include "([^"]+)"', text, flags=re.MULTILINE):
+        text += _source_text(source.parent / name.decode())
+    return text
+
+
 def build_library(source: Path, name: str, flags: Sequence[str]) -> Path:
     """`source` compiled with `flags` (plus `-shared -fPIC`) into `<cache>/native/<name>-<key>.so`, built
     once per key; raises where the compiler fails."""
     compiler = os.environ.get("CC", "cc")
-    key = hashlib.sha256(source.read_bytes())
+    key = hashlib.sha256(_source_text(source))
     key.update("\0".join([compiler, *flags]).encode())
     if "-march=native" in flags:
         key.update(_cpu_identity())

@@ -20,38 +20,13 @@ written) -1: a position outside the RoPE table, -2: a slot outside the KV pool.
 */
 #include <stdint.h>
 #include <string.h>
+
+#include "vec_f32.h"
 #include <math.h>
-
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-static inline v8f load8(const float *p) {
-    v8f x;
-    memcpy(&x, p, sizeof x);
-    return x;
-}
-
-static inline void store8(float *p, v8f x) { memcpy(p, &x, sizeof x); }
-
-static inline v8f splat(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
-
-static inline float hsum8(v8f x) {
-    return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
-}
-
-static inline v8f select8(v8i take_a, v8f a, v8f b) {
-    v8i ai, bi;
-    memcpy(&ai, &a, sizeof ai);
-    memcpy(&bi, &b, sizeof bi);
-    v8i r = (ai & take_a) | (bi & ~take_a);
-    v8f out;
-    memcpy(&out, &r, sizeof out);
-    return out;
-}
 
 /* 1 / sqrt(mean(x^2) + eps) of n floats (n % 8 == 0) */
 static inline float inv_rms(const float *x, int64_t n, float eps) {
-    v8f acc0 = splat(0.0f), acc1 = splat(0.0f);
+    v8f acc0 = splat8(0.0f), acc1 = splat8(0.0f);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         v8f a = load8(x + i), b = load8(x + i + 8);
@@ -74,7 +49,7 @@ int add_rms_norm(float *a, int64_t a_stride, const float *b, int64_t b_stride, c
             const float *y = b + r * b_stride;
             for (int64_t i = 0; i < dim; i += 8) store8(x + i, load8(x + i) + load8(y + i));
         }
-        v8f scale = splat(inv_rms(x, dim, eps));
+        v8f scale = splat8(inv_rms(x, dim, eps));
         float *o = out + r * out_stride;
         for (int64_t i = 0; i < dim; i += 8) store8(o + i, load8(w + i) * (load8(x + i) * scale));
     }
@@ -96,7 +71,7 @@ int qk_norm_rope_store(float *qkv, int64_t stride, int64_t tokens, int64_t heads
         for (int64_t h = 0; h < qk_heads; h++) {
             float *x = row + h * head_dim;
             if (norm_w != NULL) {
-                v8f scale = splat(inv_rms(x, head_dim, eps));
+                v8f scale = splat8(inv_rms(x, head_dim, eps));
                 const float *wh = norm_w + h * head_dim;
                 for (int64_t i = 0; i < head_dim; i += 8) store8(x + i, load8(wh + i) * (load8(x + i) * scale));
             }
@@ -116,24 +91,9 @@ int qk_norm_rope_store(float *qkv, int64_t stride, int64_t tokens, int64_t heads
 
 /* e^x, x clamped to [-87, 88] (beyond, silu is x or -0 to fp32 precision anyway) */
 static inline v8f exp8(v8f x) {
-    x = select8(x < splat(-87.0f), splat(-87.0f), x);
-    x = select8(x > splat(88.0f), splat(88.0f), x);
-    v8f y = x * splat(1.4426950408889634f); /* to base 2 */
-    v8f shifted = y + splat(12582912.0f);   /* round to nearest */
-    v8f n = shifted - splat(12582912.0f);
-    v8f f = y - n; /* in [-0.5, 0.5] */
-    v8f p = splat(1.5252733804059840e-5f);
-    p = p * f + splat(1.5403530393381608e-4f);
-    p = p * f + splat(1.3333558146428443e-3f);
-    p = p * f + splat(9.6181291076284770e-3f);
-    p = p * f + splat(5.5504108664821580e-2f);
-    p = p * f + splat(2.4022650695910071e-1f);
-    p = p * f + splat(6.9314718055994531e-1f);
-    p = p * f + splat(1.0f);
-    v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
-    v8f scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+    x = select8(x < splat8(-87.0f), splat8(-87.0f), x);
+    x = select8(x > splat8(88.0f), splat8(88.0f), x);
+    return exp2_8_unclamped(x * splat8(1.4426950408889634f)); /* to base 2: in [-125.5, 127] */
 }
 
 int silu_mul(const float *gate_up, int64_t stride, float *out, int64_t out_stride, int64_t rows, int64_t dim) {
@@ -142,7 +102,7 @@ int silu_mul(const float *gate_up, int64_t stride, float *out, int64_t out_strid
         float *o = out + r * out_stride;
         for (int64_t i = 0; i < dim; i += 8) {
             v8f x = load8(g + i);
-            store8(o + i, x / (splat(1.0f) + exp8(-x)) * load8(u + i));
+            store8(o + i, x / (splat8(1.0f) + exp8(-x)) * load8(u + i));
         }
     }
     return 0;

@@ -17,17 +17,7 @@ so it equals MKL's result within fp32 rounding, not bit for bit.
 #include <stdint.h>
 #include <string.h>
 
-typedef float v16f __attribute__((vector_size(64)));
-
-static inline v16f load16(const float *p) {
-    v16f x;
-    memcpy(&x, p, sizeof x);
-    return x;
-}
-
-static inline void store16(float *p, v16f x) { memcpy(p, &x, sizeof x); }
-
-static inline v16f splat16(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+#include "vec_f32.h"
 
 /* R rows (a constant after inlining) of x against every 16-column block; the first `rows` are stored */
 static inline __attribute__((always_inline)) void tile(const float *x, int64_t x_stride, int64_t rows,

@@ -24,30 +24,17 @@ page id outside the pool.
 */
 #include <stdint.h>
 #include <string.h>
+
+#include "../../native/vec_f32.h"
 #ifdef __AVX__
 #include <immintrin.h>
 #endif
-
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
 
 #define MAX_GROUP 16
 #define MAX_VECS 32 /* head_dim up to 256 */
 #ifndef PREFETCH_PAGES
 #define PREFETCH_PAGES 2 /* how many pages ahead a row's pages are asked for */
 #endif
-
-static inline v8f load8(const float *p) {
-    v8f x;
-    memcpy(&x, p, sizeof x);
-    return x;
-}
-
-static inline void store8(float *p, v8f x) { memcpy(p, &x, sizeof x); }
-
-static inline float hsum8(v8f x) {
-    return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
-}
 
 /* out[0..3] = the lane sums of a, b, c, d (AVX: three horizontal adds instead of four reductions) */
 static inline void hsum8x4(v8f a, v8f b, v8f c, v8f d, float *out) {
@@ -74,51 +61,6 @@ static inline void prefetch_lines(const float *page, int64_t floats) {
     }
 }
 
-static inline float hmax8(v8f x) {
-    float m = x[0];
-    for (int i = 1; i < 8; i++) m = x[i] > m ? x[i] : m;
-    return m;
-}
-
-static inline v8f splat(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
-
-/* lanewise max(a, b) (no NaNs here); without AVX, C has no vector `?:`: select through the compare's mask */
-static inline v8f vmax8(v8f a, v8f b) {
-#ifdef __AVX__
-    return (v8f)_mm256_max_ps((__m256)a, (__m256)b);
-#else
-    v8i ai, bi, take_a = a > b;
-    memcpy(&ai, &a, sizeof ai);
-    memcpy(&bi, &b, sizeof bi);
-    v8i r = (ai & take_a) | (bi & ~take_a);
-    v8f out;
-    memcpy(&out, &r, sizeof out);
-    return out;
-#endif
-}
-
-/* 2^x for x <= 0 (to a few ulp for x >= -126; below, clamped there: such a weight is < 1e-37). */
-static inline v8f exp2_8(v8f x) {
-    x = vmax8(x, splat(-126.0f));
-    /* round to nearest: adding 1.5 * 2^23 pushes the fraction out of the mantissa */
-    v8f shifted = x + splat(12582912.0f);
-    v8f n = shifted - splat(12582912.0f);
-    v8f f = x - n; /* in [-0.5, 0.5] */
-    /* Taylor series of 2^f = e^(f ln 2) to degree 7: relative error < 1e-8 on [-0.5, 0.5] */
-    v8f p = splat(1.5252733804059840e-5f);
-    p = p * f + splat(1.5403530393381608e-4f);
-    p = p * f + splat(1.3333558146428443e-3f);
-    p = p * f + splat(9.6181291076284770e-3f);
-    p = p * f + splat(5.5504108664821580e-2f);
-    p = p * f + splat(2.4022650695910071e-1f);
-    p = p * f + splat(6.9314718055994531e-1f);
-    p = p * f + splat(1.0f);
-    v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
-    v8f scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
 /* One (row, kv head): `group` queries at qh, positions 0..len-1 on `pages`, results at oh. Always
    inlined into `paged_decode_attention`'s dispatch with constant group and vecs, so that the loops
    unroll and the queries and accumulators live in registers. */
@@ -130,7 +72,7 @@ static inline __attribute__((always_inline)) void attend_head(
     const int64_t padded = (len + 7) & ~(int64_t)7;
     v8f qv[MAX_GROUP][MAX_VECS];
     for (int64_t j = 0; j < group; j++)
-        for (int64_t c = 0; c < vecs; c++) qv[j][c] = load8(qh + j * head_dim + c * 8) * splat(scale);
+        for (int64_t c = 0; c < vecs; c++) qv[j][c] = load8(qh + j * head_dim + c * 8) * splat8(scale);
     /* 1. scores, one pass over the keys for the whole group, four positions at a time (a page
        holds whole fours; positions past len in the last one are scored and then masked) */
     const int64_t num = (len + page_size - 1) / page_size;
@@ -173,8 +115,8 @@ static inline __attribute__((always_inline)) void attend_head(
         for (int64_t t = len; t < padded; t++) s[t] = -1e30f;
         v8f m8 = load8(s);
         for (int64_t t = 8; t < padded; t += 8) m8 = vmax8(load8(s + t), m8);
-        const v8f m = splat(hmax8(m8));
-        v8f sum8 = splat(0.0f);
+        const v8f m = splat8(hmax8(m8));
+        v8f sum8 = splat8(0.0f);
         for (int64_t t = 0; t < padded; t += 8) {
             v8f e = exp2_8(load8(s + t) - m);
             if (t + 8 > len) /* the padding's lanes weigh nothing */
@@ -187,7 +129,7 @@ static inline __attribute__((always_inline)) void attend_head(
     /* 3. values, one pass for the whole group */
     v8f acc[MAX_GROUP][MAX_VECS];
     for (int64_t j = 0; j < group; j++)
-        for (int64_t c = 0; c < vecs; c++) acc[j][c] = splat(0.0f);
+        for (int64_t c = 0; c < vecs; c++) acc[j][c] = splat8(0.0f);
     for (int64_t t0 = 0, p = 0; t0 < len; t0 += page_size, p++) {
         const float *vp = v + (int64_t)pages[p] * page_stride;
         const int64_t n = len - t0 < page_size ? len - t0 : page_size;
@@ -197,13 +139,13 @@ static inline __attribute__((always_inline)) void attend_head(
             v8f vv[MAX_VECS];
             for (int64_t c = 0; c < vecs; c++) vv[c] = load8(vp + c * 8);
             for (int64_t j = 0; j < group; j++) {
-                const v8f w = splat(scratch[j * padded + t0 + i]);
+                const v8f w = splat8(scratch[j * padded + t0 + i]);
                 for (int64_t c = 0; c < vecs; c++) acc[j][c] += w * vv[c];
             }
         }
     }
     for (int64_t j = 0; j < group; j++)
-        for (int64_t c = 0; c < vecs; c++) store8(oh + j * head_dim + c * 8, acc[j][c] * splat(inv_sum[j]));
+        for (int64_t c = 0; c < vecs; c++) store8(oh + j * head_dim + c * 8, acc[j][c] * splat8(inv_sum[j]));
 }
 
 #define ATTEND(G, V)                                                                                     \

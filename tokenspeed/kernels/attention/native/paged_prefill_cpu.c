@@ -24,64 +24,11 @@ or 128 (the caller checks). Returns 0, or (nothing written) -1: head shapes it d
 #include <stdint.h>
 #include <string.h>
 
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
+#include "../../native/vec_f32.h"
 
 #ifndef TILE
 #define TILE 8 /* (token, head) query rows scored together */
 #endif
-
-static inline v16f load16(const float *p) {
-    v16f x;
-    memcpy(&x, p, sizeof x);
-    return x;
-}
-
-static inline void store16(float *p, v16f x) { memcpy(p, &x, sizeof x); }
-
-static inline v16f splat16(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-
-static inline float hsum16(v16f x) {
-    float s = 0.0f;
-    for (int i = 0; i < 16; i++) s += x[i];
-    return s;
-}
-
-static inline float hmax16(v16f x) {
-    float m = x[0];
-    for (int i = 1; i < 16; i++) m = x[i] > m ? x[i] : m;
-    return m;
-}
-
-static inline v16f vmax16(v16f a, v16f b) {
-    v16i ai, bi, take_a = a > b;
-    memcpy(&ai, &a, sizeof ai);
-    memcpy(&bi, &b, sizeof bi);
-    v16i r = (ai & take_a) | (bi & ~take_a);
-    v16f out;
-    memcpy(&out, &r, sizeof out);
-    return out;
-}
-
-/* 2^x for x <= 0, clamped at -126 (a weight below 1e-37) */
-static inline v16f exp2_16(v16f x) {
-    x = vmax16(x, splat16(-126.0f));
-    v16f shifted = x + splat16(12582912.0f);
-    v16f n = shifted - splat16(12582912.0f);
-    v16f f = x - n;
-    v16f p = splat16(1.5252733804059840e-5f);
-    p = p * f + splat16(1.5403530393381608e-4f);
-    p = p * f + splat16(1.3333558146428443e-3f);
-    p = p * f + splat16(9.6181291076284770e-3f);
-    p = p * f + splat16(5.5504108664821580e-2f);
-    p = p * f + splat16(2.4022650695910071e-1f);
-    p = p * f + splat16(6.9314718055994531e-1f);
-    p = p * f + splat16(1.0f);
-    v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
-    v16f scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
 
 /* One kv head: the rows (token i, group member jj) of flat index r0..r0+rows-1 (r = i * group + jj).
    kt: [head_dim][padded] keys transposed; vc: [len][head_dim] values; s: [TILE][padded] scratch. */
