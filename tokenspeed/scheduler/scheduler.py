@@ -98,6 +98,8 @@ class _Step:
     preempted: bool = False
     # A request waits this step for pages that tier copies hold: no new write-back (see `_add_copies`).
     starved: bool = False
+    # This step's write-back batch went ahead of the admissions (`_writeback_before_admission`).
+    written_back: bool = False
 
     def reserve(self, request: Request, num_tokens: int) -> None:
         """`request` runs this step with `num_tokens` tokens (its row is added later)."""
@@ -290,7 +292,7 @@ class Scheduler:
                 if self._reserve(request, chunk, step):
                     step.add(request, self._make_row(request, chunk))
         if not step.preempted:
-            self._writeback_before_admission()
+            self._writeback_before_admission(step)
             self._admit(step)
         plan = ExecutionPlan(step_id=self._step_id, rows=step.rows)
         self._add_copies(plan, step)
@@ -460,18 +462,20 @@ class Scheduler:
         if session is not None and self.kv.enable_prefix_caching:
             self.kv.retain(request.table, session, request.sampling.cache_ttl)
 
-    def _writeback_before_admission(self) -> None:
-        """A write-back batch ahead of the admissions, when requests wait (their pages evict others).
+    def _writeback_before_admission(self, step: _Step) -> None:
+        """The step's write-back batch ahead of the admissions, when requests wait (their pages evict others).
 
         The batch in `_add_copies` comes after this plan's allocations: a turn that just finished
         left its new pages evictable and not yet on the host, and under a tight pool the next
         admission evicted them at once (drops, re-prefilled on the session's next turn). Copied
         first, they are pinned until their copies land: an admission that needs them waits a step
-        instead (`can_allocate_soon`), and write-back converges, so that wait is bounded.
+        instead (`can_allocate_soon`), and write-back converges, so that wait is bounded. One batch a
+        step either way: `_add_copies` then writes back to disk only.
         """
         batch = self.config.writeback_pages_per_step
         if self.kv.host is not None and batch and (self._waiting or self._retracted):
             self.kv.writeback(batch)
+            step.written_back = True
 
     def _add_copies(self, plan: ExecutionPlan, step: _Step) -> None:
         """Hand the plan the tier copies emitted while it was built, plus this step's write-back batch.
@@ -494,7 +498,8 @@ class Scheduler:
             return
         batch = self.config.writeback_pages_per_step
         if batch:
-            kv.writeback(0 if step.starved else batch, max_disk_pages=batch if kv.disk is not None else 0)
+            device_batch = 0 if step.starved or step.written_back else batch
+            kv.writeback(device_batch, max_disk_pages=batch if kv.disk is not None else 0)
         plan.copies = kv.take_copies()
         # Nothing else to run while copies are in flight (a retraction to land, a disk read): wait for them.
         plan.wait_for_copies = not plan.rows and len(kv.copies) > 0
