@@ -31,7 +31,7 @@ served with a 64K one, so that a quarter of the working set is a real
 quarter of the sessions' 60K+ tokens, and the device pool can still hold one
 max-length request; replies capped at 128 tokens, so that the run is about
 prefill and reuse rather than decode), so sessions reach it only over many
-turns (`--turns`). A configuration that overruns its share of `--budget-s`
+turns (`--turns`; 24 turns grew them to only 55K on an H100, hence 28). A configuration that overruns its share of `--budget-s`
 is reported from the requests that finished (`timed_out`, `requests_finished`).
 On the H200 the LRU baseline re-prefills whole sessions, so split the run:
 `--configs lru`, then the other three with `--merge-from` the first part's
@@ -70,7 +70,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                 host_bytes=1 << 30, session_ttl=300, budget_s=1800, dtype="float32", extra=["--cpu-threads", "1"],
                 layout=dict(layers=4, kv_heads=2, head_dim=32), copy_pages=256),
     "h200": dict(model="qwen3-8b", yarn_context=131072, max_context=65536, plan_context=131072, page_size=16,
-                 concurrency=4, sessions=4, turns=24, reply_cap=128, time_scale=0.01, host_bytes=44 << 30,
+                 concurrency=4, sessions=4, turns=28, reply_cap=128, time_scale=0.01, host_bytes=44 << 30,
                  session_ttl=300, budget_s=290, dtype="bfloat16",
                  extra=["--max-num-seqs", "16", "--cuda-graph-max-bs", "16"],
                  layout=dict(layers=36, kv_heads=8, head_dim=128), copy_pages=512),

@@ -357,6 +357,16 @@ def test_fp8_gemv_keeps_fp16_lanes_in_range_for_any_activation_scale(f16_math: b
     for row in (0, 1, 3):
         assert _rel_err(got[row], want[row]) < TOL[torch.float16], row
     assert not got[2].any()
+    # With the RMSNorm prologue the peak comes from x times the norm weight, scaled by the row's rstd:
+    # a large norm weight makes small inputs large after normalisation.
+    from tokenspeed.kernels.norm.rms_reference import rms_norm_reference
+
+    norm_w = torch.full((k,), 2e3, dtype=torch.float16)
+    small = (torch.randn(2, k, generator=gen) * 1e-3).to(torch.float16)
+    got = fp8_gemv_triton(small, w8, scales, block_size=block_size, config=config, out_dtype=torch.float32,
+                          norm_weight=norm_w, eps=1e-6)
+    want = fp8_gemm_reference(rms_norm_reference(small, norm_w, 1e-6).float(), w8, scales, block_size=block_size)
+    assert got.isfinite().all() and _rel_err(got, want) < TOL[torch.float16]
 
 
 # --- registry ---------------------------------------------------------------------------------

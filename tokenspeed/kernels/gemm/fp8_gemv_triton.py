@@ -51,7 +51,12 @@ program streams gate rows n and up rows n + N, each with its own row block's
 scales: `fits_silu_mul`) and a residual epilogue, rounded step by step as the
 unfused path.
 
-Launched with programmatic dependent launch on Hopper (`kernels/pdl.py`).
+Launched with programmatic dependent launch on Hopper (`kernels/pdl.py`). As in
+`gemv_triton.py`, a program asks for its first weight step before it waits
+for the previous kernel, and for the next step before each step's
+arithmetic; the RMS and the peak of x come from one pass over x. (The first
+version waited, then made two passes over x before its first weight load: a
+few microseconds of latency on a 4096 x 4096 projection that streams in ~4.)
 """
 
 from __future__ import annotations
@@ -112,6 +117,16 @@ def choose_config(k: int) -> list[Fp8GemvConfig]:
 
 
 _TUNER: LaunchTuner[Fp8GemvConfig] = LaunchTuner("gemm.fp8 triton_gemv", lambda key: choose_config(key[1]))
+
+
+@triton.jit
+def _load_w(rows, offs_k, n_mask, K: tl.constexpr, EVEN: tl.constexpr):
+    """`[BLOCK_N, BLOCK_K]` fp8 weights at columns `offs_k` (masked unless the shape is even)."""
+    if EVEN:
+        w = tl.load(rows + offs_k[None, :])
+    else:
+        w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+    return w
 
 
 @triton.jit
@@ -178,9 +193,6 @@ def _fp8_gemv_kernel(
     SILU_MUL: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
-        gdc_wait()
-        gdc_launch_dependents()
     BLOCK_K: tl.constexpr = GROUPS * GROUP_K
     STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     scales_per_row = (K + SCALE_BK - 1) // SCALE_BK
@@ -192,24 +204,37 @@ def _fp8_gemv_kernel(
     n_mask = offs_n < N
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     up_rows = rows + N * stride_wn  # SILU_MUL: the up rows n + N of a [2N, K] weight
+    # The first weight step is requested before the wait and the passes over x below, as in
+    # `gemv_triton.py`: weights never depend on the previous kernel, so their latency overlaps its tail.
+    w_cur = _load_w(rows, offs_k, n_mask, K, EVEN)
+    wu_cur = w_cur
+    if SILU_MUL:
+        wu_cur = _load_w(up_rows, offs_k, n_mask, K, EVEN)
+    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
+        gdc_wait()
+        gdc_launch_dependents()
     x_row = x_ptr + token.to(tl.int64) * stride_xm
     x_cols = offs_g[:, None] * GROUP_K + tl.arange(0, GROUP_K)[None, :]  # [GROUPS, GROUP_K] of a step
     scale_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn  # the program's row block
     up_scale_row = ws_ptr + ((pid_n * BLOCK_N + N) // SCALE_BN) * stride_wsn
     rstd = 0.0
-    if HAS_NORM:  # each program recomputes the row's RMS: K values from L2, cheaper than a norm kernel
+    x_peak = 0.0
+    if HAS_NORM or F16_MATH:  # one pass over x (K values from L2): the row's RMS and its largest magnitude
         squares = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            xv = tl.load(x_row + k0 + offs_k, mask=(k0 + offs_k) < K, other=0.0).to(tl.float32)
-            squares += xv * xv
-        rstd = tl.rsqrt(tl.sum(squares, 0) / K + eps)
-    f = 1.0  # x is scaled by f in the fp16 loop, and the result divided by it
-    if F16_MATH:  # the power of two that keeps every fp16 lane under _LANE_LIMIT (module docstring)
         peak = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            xv = _load_x(x_row, k0 + offs_k, (k0 + offs_k) < K, norm_w_ptr, rstd, HAS_NORM)
-            peak = tl.maximum(peak, tl.abs(xv.to(tl.float32)))
+            k_ok = (k0 + offs_k) < K
+            xv = tl.load(x_row + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            if HAS_NORM:
+                squares += xv * xv
+                xv *= tl.load(norm_w_ptr + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            peak = tl.maximum(peak, tl.abs(xv))
         x_peak = tl.max(peak, 0)
+        if HAS_NORM:  # each program recomputes the row's RMS, cheaper than a norm kernel
+            rstd = tl.rsqrt(tl.sum(squares, 0) / K + eps)
+            x_peak *= rstd  # the normalised peak before its two roundings (< 1% under the bound's 4x headroom)
+    f = 1.0  # x is scaled by f in the fp16 loop, and the result divided by it
+    if F16_MATH:  # the power of two that keeps every fp16 lane under _LANE_LIMIT (module docstring)
         if not ROW_SCALE:  # SCALE_COLS: the row block's scales, padded to a power of two
             offs_s = tl.arange(0, SCALE_COLS)
             s_peak = tl.max(tl.load(scale_row + offs_s, mask=offs_s < scales_per_row, other=0.0), 0)
@@ -226,15 +251,12 @@ def _fp8_gemv_kernel(
         tile = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         tile_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        if EVEN:
-            w = tl.load(rows + (k0 + offs_k)[None, :])
-            if SILU_MUL:
-                wu = tl.load(up_rows + (k0 + offs_k)[None, :])
-        else:
-            w_mask = n_mask[:, None] & ((k0 + offs_k) < K)[None, :]
-            w = tl.load(rows + (k0 + offs_k)[None, :], mask=w_mask, other=0.0)
-            if SILU_MUL:
-                wu = tl.load(up_rows + (k0 + offs_k)[None, :], mask=w_mask, other=0.0)
+        w = w_cur
+        wu = wu_cur
+        nxt = k0 + BLOCK_K + offs_k  # the next step, requested before this one's arithmetic
+        w_cur = tl.load(rows + nxt[None, :], mask=n_mask[:, None] & (nxt < K)[None, :], other=0.0)
+        if SILU_MUL:
+            wu_cur = tl.load(up_rows + nxt[None, :], mask=n_mask[:, None] & (nxt < K)[None, :], other=0.0)
         x = _load_x(x_row, k0 + x_cols, (k0 + x_cols) < K, norm_w_ptr, rstd, HAS_NORM).to(tl.float32)
         xu = x
         if ROW_SCALE:
@@ -311,9 +333,6 @@ def _fp8_gemv_mma_kernel(
     """The same contract on tensor cores (swap-AB): BLOCK_N weight rows as the dot's M side, up to
     BLOCK_T tokens as its N side, one K group of 128 a dot so each group's block scale multiplies
     its partial sum; weights widen to the activation dtype exactly, products are exact in fp32."""
-    if USE_PDL:
-        gdc_wait()
-        gdc_launch_dependents()
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -322,6 +341,13 @@ def _fp8_gemv_mma_kernel(
     t_mask = offs_t < M
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     up_rows = rows + N * stride_wn
+    w_cur = _load_w(rows, offs_k, n_mask, K, False)  # the first group before the wait (see above)
+    wu_cur = w_cur
+    if SILU_MUL:
+        wu_cur = _load_w(up_rows, offs_k, n_mask, K, False)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xm
     scale_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn
     up_scale_row = ws_ptr + ((pid_n * BLOCK_N + N) // SCALE_BN) * stride_wsn
@@ -339,8 +365,9 @@ def _fp8_gemv_mma_kernel(
         k_ok = (k0 + offs_k) < K
         xt = tl.trans(_load_x(x_rows, (k0 + offs_k)[None, :], t_mask[:, None] & k_ok[None, :], norm_w_ptr,
                               rstd[:, None], HAS_NORM))
-        w_mask = n_mask[:, None] & k_ok[None, :]
-        w = tl.load(rows + (k0 + offs_k)[None, :], mask=w_mask, other=0.0).to(xt.dtype)
+        nxt = k0 + GROUP_K + offs_k
+        w = w_cur.to(xt.dtype)
+        w_cur = tl.load(rows + nxt[None, :], mask=n_mask[:, None] & (nxt < K)[None, :], other=0.0)
         if IEEE:
             part = tl.dot(w, xt, input_precision="ieee")
         else:
@@ -349,7 +376,8 @@ def _fp8_gemv_mma_kernel(
             part *= tl.load(scale_row + k0 // SCALE_BK)
         acc += part
         if SILU_MUL:
-            wu = tl.load(up_rows + (k0 + offs_k)[None, :], mask=w_mask, other=0.0).to(xt.dtype)
+            wu = wu_cur.to(xt.dtype)
+            wu_cur = tl.load(up_rows + nxt[None, :], mask=n_mask[:, None] & (nxt < K)[None, :], other=0.0)
             if IEEE:
                 part_up = tl.dot(wu, xt, input_precision="ieee")
             else:
