@@ -232,7 +232,8 @@ def _fp8_gemv_kernel(
         x_peak = tl.max(peak, 0)
         if HAS_NORM:  # each program recomputes the row's RMS, cheaper than a norm kernel
             rstd = tl.rsqrt(tl.sum(squares, 0) / K + eps)
-            x_peak *= rstd  # the normalised peak before its two roundings (< 1% under the bound's 4x headroom)
+            # The normalised peak before its two roundings: < 1% over, under the bound's 4x headroom.
+            x_peak *= rstd
     f = 1.0  # x is scaled by f in the fp16 loop, and the result divided by it
     if F16_MATH:  # the power of two that keeps every fp16 lane under _LANE_LIMIT (module docstring)
         if not ROW_SCALE:  # SCALE_COLS: the row block's scales, padded to a power of two
