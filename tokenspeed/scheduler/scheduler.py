@@ -43,9 +43,10 @@ with a `cache_session` has its pages retained for its TTL (retention.py).
 newly full pages and frees finished requests' pages at once; for verify rows
 it also rolls back the pages of rejected drafts. With overlap,
 `advance_provisional` + `resolve` split it in two around the device's work
-(see `provisional.py`). Admission/preemption mechanics live here; per-row
-bookkeeping of `advance` lives in `stepping.py`, drafting in
-`speculation.py`, to keep each file to one concern.
+(see `provisional.py`). Admission/preemption mechanics live here; building a
+row in `rows.py`, per-row bookkeeping of `advance` in `stepping.py`, drafting
+in `speculation.py`, the invariant check in `invariants.py`, to keep each file
+to one concern.
 """
 
 from __future__ import annotations
@@ -70,11 +71,12 @@ from tokenspeed.scheduler.fsm import (
     Restore,
     Retract,
     Retracted,
-    Waiting,
 )
-from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID, ExecutionPlan, ExecutionResult, ScheduledRow
+from tokenspeed.scheduler.invariants import check_scheduler_invariants
+from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ScheduledRow
 from tokenspeed.scheduler.provisional import UnresolvedStep, placeholder_result, resolve_step, unresolved_step
 from tokenspeed.scheduler.request import Request
+from tokenspeed.scheduler.rows import make_row
 from tokenspeed.scheduler.sampling_params import SamplingParams
 from tokenspeed.scheduler.speculation import RowDrafts, Speculation, SpeculationStats
 from tokenspeed.scheduler.stepping import advance_row, publish
@@ -283,14 +285,14 @@ class Scheduler:
             drafts, used = self.speculation.plan_drafts(decoders, step.budget, self.kv)
             step.budget -= used
         for request in decoders:
-            step.add(request, self._make_row(request, 1, drafts.get(id(request))))
+            step.add(request, make_row(request, 1, self.kv, drafts.get(id(request))))
         for request in [r for r in self._running if isinstance(r.state, Prefilling)]:
             if step.budget == 0:
                 break
             if request.is_running:
                 chunk = min(request.num_uncomputed_tokens, step.budget)
                 if self._reserve(request, chunk, step):
-                    step.add(request, self._make_row(request, chunk))
+                    step.add(request, make_row(request, chunk, self.kv))
         if not step.preempted:
             self._writeback_before_admission(step)
             self._admit(step)
@@ -357,7 +359,7 @@ class Scheduler:
             self._release(request.apply(Admit(table)))
             bisect.insort(self._running, request, key=_arrival)
             step.reserve(request, chunk)
-            step.add(request, self._make_row(request, chunk))
+            step.add(request, make_row(request, chunk, self.kv))
 
     def _restore(self, step: _Step) -> bool:
         """Bring retracted requests back, oldest first; False if admission must stop here (FIFO)."""
@@ -387,50 +389,8 @@ class Scheduler:
             self.kv.allocate(table, self.kv.pages_for(request.num_computed_tokens + chunk) - len(table))
             bisect.insort(self._running, request, key=_arrival)
             step.reserve(request, chunk)
-            step.add(request, self._make_row(request, chunk))
+            step.add(request, make_row(request, chunk, self.kv))
         return True
-
-    def _make_row(self, request: Request, chunk: int, drafts: RowDrafts | None = None) -> ScheduledRow:
-        """The row computing the next `chunk` tokens (and verifying `drafts`); indexes the pages it fills
-        (module docstring: drafts are not indexed, they are not computed until accepted)."""
-        start = request.num_computed_tokens
-        end = start + chunk
-        sample = end == request.num_tokens
-        logprobs_start: int | None = None
-        # Position p carries the logprob of prompt token p + 1, so the last one is P - 2.
-        if request.sampling.prompt_logprobs is not None and request.prompt_logprobs_next < min(
-            end, request.num_prompt_tokens - 1
-        ):
-            assert request.prompt_logprobs_next >= start, "prompt logprob positions skipped"
-            logprobs_start = request.prompt_logprobs_next
-        size = self.config.page_size
-        if end // size > start // size:  # the row fills a page (else it has nothing new to index)
-            publish(request, self.kv, upto=end)
-        table = request.table
-        first_new_page = request.num_pages_sent
-        request.num_pages_sent = len(table)
-        num_prompt = len(request.prompt_token_ids)
-        if start >= num_prompt:  # decoding, or recomputing outputs: a plain slice, no TokenView
-            inputs = request.output_token_ids[start - num_prompt : end - num_prompt]
-        else:
-            inputs = request.all_token_ids[start:end]
-        row = ScheduledRow(
-            request_id=request.request_id,
-            input_token_ids=inputs,
-            start_position=start,
-            first_new_page=first_new_page,
-            new_page_ids=table.pages_from(first_new_page),
-            sampling=request.sampling,
-            sample=sample,
-            seed=request.seed,
-            sample_index=len(request.output_token_ids),
-            prompt_logprobs_start=logprobs_start,
-            num_draft_tokens=0 if drafts is None else drafts.num_draft_tokens,
-            draft_token_ids=[] if drafts is None else drafts.draft_token_ids,
-        )
-        if logprobs_start is not None or (sample and request.sampling.needs_penalties):
-            row.prompt_token_ids, row.output_token_ids = request.prompt_token_ids, request.output_token_ids
-        return row
 
     def _preempt(self, request: Request) -> None:
         """Recompute later: publish what is computed (so it can be matched back), free the pages."""
@@ -581,47 +541,10 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         """Raise AssertionError unless queues, states and page ownership agree (call between steps)."""
-        self.kv.check_invariants()
-        owned: list[BlockTable] = []
-        for request in self._running:
-            state = request.state
-            assert isinstance(state, (Prefilling, Decoding)), f"{request.request_id} runs in {state}"
-            owned.append(state.table)
-            if isinstance(state, Decoding):
-                assert request.num_uncomputed_tokens == 1, f"{request.request_id} decodes with more to compute"
-            else:
-                assert request.num_uncomputed_tokens >= 1, f"{request.request_id} prefills with nothing left"
-            assert len(state.table) >= self.kv.pages_for(request.num_computed_tokens), "computed KV has no page"
-            if self._inflight is None:  # between steps a request holds the pages of its computed tokens only
-                assert len(state.table) == self.kv.pages_for(request.num_computed_tokens), (
-                    f"{request.request_id} holds {len(state.table)} pages for {request.num_computed_tokens} "
-                    "computed tokens (pages of rejected drafts not rolled back?)"
-                )
-        for request in self._running + self._waiting + self._retracted:
-            outputs = request.output_token_ids
-            holes = [i for i, t in enumerate(outputs) if t == PLACEHOLDER_TOKEN_ID]
-            assert holes in ([], [len(outputs) - 1]), f"{request.request_id} has placeholders at {holes}"
-            assert not holes or self._unresolved is not None, f"{request.request_id} keeps a resolved placeholder"
-            assert not holes or request.num_uncomputed_tokens >= 1, f"{request.request_id} computed a placeholder"
-        for request in self._waiting:
-            assert isinstance(request.state, Waiting), f"{request.request_id} queued in {request.state}"
-            assert request.num_computed_tokens == 0, f"waiting {request.request_id} claims computed tokens"
-        for request in self._retracted:
-            state = request.state
-            assert isinstance(state, Retracted), f"{request.request_id} retracted in {state}"
-            state.retraction.ensure_live()
-            assert request.num_computed_tokens == 0, f"retracted {request.request_id} claims computed tokens"
-            assert state.retraction.num_computed_tokens < request.num_tokens, "a retraction saved an uncomputed token"
-        queued = self._running + self._waiting + self._retracted
-        assert len({id(r) for r in queued}) == len(queued) == len(self._streams), "a request is lost or queued twice"
-        assert all(self._streams.get(r.request_id) is r for r in queued), "queues and request ids disagree"
-        for queue in (self._running, self._waiting, self._retracted):
-            keys = [r.arrival for r in queue]
-            assert keys == sorted(keys), "a queue is out of arrival order"
-        holders = {id(t) for t in self.kv.pool.live_holders()}
-        assert holders == {id(t) for t in owned}, (
-            f"{len(holders)} live BlockTables but running requests own {len(owned)}: a handle leaked"
-        )
+        check_scheduler_invariants(
+            self.kv, self._running, self._waiting, self._retracted, self._streams,
+            between_steps=self._inflight is None, provisional=self._unresolved is not None,
+        )  # fmt: skip
 
     # ---- helpers ------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from tokenspeed.scheduler.updates import RequestUpdate
 def publish(request: Request, kv: KVCache, upto: int | None = None) -> None:
     """Index the request's full pages of positions `< upto` (default: its computed tokens).
 
-    The scheduler passes a row's end when it schedules the row (see `Scheduler._make_row`):
+    The scheduler passes a row's end when it schedules the row (see `rows.make_row`):
     the pages are computed by that step, before any later step runs. A placeholder
     sample is never indexed: it is never computed, and a scheduled row stops short of it.
     """
