@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Device run D of wave 2 (one call): the FP8 GPU tests (issue 16), Llama-3.1-8B bs1 FP8 vs bf16 with a
-# kernel table of the decode step per variant (`fp8_e2e.py --sections llama --profile`), then parts
+# Device run D of wave 2 (one call): the FP8 GPU tests (issue 16), the FP8 kernel benchmark against its
+# ceilings (KERNELS_S seconds, 0 = skip), FP8 end to end (E2E_SECTIONS, default llama: bs1 FP8 vs bf16
+# with a kernel table of the decode step per variant, `fp8_e2e.py --profile`), then parts
 # of issue 13's KV-tier benchmark on the Qwen3-8B preset (KV_PARTS="CONFIGS:BUDGET ...", "": none; a
 # later call merges more with KV_ARGS="--merge-from F"). Outputs: at most 8 files (tarballs). Carry .whl_gpu.
 cd "$(dirname "$0")/.."
@@ -13,8 +14,12 @@ if [ "${TESTS_S:-110}" != 0 ]; then
   echo "tests rc=$? t=$(( $(date +%s)-T0 ))" >> $OUT/summary.txt
 fi
 mkdir -p /tmp/fp8
+if [ "${KERNELS_S:-0}" != 0 ]; then
+  timeout $KERNELS_S python3 benchmarks/fp8_kernels.py --out /tmp/fp8/fp8_kernels.json > /tmp/fp8/fp8_kernels.log 2>&1
+  echo "fp8 kernels rc=$? t=$(( $(date +%s)-T0 ))" >> $OUT/summary.txt
+fi
 if [ "${E2E_S:-90}" != 0 ]; then
-  timeout ${E2E_S:-90} python3 benchmarks/fp8_e2e.py --sections llama --profile --out /tmp/fp8/fp8_e2e_llama.json \
+  timeout ${E2E_S:-90} python3 benchmarks/fp8_e2e.py --sections ${E2E_SECTIONS:-llama} --profile --out /tmp/fp8/fp8_e2e.json \
     > /tmp/fp8/fp8_e2e.log 2>&1
   echo "fp8 e2e rc=$? t=$(( $(date +%s)-T0 ))" >> $OUT/summary.txt
 fi
