@@ -18,8 +18,10 @@ Per configuration, from the per-request records: re-prefilled tokens (tokens
 a turn could have reused from its session's previous turn but computed
 again), the cache hit rate of those reusable tokens, all prompt tokens
 prefilled, TTFT p50/p99, output TPS per user and total TPM per GPU of the
-point (counted "at the floor" only when TPS/user >= 70), and the server's
-tier counters (`/debug/kv`). The `bandwidth` section measures, in the same
+point (counted "at the floor" only when TPS/user >= 70), the server's
+tier counters (`/debug/kv`) and the mean queue time of the requests (the
+server's `tokenspeed_request_queue_time_seconds`) with its share of the mean
+TTFT. The `bandwidth` section measures, in the same
 run, a plain pinned host<->device copy and the engine's own batched tier
 copies (`executor/kv_tiers.py`) on the preset's page layout, and their ratio.
 
@@ -58,6 +60,7 @@ from typing import Any
 
 import httpx
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.bench.metrics import percentile
@@ -224,6 +227,32 @@ def reuse_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
             "prompt_tokens": prompts, "prefilled_tokens": prefilled, "longest_context_tokens": longest}
 
 
+def queue_seconds(url: str) -> tuple[float, float]:
+    """(sum, count) of the server's `tokenspeed_request_queue_time_seconds` histogram."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "tokenspeed_request_queue_time_seconds":
+            values = {s.name: s.value for s in family.samples if not s.labels or "le" not in s.labels}
+            return values[family.name + "_sum"], values[family.name + "_count"]
+    return 0.0, 0.0
+
+
+def queue_share(records: list[dict[str, Any]], before: tuple[float, float], after: tuple[float, float]) -> dict[str, Any]:
+    """Mean queue time of the bench's requests (scheduler: submit to admission) and its share of mean TTFT.
+
+    Under a pool that holds one long request at a time the agents take turns, and the wait for the
+    pool, not the request's own restore or prefill, can make most of its TTFT: this says how much.
+    """
+    count = after[1] - before[1]
+    ttfts = [r["ttft_s"] for r in records if r.get("error") is None and r.get("ttft_s") is not None]
+    if not count or not ttfts:
+        return {}
+    queue_ms = (after[0] - before[0]) / count * 1e3
+    ttft_ms = sum(ttfts) / len(ttfts) * 1e3
+    return {"queue_time_mean_ms": round(queue_ms, 1), "ttft_mean_ms": round(ttft_ms, 1),
+            "queue_share_of_ttft": round(queue_ms / ttft_ms, 3) if ttft_ms else None}
+
+
 def _percentile(values: list[float], q: float) -> float | None:
     return round(percentile(values, q), 1) if values else None
 
@@ -259,6 +288,7 @@ def run_config(name: str, host: bool, retention: bool, mode: str, preset: dict[s
                      *(["--plan-context", str(preset["plan_context"])] if preset.get("plan_context") else []),
                      *(["--output-len", str(preset["reply_cap"])] if preset.get("reply_cap") else []),
                      "--label", name, "--session-key", "--ignore-eos", "--no-progress", "--no-calibrate"]
+            queue_before = queue_seconds(url)
             left = max(30.0, timeout_s - (time.monotonic() - started))
             try:
                 subprocess.run(bench, check=True, timeout=left, stdout=subprocess.DEVNULL)
@@ -266,6 +296,7 @@ def run_config(name: str, host: bool, retention: bool, mode: str, preset: dict[s
             except subprocess.TimeoutExpired:
                 row["timed_out"] = True
             tiers = httpx.get(url + "/debug/kv", timeout=10).json().get("kv_tiers", {})
+            queue_after = queue_seconds(url)
         finally:
             server.terminate()
             try:
@@ -274,6 +305,7 @@ def run_config(name: str, host: bool, retention: bool, mode: str, preset: dict[s
                 server.kill()
     records = [json.loads(line) for path in folder.glob("requests-*.jsonl") for line in path.read_text().splitlines()]
     row.update(reuse_metrics(records))
+    row.update(queue_share(records, queue_before, queue_after))
     row["tier_counters"] = tiers.get("counters", {})
     if row["timed_out"]:  # what the requests that finished say (the bench writes each as it ends)
         ttfts = sorted(r["ttft_s"] * 1e3 for r in records if r.get("error") is None and r.get("ttft_s") is not None)

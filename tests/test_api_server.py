@@ -180,8 +180,11 @@ def test_prometheus_scrape_parses(http, oai):
     assert value["tokenspeed_prompt_tokens_total"] > 0 and value["tokenspeed_generation_tokens_total"] > 0
     assert families["tokenspeed_cached_prompt_tokens"].type == "counter"
     for name in ("tokenspeed_time_to_first_token_seconds", "tokenspeed_inter_token_latency_seconds",
-                 "tokenspeed_e2e_request_latency_seconds"):
+                 "tokenspeed_e2e_request_latency_seconds", "tokenspeed_request_queue_time_seconds"):
         assert families[name].type == "histogram" and value[name + "_count"] > 0
+    # The queue time is the part of TTFT spent before the scheduler admitted the request.
+    queue, ttft = "tokenspeed_request_queue_time_seconds", "tokenspeed_time_to_first_token_seconds"
+    assert value[queue + "_count"] <= value[ttft + "_count"] and value[queue + "_sum"] <= value[ttft + "_sum"]
 
 
 def test_100_concurrent_streams_complete_with_exact_usage(server, http):

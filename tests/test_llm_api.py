@@ -26,6 +26,7 @@ def test_generate_returns_vllm_shaped_outputs(llm):
         completion = o.outputs[0]
         assert len(completion.token_ids) == 8 and completion.finish_reason == "length"
         assert completion.text == llm.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        assert 0.0 <= o.metrics["time_in_queue"] < 60.0  # vLLM's RequestMetrics name: submit to admission
 
 
 def test_token_id_prompts_and_text_prompts_agree(llm):

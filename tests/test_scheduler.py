@@ -205,6 +205,25 @@ def test_admission_is_bounded_by_max_num_seqs_and_free_pages() -> None:
     assert {u for u in run_all(s, ex)} == {"r0", "r1", "r2"}
 
 
+def test_queue_time_runs_from_submit_to_first_admission_and_is_reported_once() -> None:
+    """What `tokenspeed_request_queue_time_seconds` shows: the wait for a slot, on the first tokens' update."""
+    now = [100.0]
+    config = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, max_model_len=128, page_size=4, num_pages=64)
+    s = Scheduler(config, clock=lambda: now[0])
+    ex = SimulatedExecutor(64, 4, history=s.token_history)
+    s.submit("a", [1] * 5, params(max_tokens=2))
+    s.submit("b", [2] * 5, params(max_tokens=2))
+    now[0] += 0.5
+    reported: dict[str, list[float | None]] = {"a": [], "b": []}
+    while s.has_unfinished():
+        for update in step(s, ex)[1]:
+            if update.new_token_ids:
+                reported[update.request_id].append(update.queue_time_s)
+        now[0] += 1.0
+    # a is admitted at 100.5; b waits for a's two steps (a slot): admitted at 102.5.
+    assert reported == {"a": [0.5, None], "b": [2.5, None]}
+
+
 def test_prefix_reuse_across_turns_and_same_output_without_cache() -> None:
     prefix = list(range(1000, 1200))
     results = {}

@@ -96,6 +96,8 @@ class Generation:
             for stream in delta.deltas:
                 if stream.finish_reason == "stop" and isinstance(stream.stop_reason, int):
                     stream.text = stream.text.removesuffix(self.engine.tokenizer.decode([stream.stop_reason]))
+        if delta.queue_time_s is not None:
+            self.timer.queued(delta.queue_time_s)
         count = sum(len(d.token_ids) for d in delta.deltas)
         self.num_generated += count
         self.timer.tokens(count)

@@ -4,7 +4,8 @@ Engine-side numbers (running/waiting requests, KV pages, token totals) are
 read from `engine.stats()` at scrape time by a custom collector, so they are
 never stale and cost nothing between scrapes. Latencies are only visible
 here, where the client's clock starts: TTFT runs from the request's arrival
-to its first token, inter-token latency is observed once per token (a step
+to its first token (of which the queue time, measured by the scheduler from
+submit to first admission, is the part spent waiting for a slot or pages), inter-token latency is observed once per token (a step
 that delivers k tokens, e.g. speculative decoding, counts k gaps of 1/k), and
 end-to-end latency runs to the last token. Each app has its own registry, so
 several apps (tests) never collide in the global one.
@@ -25,6 +26,7 @@ from tokenspeed.engine.stream import EngineStats
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0)
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+_QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, *_E2E_BUCKETS)
 
 
 class _EngineCollector(Collector):
@@ -140,6 +142,9 @@ class ServerMetrics:
                               buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.inter_token = Histogram("tokenspeed_inter_token_latency_seconds", "Gap between output tokens.",
                                      buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.queue = Histogram("tokenspeed_request_queue_time_seconds", "Submit to first admission in the "
+                               "scheduler: the part of TTFT spent waiting for a slot or KV pages.",
+                               buckets=_QUEUE_BUCKETS, registry=self.registry)
         self.e2e = Histogram("tokenspeed_e2e_request_latency_seconds", "Arrival to last output token.",
                              buckets=_E2E_BUCKETS, registry=self.registry)
         self.finished = Counter("tokenspeed_requests", "Finished requests by finish reason.",
@@ -172,6 +177,10 @@ class RequestTimer:
             for _ in range(count):
                 self.metrics.inter_token.observe(gap)
         self._last_token = now
+
+    def queued(self, seconds: float) -> None:
+        """The engine's queue time of this request (reported once, with its first tokens)."""
+        self.metrics.queue.observe(seconds)
 
     def finished(self, reasons: list[str]) -> None:
         if self._done:

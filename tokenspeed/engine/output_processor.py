@@ -57,6 +57,8 @@ class _RequestState:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
     sent_prompt_logprobs: bool = False
+    queue_time_s: float | None = None  # child 0's, as num_cached_tokens
+    sent_queue_time: bool = False
 
     def finished(self) -> bool:
         return len(self.streams) == self.sampling.n and all(
@@ -192,6 +194,9 @@ class OutputProcessor:
             state.sent_prompt_logprobs = True
         if not deltas and prompt_logprobs is None:
             return None
+        queue_time = None
+        if state.queue_time_s is not None and not state.sent_queue_time:
+            queue_time, state.sent_queue_time = state.queue_time_s, True
         return RequestDelta(
             request_id=state.request_id,
             deltas=deltas,
@@ -199,6 +204,7 @@ class OutputProcessor:
             num_cached_tokens=state.num_cached_tokens,
             prompt_logprobs=prompt_logprobs,
             finished=finished,
+            queue_time_s=queue_time,
         )
 
     def _stream(self, state: _RequestState, index: int) -> _Stream:
@@ -223,6 +229,8 @@ class OutputProcessor:
     def _apply(self, state: _RequestState, index: int, update: RequestUpdate) -> None:
         if index == 0:
             state.num_cached_tokens = max(state.num_cached_tokens, update.num_cached_tokens)
+            if update.queue_time_s is not None:
+                state.queue_time_s = update.queue_time_s
             if update.new_prompt_logprobs and state.prompt_logprobs is not None:
                 state.prompt_logprobs.extend(self._decode_logprobs(p) for p in update.new_prompt_logprobs)
         stream = self._stream(state, index)
@@ -291,4 +299,5 @@ class OutputProcessor:
             outputs=outputs,
             finished=finished,
             num_cached_tokens=state.num_cached_tokens,
+            metrics={} if state.queue_time_s is None else {"time_in_queue": state.queue_time_s},
         )

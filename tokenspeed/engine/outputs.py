@@ -39,4 +39,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
+    # "time_in_queue" (as vLLM's RequestMetrics): seconds from the scheduler's submit to the first admission.
     metrics: dict[str, float] = field(default_factory=dict)

@@ -33,6 +33,7 @@ class RequestDelta:
     num_cached_tokens: int
     prompt_logprobs: list[PositionLogprobs | None] | None  # on the first delta that has them
     finished: bool  # all n streams finished
+    queue_time_s: float | None = None  # submit to first admission in the scheduler, on one delta only
 
 
 @dataclass(slots=True)
@@ -77,5 +78,7 @@ def merge_deltas(earlier: RequestDelta, later: RequestDelta) -> RequestDelta:
     earlier.num_cached_tokens = max(earlier.num_cached_tokens, later.num_cached_tokens)
     if earlier.prompt_logprobs is None:
         earlier.prompt_logprobs = later.prompt_logprobs
+    if earlier.queue_time_s is None:
+        earlier.queue_time_s = later.queue_time_s
     earlier.finished = earlier.finished or later.finished
     return earlier

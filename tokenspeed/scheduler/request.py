@@ -80,6 +80,8 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prefix-cache hit at the first admission; -1 until then
+    submitted_at: float = 0.0  # the scheduler's clock at submit
+    queue_time_s: float | None = None  # submit to first admission; None until then (reported once)
     prompt_logprobs_next: int = 0  # first prompt position whose logprob was not returned yet
     num_pages_sent: int = 0  # leading pages of the table the executor holds (plans are incremental)
     draft_state: DraftState | None = None  # recent draft acceptance (speculative decoding), once it drafted

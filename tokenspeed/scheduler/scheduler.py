@@ -124,8 +124,9 @@ class Scheduler:
         self, config: SchedulerConfig, drafter: Drafter | None = None, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         """`drafter`: the host drafter of `config.speculation` (n-gram, suffix); None otherwise.
-        `clock`: seconds, for session retention's expiries (tests drive it)."""
+        `clock`: seconds, for session retention's expiries and the requests' queue times (tests drive it)."""
         self.config = config
+        self._clock = clock
         if config.speculation is None and drafter is not None:
             raise ValueError("a drafter was given but speculative decoding is off (config.speculation is None)")
         self.speculation = None if config.speculation is None else Speculation(config.speculation, drafter)
@@ -218,6 +219,7 @@ class Scheduler:
             max_output_tokens=max_output,
             stop_token_ids=sampling.stop_ids(),
             ready=ready,
+            submitted_at=self._clock(),
         )
         self._next_arrival += 1
         self._streams[request_id] = request
@@ -354,8 +356,9 @@ class Scheduler:
             self.kv.allocate(table, grow)
             self._waiting.pop(position)
             request.num_computed_tokens = computed
-            if request.num_cached_tokens < 0:
+            if request.num_cached_tokens < 0:  # its first admission
                 request.num_cached_tokens = computed
+                request.queue_time_s = self._clock() - request.submitted_at
             self._release(request.apply(Admit(table)))
             bisect.insort(self._running, request, key=_arrival)
             step.reserve(request, chunk)

@@ -144,4 +144,5 @@ def _update(
         new_prompt_logprobs=prompt_logprobs,
         num_prompt_tokens=request.num_prompt_tokens,
         num_cached_tokens=max(0, request.num_cached_tokens),
+        queue_time_s=request.queue_time_s if tokens and len(request.output_token_ids) == len(tokens) else None,
     )

@@ -20,3 +20,5 @@ class RequestUpdate:
     stop_reason: int | str | None = None  # the stop token id (str stops are set by the engine)
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    # Seconds from submit to the first admission, on the request's first update with tokens only.
+    queue_time_s: float | None = None
