@@ -29,7 +29,8 @@ from tokenspeed.kernels.attention.paged_reference import (
     decode_attention_reference,
     extend_attention_reference,
 )
-from tokenspeed.kernels.kvstore.reference import write_kv_reference
+from tokenspeed.kernels.kvstore.reference import rope_write_reference, write_kv_reference
+from tokenspeed.kernels.kvstore.rope_write_triton import rope_write_triton
 from tokenspeed.kernels.kvstore.write_triton import write_kv_triton
 from tokenspeed.kernels.mla.decode_plan import DecodeLaunch
 from tokenspeed.kernels.mla.decode_triton import mla_decode_triton
@@ -99,6 +100,29 @@ def test_kv_write_stores_the_reference_codes(kind: str) -> None:
         _bits(quantize_kv(k[slots >= 0], unit if k_scale is None else k_scale)),
     )
     assert not caches[0].view(-1, kv_heads, dim)[[1, 2, 4]].float().any()  # untouched slots
+
+
+@interpreted
+@pytest.mark.parametrize("kind", ["per-head", "per-tensor", "none"])
+def test_rope_write_stores_the_reference_codes(kind: str) -> None:
+    """The fused RoPE + store quantises the rotated k (and v) to the codes the unfused kernels store."""
+    gen = torch.Generator().manual_seed(2)
+    tokens, heads, kv_heads, dim, page_size = 7, 6, 3, 24, 4
+    # fp16, not bf16: the interpreter rounds fp32 -> bf16 otherwise than torch (the GPU tests take bf16).
+    q = torch.randn(tokens, heads, dim, generator=gen).to(torch.float16)
+    k = (torch.randn(tokens, kv_heads, dim, generator=gen) * HEAD_RANGES.view(3, 1)).to(torch.float16)
+    v = torch.randn(tokens, kv_heads, dim, generator=gen).to(torch.float16)
+    cos, sin = torch.randn(32, dim // 2, generator=gen), torch.randn(32, dim // 2, generator=gen)
+    positions = torch.tensor([3, 0, 31, 9, 9, 2, 17])
+    k_scale, v_scale = _scales(kind, kv_heads)
+    slots = torch.tensor([5, -1, 0, 9, 3, -1, 11])
+    caches = [torch.zeros(4, page_size, kv_heads, dim, dtype=FP8_DTYPE) for _ in range(4)]
+    got = rope_write_triton(q.clone(), k, v, positions, cos, sin, caches[0], caches[1], slots,
+                            k_scale=k_scale, v_scale=v_scale)
+    want = rope_write_reference(q, k, v, positions, cos, sin, caches[2], caches[3], slots,
+                                k_scale=k_scale, v_scale=v_scale)
+    assert torch.equal(got, want)
+    assert torch.equal(_bits(caches[0]), _bits(caches[2])) and torch.equal(_bits(caches[1]), _bits(caches[3]))
 
 
 def test_kv_scales_are_refused_where_they_cannot_apply() -> None:

@@ -38,7 +38,8 @@ from tokenspeed.kernels.attention.paged_reference import (
     extend_attention_reference,
     verify_attention_reference,
 )
-from tokenspeed.kernels.kvstore.reference import write_kv_reference
+from tokenspeed.kernels.kvstore.reference import rope_write_reference, write_kv_reference
+from tokenspeed.kernels.kvstore.rope_write_triton import rope_write_triton
 from tokenspeed.kernels.kvstore.write_triton import write_kv_triton
 from tokenspeed.kernels.norm.rms_reference import rms_norm_reference
 from tokenspeed.kernels.norm.rms_triton import rms_norm_triton
@@ -261,6 +262,40 @@ def test_backend_prefill_decode_and_verify_match_reference_backend() -> None:
         torch.testing.assert_close(caches[0], caches[2], rtol=0, atol=0)
 
 
+@interpreted
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_attention_layer_fused_rope_write_equals_the_separate_kernels(qk_norm: bool) -> None:
+    """`GQAAttention` with `kvstore.rope_write` (the Triton kernel, as on CUDA) against the same layer running
+    q/k norm, RoPE and the store as separate kernels (its REFERENCE, as on the CPU): prefill then decode."""
+    from tokenspeed.layers.attention import GQAAttention
+    from tokenspeed.layers.rope_scaling import RopeConfig
+    from tokenspeed.layers.rotary_embedding import RotaryEmbedding
+
+    torch.manual_seed(0)
+    heads, kv_heads, dim, page_size = 4, 2, 16, 4
+    rotary = RotaryEmbedding(RopeConfig(), head_dim=dim, max_position_embeddings=64)
+    layer = GQAAttention(hidden_size=32, num_heads=heads, num_kv_heads=kv_heads, head_dim=dim, rotary=rotary,
+                         qk_norm_eps=1e-6 if qk_norm else None)
+    for name, param in layer.named_parameters():
+        param.data.copy_(torch.rand_like(param) + 0.5 if "norm" in name else torch.randn_like(param) * 0.2)
+    assert layer.rope_write is None  # CPU: the separate kernels
+    pages = [[3, 0, 5], [1, 4]]
+    caches = [torch.zeros(6, page_size, kv_heads, dim) for _ in range(4)]
+    for step_rows in (
+        [RowSpec([0] * 9, 0, pages[0]), RowSpec([0] * 5, 0, pages[1])],
+        [RowSpec([0], 9, pages[0]), RowSpec([0], 5, pages[1])],
+    ):
+        batch = build_forward_batch(step_rows, page_size, logits_indices=[])
+        hidden = torch.randn(batch.num_tokens, 32)
+        layer.rope_write = None
+        want = layer(batch.positions, hidden, batch.attn, caches[2], caches[3])
+        layer.rope_write = rope_write_triton
+        got = layer(batch.positions, hidden, batch.attn, caches[0], caches[1])
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(caches[0], caches[2], rtol=2e-6, atol=2e-6)
+        torch.testing.assert_close(caches[1], caches[3], rtol=0, atol=0)
+
+
 def test_backend_selection_on_cuda_and_reference_override(monkeypatch: pytest.MonkeyPatch) -> None:
     picked = PagedAttentionBackend.select(
         platform="cuda", dtype=torch.bfloat16, head_dim=128, sliding_window=True
@@ -314,6 +349,46 @@ def test_rope_in_place_matches_reference(dtype: torch.dtype, rotary_half: int) -
     assert got_q.data_ptr() == qkv.data_ptr()  # rotated in place
     torch.testing.assert_close(got_q, want_q, rtol=TOL[dtype], atol=TOL[dtype])
     torch.testing.assert_close(got_k, want_k, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@interpreted
+@pytest.mark.parametrize(
+    ("dtype", "rotary_half", "norm"), [(torch.float32, 8, False), (torch.float16, 6, False), (torch.float16, 8, True),
+                                       (torch.float32, 6, True)]
+)
+def test_rope_write_matches_norm_rope_and_store_one_after_the_other(
+    dtype: torch.dtype, rotary_half: int, norm: bool
+) -> None:
+    """The fused kernel against q/k norm, RoPE and the K/V store run in turn: partial rotary (12 of 16
+    channels), Qwen3's per-head norms, padding slots (-1) left untouched, q rotated in place."""
+    gen = torch.Generator().manual_seed(6)
+    tokens, heads, kv_heads, dim, page_size = 5, 4, 2, 16, 4
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(dtype)
+    q = qkv[:, : heads * dim].view(tokens, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+    cos = torch.randn(64, rotary_half, generator=gen)
+    sin = torch.randn(64, rotary_half, generator=gen)
+    positions = torch.tensor([0, 63, 7, 7, 30])
+    slots = torch.tensor([5, -1, 0, 9, 3], dtype=torch.int32)
+    weights = {}
+    if norm:
+        weights = {"q_norm_weight": (torch.rand(dim, generator=gen) + 0.5).to(dtype),
+                   "k_norm_weight": (torch.rand(dim, generator=gen) + 0.5).to(dtype), "norm_eps": 1e-6}
+    caches = [torch.full((4, page_size, kv_heads, dim), 7.0, dtype=dtype) for _ in range(4)]
+    want_q = rope_write_reference(q.clone(), k.clone(), v.clone(), positions, cos, sin, caches[2], caches[3], slots,
+                                  **weights)
+    got_q = rope_write_triton(q, k, v, positions, cos, sin, caches[0], caches[1], slots, **weights)
+    assert got_q.data_ptr() == qkv.data_ptr()  # rotated in place
+    if norm:  # the norm's sum of squares runs in another order: a last-bit rounding may differ
+        torch.testing.assert_close(got_q, want_q, rtol=TOL[dtype], atol=TOL[dtype])
+        torch.testing.assert_close(caches[0], caches[2], rtol=TOL[dtype], atol=TOL[dtype])
+    else:
+        assert torch.equal(got_q, want_q) and torch.equal(caches[0], caches[2])
+    assert torch.equal(caches[1], caches[3])
+    untouched = torch.ones(4 * page_size, dtype=torch.bool)
+    untouched[slots[slots >= 0].long()] = False
+    assert bool((caches[0].view(-1, kv_heads, dim)[untouched] == 7.0).all())
 
 
 @interpreted

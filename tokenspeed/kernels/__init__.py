@@ -1,6 +1,7 @@
 """Kernel layer: every hot op is resolved through the registry (see `registry.py`).
 
 Families and modes: `attention.{decode,extend}`, `kvstore.write`,
+`kvstore.rope_write` (q/k norm, RoPE and the store as one kernel),
 `norm.rms`, `rope.apply`, `activation.silu_and_mul`, `sampling.sample`,
 `sampling.bitmask` (grammar masks, structured output). Each has
 a torch REFERENCE (cpu and cuda) and a Triton PORTABLE kernel (cuda only; the

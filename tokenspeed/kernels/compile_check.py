@@ -83,7 +83,7 @@ def _signature(config: KernelConfig) -> tuple[dict[str, Any], dict[tuple[int, ..
 def serving_configs() -> Iterator[KernelConfig]:
     from tokenspeed.kernels.activation import silu_triton
     from tokenspeed.kernels.attention import decode_triton, extend_triton
-    from tokenspeed.kernels.kvstore import write_triton
+    from tokenspeed.kernels.kvstore import rope_write_triton, write_triton
     from tokenspeed.kernels.norm import rms_triton
     from tokenspeed.kernels.rope import rope_triton
     from tokenspeed.kernels.sampling import sample_triton
@@ -147,6 +147,16 @@ def serving_configs() -> Iterator[KernelConfig]:
         dict(NUM_Q_HEADS=32, NUM_K_HEADS=8, HALF=64, BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64, USE_PDL=True),
         pointers={"positions_ptr": "i64", "cos_ptr": "fp32", "sin_ptr": "fp32"},
     )
+    for fp8, norm in ((False, False), (False, True), (True, True)):
+        yield KernelConfig(
+            f"kvstore.rope_write fp8={fp8} qk_norm={norm}",
+            rope_write_triton._rope_write_kernel,
+            dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, HALF=64, REST=0, PAGE_SIZE=16, BLOCK_QH=32)
+            | dict(BLOCK_KH=8, BLOCK_HALF=64, BLOCK_REST=1, BLOCK_D=128, HAS_NORM=norm, FP8_CACHE=fp8)
+            | dict(HAS_SCALE=fp8, SCALE_STRIDE=1, USE_PDL=True),
+            pointers={"positions_ptr": "i64", "slot_ptr": "i64", "cos_ptr": "fp32", "sin_ptr": "fp32"}
+            | (_FP8_KV if fp8 else _KV_SCALES),
+        )
     yield KernelConfig("activation.silu_and_mul", silu_triton._silu_and_mul_kernel, dict(D=14336, BLOCK=1024))
     from tokenspeed.kernels.moe.compile_configs import moe_compile_configs
 

@@ -73,6 +73,7 @@ _BUILTIN_MODULES = (
 # Triton (PORTABLE) kernels: skipped, with a debug note, where triton is not installed.
 _TRITON_MODULES = (
     "tokenspeed.kernels.kvstore.write_triton",
+    "tokenspeed.kernels.kvstore.rope_write_triton",
     "tokenspeed.kernels.attention.decode_triton",
     "tokenspeed.kernels.attention.extend_triton",
     "tokenspeed.kernels.norm.rms_triton",

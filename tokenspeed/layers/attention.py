@@ -7,6 +7,11 @@ RoPE (Qwen3), and a per-layer sliding window (Mistral, Qwen with
 chosen once here into a `PagedAttentionBackend`; the window is passed as a
 trait so a kernel without sliding-window support is never picked for a layer
 that needs it.
+
+Where `kvstore.rope_write` has a fast kernel (Triton, on CUDA), the q/k norms,
+RoPE and the K/V store run as that one kernel before the backend attends; its
+REFERENCE (`--kernel kvstore.rope_write=reference`, and the CPU) keeps them
+separate kernels, each with its own switch.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from tokenspeed.kernels.registry import platform_of
+from tokenspeed.kernels.registry import Band, platform_of, select_kernel
 from tokenspeed.layers.attention_backend import PagedAttentionBackend
 from tokenspeed.layers.kv_scales import KVScales
 from tokenspeed.layers.linear import Linear, QKVLinear
@@ -76,6 +81,8 @@ class GQAAttention(nn.Module):
             head_dim=head_dim,
             sliding_window=sliding_window is not None,
         )
+        rope_write = select_kernel("kvstore", "rope_write", platform=platform_of(device), dtype=dtype)
+        self.rope_write = rope_write.impl if rope_write.band > Band.REFERENCE else None
 
     @property
     def decode_max_tokens(self) -> int:
@@ -108,15 +115,25 @@ class GQAAttention(nn.Module):
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
         k_scale, v_scale = self.kv_scales.for_cache(k_cache)
-        out = self.attention_backend(
-            q, k, v, k_cache, v_cache, attn, scale=self.scale, sliding_window=self.sliding_window,
-            k_scale=k_scale, v_scale=v_scale,
-        )
+        if self.rope_write is not None:
+            norms = {}
+            if self.q_norm is not None and self.k_norm is not None:
+                norms = {"q_norm_weight": self.q_norm.weight, "k_norm_weight": self.k_norm.weight,
+                         "norm_eps": self.q_norm.eps}
+            q = self.rope_write(q, k, v, positions, self.rotary.cos_cache, self.rotary.sin_cache, k_cache, v_cache,
+                                attn.slot_mapping, k_scale=k_scale, v_scale=v_scale, **norms)
+            out = self.attention_backend.attend(q, k_cache, v_cache, attn, scale=self.scale,
+                                                sliding_window=self.sliding_window, k_scale=k_scale, v_scale=v_scale)
+        else:
+            if self.q_norm is not None and self.k_norm is not None:
+                q = self.q_norm(q)
+                k = self.k_norm(k)
+            q, k = self.rotary(positions, q, k)
+            out = self.attention_backend(
+                q, k, v, k_cache, v_cache, attn, scale=self.scale, sliding_window=self.sliding_window,
+                k_scale=k_scale, v_scale=v_scale,
+            )
         flat = out.reshape(tokens, self.num_heads * self.head_dim)
         if residual is not None:
             return self.o_proj.forward_decode(flat, residual=residual)

@@ -92,6 +92,22 @@ class PagedAttentionBackend:
     ) -> torch.Tensor:
         """Store k/v `[tokens, kv_heads, head_dim]`, then attend q `[tokens, heads, head_dim]`."""
         self.write.impl(k, v, k_cache, v_cache, attn.slot_mapping, k_scale=k_scale, v_scale=v_scale)
+        return self.attend(q, k_cache, v_cache, attn, scale=scale, sliding_window=sliding_window,
+                           k_scale=k_scale, v_scale=v_scale)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        attn: AttentionMetadata,
+        *,
+        scale: float,
+        sliding_window: int | None = None,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attend q `[tokens, heads, head_dim]` over caches that already hold this step's K/V."""
         seq_lens = int_tensor_field(attn, "seq_lens", q.device)
         q_len = uniform_query_len(attn, q.shape[0], seq_lens.shape[0])
         if q_len == 1:

@@ -101,7 +101,9 @@ def choose_config(k: int) -> list[Fp8GemvConfig]:
 
     Steps of 8-16 rows x 2048 values (16-32 KB, pipelined) keep 128-256
     bytes per thread in flight; 4096-wide single steps suit K = 4096 (one
-    pass, no loop). The fp32 loop is a candidate at one shape.
+    pass, no loop, all of it requested before the PDL wait). The fp32 loop
+    is a candidate at one shape, of 1024-wide steps: two fp32 tiles of 2048
+    (SiLU-and-mul) spill registers.
     """
     groups = next_power_of_2(triton.cdiv(k, GROUP_SIZE))
     return [
@@ -110,7 +112,7 @@ def choose_config(k: int) -> list[Fp8GemvConfig]:
         Fp8GemvConfig(block_n=8, groups=min(32, groups), num_warps=8, stages=2),
         Fp8GemvConfig(block_n=4, groups=min(32, groups), num_warps=4, stages=2),
         Fp8GemvConfig(block_n=16, groups=min(16, groups), num_warps=8, stages=2),
-        Fp8GemvConfig(block_n=8, groups=min(16, groups), num_warps=4, stages=3, f16_math=False),
+        Fp8GemvConfig(block_n=8, groups=min(8, groups), num_warps=4, stages=3, f16_math=False),
         Fp8GemvConfig(block_n=32, groups=1, num_warps=4, stages=4, mma=True),
         Fp8GemvConfig(block_n=64, groups=1, num_warps=4, stages=3, mma=True),
     ]
@@ -151,6 +153,26 @@ def _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL: tl.constexpr):
         gate = (acc / (1.0 + tl.exp(-acc))).to(act_dtype).to(tl.float32)
         acc = (gate * up).to(act_dtype).to(tl.float32)
     return acc
+
+
+@triton.jit
+def _step_x(x_row, k0, x_cols, offs_g, norm_w_ptr, rstd, f, scale_row, up_scale_row, K: tl.constexpr,
+            GROUP_K: tl.constexpr, SCALE_BK: tl.constexpr, BLOCK_K: tl.constexpr, ROW_SCALE: tl.constexpr,
+            HAS_NORM: tl.constexpr, SILU_MUL: tl.constexpr):
+    """A step's activations `[BLOCK_K]` times f and, for block scales, the step's GROUPS scales of the
+    gate rows (and of the up rows with SILU_MUL), folded in so that the weights need no scaling."""
+    x = _load_x(x_row, k0 + x_cols, (k0 + x_cols) < K, norm_w_ptr, rstd, HAS_NORM).to(tl.float32)
+    if ROW_SCALE:
+        x = x * f
+        xu = x
+    else:
+        group_start = k0 + offs_g * GROUP_K
+        group_scale = group_start // SCALE_BK
+        xu = x
+        x = xu * (tl.load(scale_row + group_scale, mask=group_start < K, other=0.0) * f)[:, None]
+        if SILU_MUL:
+            xu = xu * (tl.load(up_scale_row + group_scale, mask=group_start < K, other=0.0) * f)[:, None]
+    return tl.reshape(x, [BLOCK_K]), tl.reshape(xu, [BLOCK_K])
 
 
 @triton.jit
@@ -206,10 +228,12 @@ def _fp8_gemv_kernel(
     up_rows = rows + N * stride_wn  # SILU_MUL: the up rows n + N of a [2N, K] weight
     # The first weight step is requested before the wait and the passes over x below, as in
     # `gemv_triton.py`: weights never depend on the previous kernel, so their latency overlaps its tail.
-    w_cur = _load_w(rows, offs_k, n_mask, K, EVEN)
-    wu_cur = w_cur
+    # (Only the first: loop-carried prefetches of every step took the compiler's pipelining through
+    # shared memory away and spilled registers, `compile_check`.)
+    w_first = _load_w(rows, offs_k, n_mask, K, EVEN)
+    wu_first = w_first
     if SILU_MUL:
-        wu_cur = _load_w(up_rows, offs_k, n_mask, K, EVEN)
+        wu_first = _load_w(up_rows, offs_k, n_mask, K, EVEN)
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
         gdc_wait()
         gdc_launch_dependents()
@@ -246,44 +270,29 @@ def _fp8_gemv_kernel(
             x_peak *= s_peak
         bound: tl.constexpr = _LANE_LIMIT / (448.0 * STEPS * LANE_RUN)
         f = tl.exp2(tl.minimum(tl.floor(tl.log2(bound / tl.maximum(x_peak, 1e-30))), 100.0))
-        lanes = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float16)
-        lanes_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float16)
-    else:
-        tile = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        tile_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        w = w_cur
-        wu = wu_cur
-        nxt = k0 + BLOCK_K + offs_k  # the next step, requested before this one's arithmetic
-        w_cur = tl.load(rows + nxt[None, :], mask=n_mask[:, None] & (nxt < K)[None, :], other=0.0)
+    # F16_MATH: fp16 lanes, one product per step each (module docstring); else fp32 products and sums.
+    acc_dtype: tl.constexpr = tl.float16 if F16_MATH else tl.float32
+    lanes = tl.zeros([BLOCK_N, BLOCK_K], dtype=acc_dtype)
+    lanes_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=acc_dtype)
+    xk, xuk = _step_x(x_row, 0, x_cols, offs_g, norm_w_ptr, rstd, f, scale_row, up_scale_row, K, GROUP_K,
+                      SCALE_BK, BLOCK_K, ROW_SCALE, HAS_NORM, SILU_MUL)
+    lanes += w_first.to(acc_dtype) * xk.to(acc_dtype)[None, :]
+    if SILU_MUL:
+        lanes_up += wu_first.to(acc_dtype) * xuk.to(acc_dtype)[None, :]
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # the other steps, pipelined by the compiler
+        w = _load_w(rows, k0 + offs_k, n_mask, K, EVEN)
+        xk, xuk = _step_x(x_row, k0, x_cols, offs_g, norm_w_ptr, rstd, f, scale_row, up_scale_row, K, GROUP_K,
+                          SCALE_BK, BLOCK_K, ROW_SCALE, HAS_NORM, SILU_MUL)
+        lanes += w.to(acc_dtype) * xk.to(acc_dtype)[None, :]
         if SILU_MUL:
-            wu_cur = tl.load(up_rows + nxt[None, :], mask=n_mask[:, None] & (nxt < K)[None, :], other=0.0)
-        x = _load_x(x_row, k0 + x_cols, (k0 + x_cols) < K, norm_w_ptr, rstd, HAS_NORM).to(tl.float32)
-        xu = x
-        if ROW_SCALE:
-            x = x * f
-            xu = x
-        else:  # the step's GROUPS block scales (times f), folded into the activations
-            group_start = k0 + offs_g * GROUP_K
-            group_scale = group_start // SCALE_BK
-            x = xu * (tl.load(scale_row + group_scale, mask=group_start < K, other=0.0) * f)[:, None]
-            if SILU_MUL:
-                xu = xu * (tl.load(up_scale_row + group_scale, mask=group_start < K, other=0.0) * f)[:, None]
-        xk = tl.reshape(x, [BLOCK_K])
-        if F16_MATH:
-            lanes += w.to(tl.float16) * xk.to(tl.float16)[None, :]
-            if SILU_MUL:
-                lanes_up += wu.to(tl.float16) * tl.reshape(xu, [BLOCK_K]).to(tl.float16)[None, :]
-        else:
-            tile += w.to(tl.float32) * xk[None, :]
-            if SILU_MUL:
-                tile_up += wu.to(tl.float32) * tl.reshape(xu, [BLOCK_K])[None, :]
+            wu = _load_w(up_rows, k0 + offs_k, n_mask, K, EVEN)
+            lanes_up += wu.to(acc_dtype) * xuk.to(acc_dtype)[None, :]
     if F16_MATH:
         acc = _lane_sum(lanes, BLOCK_N, BLOCK_K) / f
         acc_up = _lane_sum(lanes_up, BLOCK_N, BLOCK_K) / f
     else:
-        acc = tl.sum(tile, 1)
-        acc_up = tl.sum(tile_up, 1)
+        acc = tl.sum(lanes, 1)
+        acc_up = tl.sum(lanes_up, 1)
     if ROW_SCALE:
         acc *= tl.load(ws_ptr + (offs_n // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)
         if SILU_MUL:
@@ -297,6 +306,32 @@ def _fp8_gemv_kernel(
         if HAS_RESIDUAL:
             acc += tl.load(res_ptr + token.to(tl.int64) * stride_rm + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _mma_group(acc, acc_up, w, wu, x_rows, k0, offs_k, t_mask, norm_w_ptr, rstd, scale_row, up_scale_row,
+               K: tl.constexpr, SCALE_BK: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_NORM: tl.constexpr,
+               SILU_MUL: tl.constexpr, IEEE: tl.constexpr):
+    """One K group of the tensor-core loop: its weight rows (and up rows) times the tokens, block-scaled."""
+    k_ok = (k0 + offs_k) < K
+    xt = tl.trans(_load_x(x_rows, (k0 + offs_k)[None, :], t_mask[:, None] & k_ok[None, :], norm_w_ptr,
+                          rstd[:, None], HAS_NORM))
+    if IEEE:
+        part = tl.dot(w.to(xt.dtype), xt, input_precision="ieee")
+    else:
+        part = tl.dot(w.to(xt.dtype), xt)
+    if not ROW_SCALE:
+        part *= tl.load(scale_row + k0 // SCALE_BK)
+    acc += part
+    if SILU_MUL:
+        if IEEE:
+            part_up = tl.dot(wu.to(xt.dtype), xt, input_precision="ieee")
+        else:
+            part_up = tl.dot(wu.to(xt.dtype), xt)
+        if not ROW_SCALE:
+            part_up *= tl.load(up_scale_row + k0 // SCALE_BK)
+        acc_up += part_up
+    return acc, acc_up
 
 
 @triton.jit
@@ -342,10 +377,10 @@ def _fp8_gemv_mma_kernel(
     t_mask = offs_t < M
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     up_rows = rows + N * stride_wn
-    w_cur = _load_w(rows, offs_k, n_mask, K, False)  # the first group before the wait (see above)
-    wu_cur = w_cur
+    w_first = _load_w(rows, offs_k, n_mask, K, False)  # the first group before the wait (see above)
+    wu_first = w_first
     if SILU_MUL:
-        wu_cur = _load_w(up_rows, offs_k, n_mask, K, False)
+        wu_first = _load_w(up_rows, offs_k, n_mask, K, False)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -362,30 +397,15 @@ def _fp8_gemv_mma_kernel(
         rstd = tl.rsqrt(squares / K + eps)
     acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
-    for k0 in tl.range(0, K, GROUP_K, num_stages=STAGES):
-        k_ok = (k0 + offs_k) < K
-        xt = tl.trans(_load_x(x_rows, (k0 + offs_k)[None, :], t_mask[:, None] & k_ok[None, :], norm_w_ptr,
-                              rstd[:, None], HAS_NORM))
-        nxt = k0 + GROUP_K + offs_k
-        w = w_cur.to(xt.dtype)
-        w_cur = tl.load(rows + nxt[None, :], mask=n_mask[:, None] & (nxt < K)[None, :], other=0.0)
-        if IEEE:
-            part = tl.dot(w, xt, input_precision="ieee")
-        else:
-            part = tl.dot(w, xt)
-        if not ROW_SCALE:
-            part *= tl.load(scale_row + k0 // SCALE_BK)
-        acc += part
+    acc, acc_up = _mma_group(acc, acc_up, w_first, wu_first, x_rows, 0, offs_k, t_mask, norm_w_ptr, rstd,
+                             scale_row, up_scale_row, K, SCALE_BK, ROW_SCALE, HAS_NORM, SILU_MUL, IEEE)
+    for k0 in tl.range(GROUP_K, K, GROUP_K, num_stages=STAGES):  # the other groups, pipelined by the compiler
+        w = _load_w(rows, k0 + offs_k, n_mask, K, False)
+        wu = w
         if SILU_MUL:
-            wu = wu_cur.to(xt.dtype)
-            wu_cur = tl.load(up_rows + nxt[None, :], mask=n_mask[:, None] & (nxt < K)[None, :], other=0.0)
-            if IEEE:
-                part_up = tl.dot(wu, xt, input_precision="ieee")
-            else:
-                part_up = tl.dot(wu, xt)
-            if not ROW_SCALE:
-                part_up *= tl.load(up_scale_row + k0 // SCALE_BK)
-            acc_up += part_up
+            wu = _load_w(up_rows, k0 + offs_k, n_mask, K, False)
+        acc, acc_up = _mma_group(acc, acc_up, w, wu, x_rows, k0, offs_k, t_mask, norm_w_ptr, rstd,
+                                 scale_row, up_scale_row, K, SCALE_BK, ROW_SCALE, HAS_NORM, SILU_MUL, IEEE)
     if ROW_SCALE:
         acc *= tl.load(ws_ptr + (offs_n // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)[:, None]
         if SILU_MUL:

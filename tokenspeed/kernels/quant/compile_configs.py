@@ -38,14 +38,26 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
             num_stages=tiles.num_stages,
             multiple_of_16=("K",),
         )
-    for n, k in ((6144, 4096), (4096, 14336)):
+    # The decode layer's forms at Llama-3.1-8B shapes: qkv (RMSNorm prologue), gate/up (RMSNorm and
+    # SiLU-and-mul over [2N, K]), down (residual epilogue); every candidate of the tuner.
+    forms = (("qkv", 6144, 4096, dict(HAS_NORM=True, HAS_RESIDUAL=False, SILU_MUL=False)),
+             ("gate_up", 14336, 4096, dict(HAS_NORM=True, HAS_RESIDUAL=False, SILU_MUL=True)),
+             ("down", 4096, 14336, dict(HAS_NORM=False, HAS_RESIDUAL=True, SILU_MUL=False)))
+    for form, n, k, fused in forms:
         for cfg in fp8_gemv_triton.choose_config(k):
+            common = dict(N=n, K=k, SCALE_BN=128, SCALE_BK=128, ROW_SCALE=False, BLOCK_N=cfg.block_n)
+            common |= dict(GROUP_K=GROUP_SIZE, STAGES=cfg.stages, HAS_BIAS=False, USE_PDL=True) | fused
+            if cfg.mma:
+                kernel = fp8_gemv_triton._fp8_gemv_mma_kernel
+                constexprs = common | dict(BLOCK_T=fp8_gemv_triton.MMA_TOKENS, IEEE=False)
+            else:
+                kernel = fp8_gemv_triton._fp8_gemv_kernel
+                constexprs = common | dict(SCALE_COLS=next_power_of_2(k // 128), GROUPS=cfg.groups,
+                                           F16_MATH=cfg.f16_math, EVEN=True)
             yield KernelConfig(
-                f"gemm.fp8 triton_gemv n={n} k={k} {cfg}",
-                fp8_gemv_triton._fp8_gemv_kernel,
-                dict(N=n, K=k, SCALE_BN=128, SCALE_BK=128, SCALE_COLS=next_power_of_2(k // 128), ROW_SCALE=False)
-                | dict(BLOCK_N=cfg.block_n, GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages)
-                | dict(F16_MATH=cfg.f16_math, EVEN=True, HAS_BIAS=False, USE_PDL=True),
+                f"gemm.fp8 triton_gemv {form} n={n} k={k} {cfg}",
+                kernel,
+                constexprs,
                 pointers={"w_ptr": FP8, "ws_ptr": "fp32"},
                 num_warps=cfg.num_warps,
             )
