@@ -23,7 +23,7 @@ from tokenspeed.kernels.attention.paged_reference import (  # noqa: E402
     decode_attention_reference,
     extend_attention_reference,
 )
-from tokenspeed.kernels.kvstore.reference import write_kv_reference  # noqa: E402
+from tokenspeed.kernels.kvstore.reference import rope_write_reference, write_kv_reference  # noqa: E402
 from tokenspeed.kernels.norm.rms_reference import rms_norm_reference  # noqa: E402
 from tokenspeed.kernels.rope.reference import apply_rope_reference  # noqa: E402
 from tokenspeed.kernels.sampling.reference import filter_probs_reference  # noqa: E402
@@ -33,6 +33,7 @@ pytest.importorskip("triton")
 from tokenspeed.kernels.activation.silu_triton import silu_and_mul_triton  # noqa: E402
 from tokenspeed.kernels.attention.decode_triton import choose_num_splits, decode_attention_triton  # noqa: E402
 from tokenspeed.kernels.attention.extend_triton import extend_attention_triton  # noqa: E402
+from tokenspeed.kernels.kvstore.rope_write_triton import rope_write_triton  # noqa: E402
 from tokenspeed.kernels.kvstore.write_triton import write_kv_triton  # noqa: E402
 from tokenspeed.kernels.norm.rms_triton import rms_norm_triton  # noqa: E402
 from tokenspeed.kernels.rope.rope_triton import apply_rope_triton  # noqa: E402
@@ -195,6 +196,38 @@ def test_rope_bf16_every_scaling(rope_type: str) -> None:
     torch.testing.assert_close(got_k, want_k)
 
 
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_rope_write_bf16_equals_norm_rope_and_store(qk_norm: bool) -> None:
+    """The fused kernel at Llama / Qwen3 attention shapes against the reference kernels run in turn
+    (the norm's sum runs in another order: a last-bit difference is allowed there, none otherwise)."""
+    from tokenspeed.layers.rope_scaling import RopeConfig
+    from tokenspeed.layers.rotary_embedding import RotaryEmbedding
+
+    rotary = RotaryEmbedding(RopeConfig(theta=1e6), head_dim=DIM, max_position_embeddings=131072, dtype=BF16,
+                             device="cuda")
+    gen = torch.Generator().manual_seed(7)
+    tokens = 300
+    qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * DIM, generator=gen).to(BF16).cuda()
+    q = qkv[:, : HEADS * DIM].view(tokens, HEADS, DIM)
+    k = qkv[:, HEADS * DIM : (HEADS + KV_HEADS) * DIM].view(tokens, KV_HEADS, DIM)
+    v = qkv[:, (HEADS + KV_HEADS) * DIM :].view(tokens, KV_HEADS, DIM)
+    positions = torch.randint(0, 131072, (tokens,), generator=gen).cuda()
+    slots = torch.randperm(64 * 16, generator=gen)[:tokens].cuda()
+    slots[::7] = -1
+    norms = {}
+    if qk_norm:
+        norms = {"q_norm_weight": (torch.rand(DIM, generator=gen) + 0.5).to(BF16).cuda(),
+                 "k_norm_weight": (torch.rand(DIM, generator=gen) + 0.5).to(BF16).cuda(), "norm_eps": 1e-6}
+    caches = [torch.zeros(64, 16, KV_HEADS, DIM, dtype=BF16, device="cuda") for _ in range(4)]
+    args = (positions, rotary.cos_cache, rotary.sin_cache)
+    want = rope_write_reference(q.clone(), k, v, *args, caches[2], caches[3], slots, **norms)
+    got = rope_write_triton(q, k, v, *args, caches[0], caches[1], slots, **norms)
+    assert got.data_ptr() == qkv.data_ptr()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(caches[0], caches[2])
+    assert torch.equal(caches[1], caches[3])
+
+
 def test_silu_and_mul_bf16() -> None:
     x = torch.randn(300, 2 * 14336, generator=torch.Generator().manual_seed(5)).to(BF16).cuda()
     torch.testing.assert_close(silu_and_mul_triton(x), silu_and_mul_reference(x))
@@ -266,5 +299,15 @@ def test_layers_select_triton_on_cuda_and_honour_overrides(monkeypatch: pytest.M
         RopeConfig(), head_dim=DIM, max_position_embeddings=64, dtype=BF16, device="cuda"
     )
     assert rotary._kernel is apply_rope_triton
+    from tokenspeed.layers.attention import GQAAttention
+
+    def attention() -> GQAAttention:
+        return GQAAttention(hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=DIM, rotary=rotary, dtype=BF16,
+                            device="cuda")
+
+    assert attention().rope_write is rope_write_triton
+    monkeypatch.setenv("TOKENSPEED_KERNEL_KVSTORE_ROPE_WRITE", "reference")
+    assert attention().rope_write is None  # the separate kernels
+    monkeypatch.delenv("TOKENSPEED_KERNEL_KVSTORE_ROPE_WRITE")
     monkeypatch.setenv("TOKENSPEED_KERNEL_NORM_RMS", "reference")
     assert RMSNorm(64, 1e-6, dtype=BF16, device="cuda")._kernel is rms_norm_reference
