@@ -53,10 +53,11 @@ unfused path.
 
 Launched with programmatic dependent launch on Hopper (`kernels/pdl.py`). As in
 `gemv_triton.py`, a program asks for its first weight step before it waits
-for the previous kernel, and for the next step before each step's
-arithmetic; the RMS and the peak of x come from one pass over x. (The first
-version waited, then made two passes over x before its first weight load: a
-few microseconds of latency on a 4096 x 4096 projection that streams in ~4.)
+for the previous kernel (weights never depend on it); the later steps are
+pipelined by the compiler, and the RMS and the peak of x come from one pass
+over x. (The first version waited, then made two passes over x before its
+first weight load: microseconds of latency on a 4096 x 4096 projection that
+streams in about four.)
 """
 
 from __future__ import annotations
@@ -226,10 +227,9 @@ def _fp8_gemv_kernel(
     n_mask = offs_n < N
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     up_rows = rows + N * stride_wn  # SILU_MUL: the up rows n + N of a [2N, K] weight
-    # The first weight step is requested before the wait and the passes over x below, as in
-    # `gemv_triton.py`: weights never depend on the previous kernel, so their latency overlaps its tail.
-    # (Only the first: loop-carried prefetches of every step took the compiler's pipelining through
-    # shared memory away and spilled registers, `compile_check`.)
+    # The first weight step before the wait and the pass over x (module docstring). Only the first:
+    # prefetching every step into registers took away the compiler's pipelining through shared memory
+    # and spilled registers (`compile_check`).
     w_first = _load_w(rows, offs_k, n_mask, K, EVEN)
     wu_first = w_first
     if SILU_MUL:
