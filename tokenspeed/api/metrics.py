@@ -4,10 +4,11 @@ Engine-side numbers (running/waiting requests, KV pages, token totals) are
 read from `engine.stats()` at scrape time by a custom collector, so they are
 never stale and cost nothing between scrapes. Latencies are only visible
 here, where the client's clock starts: TTFT runs from the request's arrival
-to its first token (of which the queue time, measured by the scheduler from
-submit to first admission, is the part spent waiting for a slot or pages), inter-token latency is observed once per token (a step
-that delivers k tokens, e.g. speculative decoding, counts k gaps of 1/k), and
-end-to-end latency runs to the last token. Each app has its own registry, so
+to its first token (the queue time, measured by the scheduler from submit to
+first admission, is the part of it spent waiting for a slot or pages),
+inter-token latency is observed once per token (a step that delivers k
+tokens, e.g. speculative decoding, counts k gaps of 1/k), and end-to-end
+latency runs to the last token. Each app has its own registry, so
 several apps (tests) never collide in the global one.
 """
 
