@@ -316,22 +316,26 @@ def _mma_group(acc, acc_up, w, wu, x_rows, k0, offs_k, t_mask, norm_w_ptr, rstd,
     k_ok = (k0 + offs_k) < K
     xt = tl.trans(_load_x(x_rows, (k0 + offs_k)[None, :], t_mask[:, None] & k_ok[None, :], norm_w_ptr,
                           rstd[:, None], HAS_NORM))
-    if IEEE:
-        part = tl.dot(w.to(xt.dtype), xt, input_precision="ieee")
-    else:
-        part = tl.dot(w.to(xt.dtype), xt)
+    part = _widened_dot(w, xt, IEEE)
     if not ROW_SCALE:
         part *= tl.load(scale_row + k0 // SCALE_BK)
     acc += part
     if SILU_MUL:
-        if IEEE:
-            part_up = tl.dot(wu.to(xt.dtype), xt, input_precision="ieee")
-        else:
-            part_up = tl.dot(wu.to(xt.dtype), xt)
+        part_up = _widened_dot(wu, xt, IEEE)
         if not ROW_SCALE:
             part_up *= tl.load(up_scale_row + k0 // SCALE_BK)
         acc_up += part_up
     return acc, acc_up
+
+
+@triton.jit
+def _widened_dot(w, xt, IEEE: tl.constexpr):
+    """fp8 weights widened exactly to the activation dtype, times the tokens; IEEE for fp32 (the tests)."""
+    if IEEE:
+        part = tl.dot(w.to(xt.dtype), xt, input_precision="ieee")
+    else:
+        part = tl.dot(w.to(xt.dtype), xt)
+    return part
 
 
 @triton.jit
