@@ -23,7 +23,7 @@ def test_help_is_grouped_and_lists_every_flag(capsys):
     for flag in ("--host", "--port", "--served-model-name", "--api-key", "--max-waiting-requests",
                  "--tool-call-parser", "--reasoning-parser", "--chat-template", "--dtype", "--device",
                  "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--page-size",
-                 "--disable-prefix-cache"):
+                 "--disable-prefix-cache", "--tokenizer-cache-tokens"):
         assert flag in text
 
 
@@ -47,11 +47,14 @@ def test_positional_model_and_flags(tmp_path):
     assert settings.chat_template == "{{ messages[0].content }}"
     assert (listen.port, listen.max_waiting_requests) == (9001, 3)
     assert parse("--model", "x/y")[1].served_model_names == ["x/y"]
+    assert parse("--tokenizer-cache-tokens", "0")[1].tokenizer_cache_tokens == 0
+    assert parse()[1].tokenizer_cache_tokens > 0  # on by default
 
 
 @pytest.mark.parametrize(
     "argv",
-    [("m1", "--model", "m2"), ("--max-waiting-requests", "0"), ("--tool-call-parser", "nope")],
+    [("m1", "--model", "m2"), ("--max-waiting-requests", "0"), ("--tool-call-parser", "nope"),
+     ("--tokenizer-cache-tokens", "-1")],
 )
 def test_contradictory_or_invalid_flags_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:

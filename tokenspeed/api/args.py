@@ -21,6 +21,7 @@ from tokenspeed.api.settings import (
     ServerSettings,
 )
 from tokenspeed.config import EngineConfig
+from tokenspeed.engine.segment_cache import DEFAULT_TOKENIZER_CACHE_TOKENS
 from tokenspeed.engine_args import add_engine_args, engine_config_from_args
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -75,6 +76,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     chat = parser.add_argument_group("chat templating and output parsing")
     chat.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                       help="Jinja chat template (a file, or the template text) replacing the tokenizer's")
+    chat.add_argument("--tokenizer-cache-tokens", type=int, default=DEFAULT_TOKENIZER_CACHE_TOKENS, metavar="N",
+                      help="tokens of chat prompt text kept tokenised, message by message, so that an agent's "
+                           "next turn tokenises only its new messages; 0 tokenises every prompt whole "
+                           "(default: %(default)s, about 8 bytes a token)")
     chat.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_FORMATS), metavar="NAME",
                       help="format the model writes tool calls in, by vLLM's names: "
                            f"{', '.join(sorted(TOOL_FORMATS))}; needed for tools with tool_choice "
@@ -104,6 +109,8 @@ def serve_config(
             fail(f"--{flag.replace('_', '-')} must be at least 1")
     if args.max_stored_responses < 0:
         fail("--max-stored-responses must be at least 0")
+    if args.tokenizer_cache_tokens < 0:
+        fail("--tokenizer-cache-tokens must be at least 0")
     if args.metrics_require_auth and not args.api_key:
         fail("--metrics-require-auth needs an API key (--api-key or $TOKENSPEED_API_KEY)")
     if not 0 <= args.port <= 65535:
@@ -128,6 +135,7 @@ def serve_config(
         max_request_body_bytes=args.max_request_body_bytes,
         max_prompts_per_request=args.max_prompts_per_request,
         max_stored_responses=args.max_stored_responses,
+        tokenizer_cache_tokens=args.tokenizer_cache_tokens,
     )
     listen = ListenOptions(
         host=args.host,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenspeed.engine.segment_cache import DEFAULT_TOKENIZER_CACHE_TOKENS
+
 # 8 MiB holds a 1M-token prompt as JSON text (~4 bytes a token) with room for tools and history;
 # more than that is a mistake or an attack, and parsing it would stall every other request.
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20
@@ -27,6 +29,7 @@ class ServerSettings:
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST
     max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES
+    tokenizer_cache_tokens: int = DEFAULT_TOKENIZER_CACHE_TOKENS  # chat prompt segments kept tokenised; 0: off
 
     @property
     def model_name(self) -> str:

@@ -38,7 +38,7 @@ class ServerState:
     def __init__(self, engine: EngineClient, settings: ServerSettings) -> None:
         self.engine = engine
         self.settings = settings
-        self.renderer = ChatRenderer(engine.tokenizer, settings.chat_template)
+        self.renderer = ChatRenderer(engine.tokenizer, settings.chat_template, settings.tokenizer_cache_tokens)
         self.metrics = ServerMetrics(engine)
         self.created = int(time.time())
         self.parsers_need_special_tokens = _hides_any(engine.tokenizer, _parser_markers(settings))

@@ -9,7 +9,9 @@ normalisation; this module adds nothing that varies between turns. A forced
 tool-call opening (tool_choice required/named) is appended to the rendered
 text here, after the generation prompt. Special-token strings inside client
 text are tokenised as plain text (`control_tokens.py`): only the template's
-own markers become control tokens.
+own markers become control tokens. The server keeps the text between markers
+tokenised (`--tokenizer-cache-tokens`, `engine/segment_cache.py`), so an
+agent's next turn tokenises only its new messages.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from tokenspeed.api.conversation import Conversation
 from tokenspeed.engine.control_tokens import ControlTokenGuard, Escapes
+from tokenspeed.engine.segment_cache import SegmentTokenCache
 from tokenspeed.errors import InvalidRequest
 
 
@@ -42,10 +45,11 @@ def load_chat_template(value: str | None) -> str | None:
 
 
 class ChatRenderer:
-    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
+    def __init__(self, tokenizer: Any, chat_template: str | None = None, cache_tokens: int = 0) -> None:
+        """`cache_tokens`: capacity of the `SegmentTokenCache` of prompt text between control tokens (0: none)."""
         self.tokenizer = tokenizer
         self.chat_template = chat_template
-        self.guard = ControlTokenGuard(tokenizer)
+        self.guard = ControlTokenGuard(tokenizer, SegmentTokenCache(cache_tokens) if cache_tokens else None)
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
             self._missing = "The model has no chat template; start the server with --chat-template."
         else:

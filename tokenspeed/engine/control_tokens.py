@@ -20,7 +20,14 @@ carry tool output and fetched web pages) prompt injection.
 
 Splitting at special tokens is what the tokenizer itself does before BPE, so
 a conversation without such strings tokenises exactly as before; with none
-to escape, the ordinary `encode` runs and nothing changes at all.
+to escape and no segment cache, the ordinary `encode` runs and nothing
+changes at all.
+
+With a `SegmentTokenCache` (`segment_cache.py`), every prompt takes the split
+path, and the text between two markers is looked up before it is tokenised:
+an agent's next turn tokenises only its new messages. That needs markers the
+tokenizer extracts as they are (no `lstrip` / `rstrip` / `single_word`, not
+normalised); a tokenizer whose special tokens are otherwise gets no cache.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
+
+from tokenspeed.engine.segment_cache import SegmentTokenCache
 
 
 @dataclass(slots=True)
@@ -49,10 +58,15 @@ class Escapes:
 
 
 class ControlTokenGuard:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, cache: SegmentTokenCache | None = None) -> None:
         self.tokenizer = tokenizer
         decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        specials = [t for t in decoder.values() if getattr(t, "special", False)]
         self.special_ids: dict[str, int] = {str(t): i for i, t in decoder.items() if getattr(t, "special", False)}
+        extracted_as_is = not any(
+            getattr(t, flag, False) for t in specials for flag in ("lstrip", "rstrip", "single_word", "normalized")
+        )
+        self.cache = cache if extracted_as_is and self.special_ids else None
         names = sorted(self.special_ids, key=len, reverse=True)  # longest first: one marker may prefix another
         self._pattern = re.compile("|".join(re.escape(n) for n in names)) if names else None
         self._plain: Any = None  # the tokenizer, reading special-token strings as text; built on first use
@@ -71,15 +85,25 @@ class ControlTokenGuard:
 
     def encode(self, text: str, escapes: Escapes) -> list[int]:
         """Token ids of rendered `text`: its special-token strings are markers, placeholders are plain text."""
-        if not escapes.originals or self._pattern is None:
+        if self._pattern is None or (not escapes.originals and self.cache is None):
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         ids: list[int] = []
         position = 0
         for marker in self._pattern.finditer(text):
-            ids.extend(self._encode_plain(escapes.restore(text[position:marker.start()])))
+            ids.extend(self._encode_segment(escapes.restore(text[position:marker.start()])))
             ids.append(self.special_ids[marker.group()])
             position = marker.end()
-        ids.extend(self._encode_plain(escapes.restore(text[position:])))
+        ids.extend(self._encode_segment(escapes.restore(text[position:])))
+        return ids
+
+    def _encode_segment(self, text: str) -> list[int]:
+        """Text between markers, from the segment cache when it was tokenised before."""
+        if self.cache is None or len(text) < self.cache.min_chars:
+            return self._encode_plain(text)
+        ids = self.cache.get(text)
+        if ids is None:
+            ids = self._encode_plain(text)
+            self.cache.put(text, ids)
         return ids
 
     def _encode_plain(self, text: str) -> list[int]:
