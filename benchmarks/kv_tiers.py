@@ -72,7 +72,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu": dict(model=None, max_context=2048, page_size=16, concurrency=6, sessions=6, turns=36, time_scale=0.02,
                 host_bytes=1 << 30, session_ttl=300, budget_s=1800, dtype="float32", extra=["--cpu-threads", "1"],
                 layout=dict(layers=4, kv_heads=2, head_dim=32), copy_pages=256),
-    "h200": dict(model="qwen3-8b", yarn_context=131072, max_context=65536, plan_context=131072, page_size=16,
+    "h200": dict(model="qwen3-8b", yarn_context=131072, max_context=73728, plan_context=131072, page_size=16,
                  concurrency=4, sessions=4, turns=28, reply_cap=128, time_scale=0.01, host_bytes=44 << 30,
                  session_ttl=300, budget_s=290, dtype="bfloat16",
                  extra=["--max-num-seqs", "16", "--cuda-graph-max-bs", "16"],
