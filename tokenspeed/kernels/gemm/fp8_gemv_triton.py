@@ -103,8 +103,8 @@ def choose_config(k: int) -> list[Fp8GemvConfig]:
     Steps of 8-16 rows x 2048 values (16-32 KB, pipelined) keep 128-256
     bytes per thread in flight; 4096-wide single steps suit K = 4096 (one
     pass, no loop, all of it requested before the PDL wait). The fp32 loop
-    is a candidate at one shape, of 1024-wide steps: two fp32 tiles of 2048
-    (SiLU-and-mul) spill registers.
+    (the tuner's pick for o, gate/up and down on an H100) at 4-32 rows of
+    512-2048 values: two fp32 tiles of 8 x 2048 (SiLU-and-mul) would spill.
     """
     groups = next_power_of_2(triton.cdiv(k, GROUP_SIZE))
     return [
@@ -114,6 +114,9 @@ def choose_config(k: int) -> list[Fp8GemvConfig]:
         Fp8GemvConfig(block_n=4, groups=min(32, groups), num_warps=4, stages=2),
         Fp8GemvConfig(block_n=16, groups=min(16, groups), num_warps=8, stages=2),
         Fp8GemvConfig(block_n=8, groups=min(8, groups), num_warps=4, stages=3, f16_math=False),
+        Fp8GemvConfig(block_n=16, groups=min(4, groups), num_warps=4, stages=4, f16_math=False),
+        Fp8GemvConfig(block_n=32, groups=min(2, groups), num_warps=4, stages=4, f16_math=False),
+        Fp8GemvConfig(block_n=4, groups=min(16, groups), num_warps=4, stages=3, f16_math=False),
         Fp8GemvConfig(block_n=32, groups=1, num_warps=4, stages=4, mma=True),
         Fp8GemvConfig(block_n=64, groups=1, num_warps=4, stages=3, mma=True),
     ]
