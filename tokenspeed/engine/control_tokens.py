@@ -61,10 +61,10 @@ class ControlTokenGuard:
     def __init__(self, tokenizer: Any, cache: SegmentTokenCache | None = None) -> None:
         self.tokenizer = tokenizer
         decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-        specials = [t for t in decoder.values() if getattr(t, "special", False)]
-        self.special_ids: dict[str, int] = {str(t): i for i, t in decoder.items() if getattr(t, "special", False)}
+        specials = {i: t for i, t in decoder.items() if getattr(t, "special", False)}
+        self.special_ids: dict[str, int] = {str(t): i for i, t in specials.items()}
         extracted_as_is = not any(
-            getattr(t, flag, False) for t in specials for flag in ("lstrip", "rstrip", "single_word", "normalized")
+            getattr(t, flag, False) for t in specials.values() for flag in ("lstrip", "rstrip", "single_word", "normalized")
         )
         self.cache = cache if extracted_as_is and self.special_ids else None
         names = sorted(self.special_ids, key=len, reverse=True)  # longest first: one marker may prefix another
