@@ -118,3 +118,13 @@ def test_offline_chat_guards_message_text_like_the_server():
     out = llm.chat(spoof, SamplingParams(max_tokens=1, temperature=0))[0]
     assert out.prompt_token_ids == ChatRenderer(llm.get_tokenizer()).render(spoof).token_ids
     assert out.prompt_token_ids.count(llm.get_tokenizer().convert_tokens_to_ids("<|im_start|>")) == 2
+    # An agent loop over chat(): the next call finds the earlier (long) message already tokenised.
+    turn = [{"role": "user", "content": "hello world " * 25}]
+    first = llm.chat(turn, SamplingParams(max_tokens=1, temperature=0))[0]
+    cache = llm._chat_guard.cache
+    hits = cache.hits
+    turn += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and y?"}]
+    second = llm.chat(turn, SamplingParams(max_tokens=1, temperature=0))[0]
+    assert cache.hits > hits
+    assert second.prompt_token_ids == ChatRenderer(llm.get_tokenizer()).render(turn).token_ids
+    assert second.prompt_token_ids[: len(first.prompt_token_ids) - 3] == first.prompt_token_ids[:-3]

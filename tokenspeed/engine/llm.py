@@ -27,6 +27,7 @@ from tokenspeed.engine.model_files import eos_token_ids, load_tokenizer
 from tokenspeed.engine.output_processor import OutputProcessor
 from tokenspeed.engine.outputs import RequestOutput
 from tokenspeed.engine.progress import GenerationProgress
+from tokenspeed.engine.segment_cache import DEFAULT_TOKENIZER_CACHE_TOKENS, SegmentTokenCache
 from tokenspeed.errors import EngineDead, InvalidRequest, TokenSpeedError
 from tokenspeed.models import ModelConfig
 from tokenspeed.scheduler.sampling_params import SamplingParams
@@ -130,6 +131,7 @@ class LLM:
         self.tokenizer = None if skip_tokenizer_init else load_tokenizer(tokenizer or folder)
         self.eos_token_ids = eos_token_ids(folder, ModelConfig.from_pretrained(folder), self.tokenizer)
         self._ids = itertools.count()
+        self._chat_guard: ControlTokenGuard | None = None
 
     @classmethod
     def from_config(cls, config: EngineConfig, show_progress: bool = True) -> LLM:
@@ -213,7 +215,10 @@ class LLM:
         if self.tokenizer is None:
             raise InvalidRequest("chat() needs a tokenizer; this LLM was built with skip_tokenizer_init.")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        guard = ControlTokenGuard(self.tokenizer)  # message text never becomes control tokens, as in the server
+        if self._chat_guard is None:  # message text never becomes control tokens, as in the server; the
+            # segment cache keeps earlier turns' messages tokenised across calls (an agent loop over chat())
+            self._chat_guard = ControlTokenGuard(self.tokenizer, SegmentTokenCache(DEFAULT_TOKENIZER_CACHE_TOKENS))
+        guard = self._chat_guard
         prompts: list[PromptInput] = []
         for conversation in conversations:
             escapes = Escapes()
