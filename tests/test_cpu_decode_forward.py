@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.checkpoints import prompts
+from tests.native_helpers import without_a_compiler
 from tokenspeed import LLM, SamplingParams
 from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.executor import cpu_linear
@@ -400,10 +401,7 @@ def test_paged_attention_switches_and_no_compiler(checkpoints, monkeypatch, tmp_
     monkeypatch.setenv("TOKENSPEED_CPU_ATTENTION_NATIVE", "0")
     assert not CPUDecodeForward.build(model, kv).paged_attention
     monkeypatch.delenv("TOKENSPEED_CPU_ATTENTION_NATIVE")
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv("TOKENSPEED_CACHE_DIR", str(tmp_path))  # nothing built yet
-    monkeypatch.setattr(decode_paged_cpu.NATIVE, "lib", None)
-    monkeypatch.setattr(decode_paged_cpu.NATIVE, "tried", False)
+    without_a_compiler(monkeypatch, tmp_path, decode_paged_cpu.NATIVE)
     assert decode_paged_cpu.load_library() is None
     forward = CPUDecodeForward.build(model, kv)
     assert forward is not None and not forward.paged_attention

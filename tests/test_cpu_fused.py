@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.native_helpers import without_a_compiler
 from tests.test_cpu_decode_forward import (
     _assert_same_kv,
     _greedy,
@@ -154,10 +155,7 @@ def test_fused_ops_switches_and_no_compiler(checkpoints, monkeypatch, tmp_path) 
     monkeypatch.setenv(cpu_fused.ENV_SWITCH, "0")
     assert CPUDecodeForward.build(model, kv).fused is None
     monkeypatch.delenv(cpu_fused.ENV_SWITCH)
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv("TOKENSPEED_CACHE_DIR", str(tmp_path))  # nothing built yet
-    monkeypatch.setattr(cpu_fused.NATIVE, "lib", None)
-    monkeypatch.setattr(cpu_fused.NATIVE, "tried", False)
+    without_a_compiler(monkeypatch, tmp_path, cpu_fused.NATIVE)
     assert cpu_fused.load_library() is None
     forward = CPUDecodeForward.build(model, kv)
     assert forward is not None and forward.fused is None

@@ -74,6 +74,7 @@ from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
+from tokenspeed.kernels.gemm.gemv_triton import load_rows
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, WEIGHT_BLOCK, BlockSize
 from tokenspeed.kernels.registry import Band, register_kernel
@@ -123,16 +124,6 @@ def choose_config(k: int) -> list[Fp8GemvConfig]:
 
 
 _TUNER: LaunchTuner[Fp8GemvConfig] = LaunchTuner("gemm.fp8 triton_gemv", lambda key: choose_config(key[1]))
-
-
-@triton.jit
-def _load_w(rows, offs_k, n_mask, K: tl.constexpr, EVEN: tl.constexpr):
-    """`[BLOCK_N, BLOCK_K]` fp8 weights at columns `offs_k` (masked unless the shape is even)."""
-    if EVEN:
-        w = tl.load(rows + offs_k[None, :])
-    else:
-        w = tl.load(rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
-    return w
 
 
 @triton.jit
@@ -233,10 +224,10 @@ def _fp8_gemv_kernel(
     # The first weight step before the wait and the pass over x (module docstring). Only the first:
     # prefetching every step into registers took away the compiler's pipelining through shared memory
     # and spilled registers (`compile_check`).
-    w_first = _load_w(rows, offs_k, n_mask, K, EVEN)
+    w_first = load_rows(rows, offs_k, n_mask, K, EVEN)
     wu_first = w_first
     if SILU_MUL:
-        wu_first = _load_w(up_rows, offs_k, n_mask, K, EVEN)
+        wu_first = load_rows(up_rows, offs_k, n_mask, K, EVEN)
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
         gdc_wait()
         gdc_launch_dependents()
@@ -283,12 +274,12 @@ def _fp8_gemv_kernel(
     if SILU_MUL:
         lanes_up += wu_first.to(acc_dtype) * xuk.to(acc_dtype)[None, :]
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # the other steps, pipelined by the compiler
-        w = _load_w(rows, k0 + offs_k, n_mask, K, EVEN)
+        w = load_rows(rows, k0 + offs_k, n_mask, K, EVEN)
         xk, xuk = _step_x(x_row, k0, x_cols, offs_g, norm_w_ptr, rstd, f, scale_row, up_scale_row, K, GROUP_K,
                           SCALE_BK, BLOCK_K, ROW_SCALE, HAS_NORM, SILU_MUL)
         lanes += w.to(acc_dtype) * xk.to(acc_dtype)[None, :]
         if SILU_MUL:
-            wu = _load_w(up_rows, k0 + offs_k, n_mask, K, EVEN)
+            wu = load_rows(up_rows, k0 + offs_k, n_mask, K, EVEN)
             lanes_up += wu.to(acc_dtype) * xuk.to(acc_dtype)[None, :]
     if F16_MATH:
         acc = _lane_sum(lanes, BLOCK_N, BLOCK_K) / f
@@ -384,10 +375,10 @@ def _fp8_gemv_mma_kernel(
     t_mask = offs_t < M
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     up_rows = rows + N * stride_wn
-    w_first = _load_w(rows, offs_k, n_mask, K, False)  # the first group before the wait (see above)
+    w_first = load_rows(rows, offs_k, n_mask, K, False)  # the first group before the wait (see above)
     wu_first = w_first
     if SILU_MUL:
-        wu_first = _load_w(up_rows, offs_k, n_mask, K, False)
+        wu_first = load_rows(up_rows, offs_k, n_mask, K, False)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -407,10 +398,10 @@ def _fp8_gemv_mma_kernel(
     acc, acc_up = _mma_group(acc, acc_up, w_first, wu_first, x_rows, 0, offs_k, t_mask, norm_w_ptr, rstd,
                              scale_row, up_scale_row, K, SCALE_BK, ROW_SCALE, HAS_NORM, SILU_MUL, IEEE)
     for k0 in tl.range(GROUP_K, K, GROUP_K, num_stages=STAGES):  # the other groups, pipelined by the compiler
-        w = _load_w(rows, k0 + offs_k, n_mask, K, False)
+        w = load_rows(rows, k0 + offs_k, n_mask, K, False)
         wu = w
         if SILU_MUL:
-            wu = _load_w(up_rows, k0 + offs_k, n_mask, K, False)
+            wu = load_rows(up_rows, k0 + offs_k, n_mask, K, False)
         acc, acc_up = _mma_group(acc, acc_up, w, wu, x_rows, k0, offs_k, t_mask, norm_w_ptr, rstd,
                                  scale_row, up_scale_row, K, SCALE_BK, ROW_SCALE, HAS_NORM, SILU_MUL, IEEE)
     if ROW_SCALE:

@@ -64,7 +64,7 @@ class GemvConfig:
 
 
 @triton.jit
-def _load_rows(rows, offs_k, n_mask, K: tl.constexpr, EVEN: tl.constexpr):
+def load_rows(rows, offs_k, n_mask, K: tl.constexpr, EVEN: tl.constexpr):
     """`[BLOCK_N, BLOCK_K]` of weight rows at columns `offs_k` (masked unless the shape is even)."""
     if EVEN:
         tile = tl.load(rows + offs_k[None, :])
@@ -127,10 +127,10 @@ def _gemv_kernel(
     up_rows = gate_rows + N * stride_wn
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     # The first weight tile is requested before the norm's pass over x, so that latency overlaps.
-    w_cur = _load_rows(gate_rows, offs_kb, n_mask, K, even)
+    w_cur = load_rows(gate_rows, offs_kb, n_mask, K, even)
     u_cur = w_cur
     if SILU_MUL:
-        u_cur = _load_rows(up_rows, offs_kb, n_mask, K, even)
+        u_cur = load_rows(up_rows, offs_kb, n_mask, K, even)
     if USE_PDL:
         # Programmatic dependent launch: wait for the previous kernel only now, before the first read
         # of its output (x, residual) and any write of ours; then let the next kernel's programs take
@@ -152,13 +152,13 @@ def _gemv_kernel(
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             offs_k = k0 + offs_kb
             xt = tl.trans(_load_x(x_rows, offs_k, m_mask, norm_w_ptr, rstd, K, HAS_NORM))
-            w = _load_rows(gate_rows, offs_k, n_mask, K, even)
+            w = load_rows(gate_rows, offs_k, n_mask, K, even)
             if IEEE:
                 acc = tl.dot(w, xt, acc, input_precision="ieee")
             else:
                 acc = tl.dot(w, xt, acc)
             if SILU_MUL:
-                u = _load_rows(up_rows, offs_k, n_mask, K, even)
+                u = load_rows(up_rows, offs_k, n_mask, K, even)
                 if IEEE:
                     acc_up = tl.dot(u, xt, acc_up, input_precision="ieee")
                 else:

@@ -48,6 +48,13 @@ def write_kv_reference(
     byte_view(v_cache)[pages, offsets] = byte_view(kv_for_cache(v, v_cache.dtype, v_scale))
 
 
+def check_norm_weights(q_norm_weight: torch.Tensor | None, k_norm_weight: torch.Tensor | None) -> bool:
+    """Whether q/k norms apply; raises unless the weights come both or neither."""
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("give q_norm_weight and k_norm_weight together")
+    return q_norm_weight is not None
+
+
 @register_kernel("kvstore", "rope_write", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"))
 def rope_write_reference(
     q: torch.Tensor,
@@ -71,9 +78,7 @@ def rope_write_reference(
     Per-head RMSNorm of q and k (Qwen3's q_norm / k_norm, when the weights are given), RoPE of
     both (`rope.apply`), then the K/V store (`kvstore.write`). The oracle of the fused kernels.
     """
-    if (q_norm_weight is None) != (k_norm_weight is None):
-        raise ValueError("give q_norm_weight and k_norm_weight together")
-    if q_norm_weight is not None and k_norm_weight is not None:
+    if check_norm_weights(q_norm_weight, k_norm_weight):
         q = rms_norm_reference(q, q_norm_weight, norm_eps)
         k = rms_norm_reference(k, k_norm_weight, norm_eps)
     q, k = apply_rope_reference(q, k, positions, cos_cache, sin_cache)

@@ -29,10 +29,12 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tokenspeed.kernels.kvstore.reference import check_norm_weights
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
 from tokenspeed.kernels.quant.fp8_cast import quantize_heads
 from tokenspeed.kernels.registry import Band, register_kernel
+from tokenspeed.kernels.rope.rope_triton import position_cos_sin
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
 
@@ -136,10 +138,7 @@ def _rope_write_kernel(
         gdc_wait()
         gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
-    pos = tl.load(positions_ptr + token).to(tl.int64)
-    offs_half = tl.arange(0, BLOCK_HALF)
-    cos = tl.load(cos_ptr + pos * stride_cos + offs_half, mask=offs_half < HALF, other=0.0).to(tl.float32)[None, :]
-    sin = tl.load(sin_ptr + pos * stride_cos + offs_half, mask=offs_half < HALF, other=0.0).to(tl.float32)[None, :]
+    cos, sin = position_cos_sin(positions_ptr, token, cos_ptr, sin_ptr, stride_cos, HALF, BLOCK_HALF)
 
     q_heads = tl.arange(0, BLOCK_QH)
     q_rows = q_ptr + token * stride_qt + q_heads[:, None] * stride_qh
@@ -196,8 +195,7 @@ def rope_write_triton(
     """See `reference.rope_write_reference`; q `[tokens, heads, head_dim]` is rotated in place and returned."""
     tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    if (q_norm_weight is None) != (k_norm_weight is None):
-        raise ValueError("give q_norm_weight and k_norm_weight together")
+    has_norm = check_norm_weights(q_norm_weight, k_norm_weight)
     if q.stride(-1) != 1:
         raise ValueError("q must be contiguous along head_dim to be rotated in place")
     if cos_cache.stride(-1) != 1 or sin_cache.stride(0) != cos_cache.stride(0):
@@ -223,7 +221,7 @@ def rope_write_triton(
         NUM_Q_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HALF=half, REST=rest,
         PAGE_SIZE=k_cache.shape[1], BLOCK_QH=next_power_of_2(num_heads), BLOCK_KH=next_power_of_2(num_kv_heads),
         BLOCK_HALF=next_power_of_2(half), BLOCK_REST=next_power_of_2(max(rest, 1)),
-        BLOCK_D=next_power_of_2(head_dim), HAS_NORM=q_norm_weight is not None,
+        BLOCK_D=next_power_of_2(head_dim), HAS_NORM=has_norm,
         FP8_CACHE=k_cache.dtype == FP8_DTYPE, HAS_SCALE=has_scale, SCALE_STRIDE=scale_stride,
         num_warps=4, **pdl_launch_options(pdl_enabled(q.device)),
     )  # fmt: skip

@@ -23,6 +23,17 @@ from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_powe
 
 
 @triton.jit
+def position_cos_sin(positions_ptr, token, cos_ptr, sin_ptr, stride_cos, HALF: tl.constexpr,
+                     BLOCK_HALF: tl.constexpr):
+    """The cos and sin rows `[1, BLOCK_HALF]` (fp32) of `token`'s position, also for `kvstore.rope_write`."""
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    offs = tl.arange(0, BLOCK_HALF)
+    cos = tl.load(cos_ptr + pos * stride_cos + offs, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + pos * stride_cos + offs, mask=offs < HALF, other=0.0).to(tl.float32)[None, :]
+    return cos, sin
+
+
+@triton.jit
 def _rope_kernel(
     q_ptr,
     k_ptr,
@@ -46,11 +57,9 @@ def _rope_kernel(
         gdc_wait()
         gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
-    pos = tl.load(positions_ptr + token).to(tl.int64)
+    cos, sin = position_cos_sin(positions_ptr, token, cos_ptr, sin_ptr, stride_cos, HALF, BLOCK_HALF)
     offs = tl.arange(0, BLOCK_HALF)
     c_mask = offs < HALF
-    cos = tl.load(cos_ptr + pos * stride_cos + offs, mask=c_mask, other=0.0).to(tl.float32)[None, :]
-    sin = tl.load(sin_ptr + pos * stride_cos + offs, mask=c_mask, other=0.0).to(tl.float32)[None, :]
 
     heads = tl.arange(0, BLOCK_QH)
     mask = (heads[:, None] < NUM_Q_HEADS) & c_mask[None, :]
