@@ -21,7 +21,10 @@ raise on any synchronisation (timing synchronises). So:
 Timing: each candidate is run once (Triton compiles it), then `reps` times
 with the L2 cache flushed before each run (the weights of a decode GEMV fit
 in the H200's L2, and would otherwise be read from it), median of CUDA-event
-times. A candidate that fails to compile or launch is skipped; without
+times. The flush reads a buffer twice the L2 rather than writing it: a write
+leaves the L2 full of dirty lines, and their write-back shares the DRAM with
+the timed kernel's reads (as many bytes as a weight smaller than the L2
+reads), a cost no decode step pays, and largest for the smallest weights. A candidate that fails to compile or launch is skipped; without
 memory for the flush buffer (twice the L2) the default runs untimed.
 `TOKENSPEED_AUTOTUNE=0` turns timing off (the defaults run); the interpreter
 and CPU tensors never time. `chosen()` reports what each key got, with the
@@ -132,7 +135,7 @@ def _median_us(fn: Callable[[], object], flush: torch.Tensor, reps: int) -> floa
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for start, end in zip(starts, ends, strict=True):
-        flush.zero_()
+        flush.amax()  # reads only: evicts the L2 without dirtying it (module docstring)
         start.record()
         fn()
         end.record()
