@@ -369,6 +369,26 @@ def test_fp8_gemv_keeps_fp16_lanes_in_range_for_any_activation_scale(f16_math: b
     assert got.isfinite().all() and _rel_err(got, want) < TOL[torch.float16]
 
 
+@interpreted
+def test_fp8_gemv_mma_takes_bf16_activations_of_any_magnitude_through_fp16() -> None:
+    """The tensor-core loop moves bf16 activations to fp16 one K group at a time, scaled by a power of two:
+    groups far outside fp16's range (1e6, 1e-9) and a zero row come out as the fp32 reference has them."""
+    gen = torch.Generator().manual_seed(5)
+    n, k, block_size = 32, 512, (16, 128)
+    w8, scales = quantize_weight_block(torch.randn(n, k, generator=gen), block_size)
+    x = torch.randn(4, k, generator=gen)
+    x[0, :128] *= 1e6  # one group over fp16's 65504
+    x[1] *= 1e-9  # a row under fp16's smallest normal
+    x[2] = 0.0
+    x = x.to(torch.bfloat16)
+    config = Fp8GemvConfig(block_n=16, groups=1, num_warps=4, stages=1, mma=True)
+    got = fp8_gemv_triton(x, w8, scales, block_size=block_size, config=config, out_dtype=torch.float32)
+    want = fp8_gemm_reference(x.float(), w8, scales, block_size=block_size)
+    for row in (0, 1, 3):
+        assert _rel_err(got[row], want[row]) < 1e-2, row  # the interpreter truncates to bf16 and fp16
+    assert not got[2].any()
+
+
 # --- registry ---------------------------------------------------------------------------------
 
 

@@ -223,12 +223,17 @@ def _ptxas_report(ptx: str, arch: int) -> str:
     return f"registers={max(map(int, registers), default=0)} spill_stores={sum(map(int, spills))}B"
 
 
-def compile_config(config: KernelConfig, arch: int) -> str:
-    """Compile one configuration; returns a one-line report (raises on a compile error)."""
+def compile_kernel(config: KernelConfig, arch: int) -> Any:
+    """Triton's compiled kernel for one configuration (`.asm` holds ttgir, ptx, cubin; raises on an error)."""
     signature, attrs = _signature(config)
     source = ASTSource(fn=config.kernel, signature=signature, constexprs=config.constexprs, attrs=attrs)
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def compile_config(config: KernelConfig, arch: int) -> str:
+    """Compile one configuration; returns a one-line report (raises on a compile error)."""
+    compiled = compile_kernel(config, arch)
     byte_loads = len(re.findall(r"ld\.shared\.[bsu]8\b", compiled.asm["ptx"]))
     report = f"shared={compiled.metadata.shared}B shared_byte_loads={byte_loads} "
     report += _ptxas_report(compiled.asm["ptx"], arch)

@@ -28,10 +28,12 @@ version (about 9 instructions per weight byte: widen to fp32, scale, FMA;
   about 1.5x the instructions); always for fp32 activations.
 - tensor cores (`mma`, `_fp8_gemv_mma_kernel`): swap-AB, the weight rows
   as the dot's M side and up to 16 tokens as its N side, one 128-wide K
-  group a dot; the weight widens to the activation dtype exactly and the
-  products are exact in fp32. Almost no instructions per weight byte, so it
-  may stream faster where the loops above are issue-bound (the small
-  projections ran at 0.38-0.44 of the copy bandwidth on an H100).
+  group a dot; the weight widens exactly to fp16 (bf16 activations move to
+  fp16 per group, scaled by a power of two: `_dot_operand`) and the
+  products are exact in fp32. No FMA per weight byte, so it may stream
+  faster where the loops above are issue-bound. (Widening to bf16 instead
+  cost a slow single-value conversion per weight: 64 of the 282
+  instructions of a step: `python -m tokenspeed.kernels.sass_loops`.)
 `choose_config`'s candidates include all three; `LaunchTuner` times them per
 shape on the device on first use (`kernels/autotune.py`), the first being
 the default where timing is off, and a candidate that fails to build is
@@ -118,8 +120,12 @@ def choose_config(k: int) -> list[Fp8GemvConfig]:
         Fp8GemvConfig(block_n=16, groups=min(4, groups), num_warps=4, stages=4, f16_math=False),
         Fp8GemvConfig(block_n=32, groups=min(2, groups), num_warps=4, stages=4, f16_math=False),
         Fp8GemvConfig(block_n=4, groups=min(16, groups), num_warps=4, stages=3, f16_math=False),
+        Fp8GemvConfig(block_n=2, groups=min(32, groups), num_warps=4, stages=2, f16_math=False),
+        Fp8GemvConfig(block_n=4, groups=min(32, groups), num_warps=8, stages=2, f16_math=False),
         Fp8GemvConfig(block_n=32, groups=1, num_warps=4, stages=4, mma=True),
         Fp8GemvConfig(block_n=64, groups=1, num_warps=4, stages=3, mma=True),
+        Fp8GemvConfig(block_n=64, groups=1, num_warps=4, stages=5, mma=True),
+        Fp8GemvConfig(block_n=128, groups=1, num_warps=8, stages=3, mma=True),
     ]
 
 
@@ -308,23 +314,42 @@ def _mma_group(acc, acc_up, w, wu, x_rows, k0, offs_k, t_mask, norm_w_ptr, rstd,
                SILU_MUL: tl.constexpr, IEEE: tl.constexpr):
     """One K group of the tensor-core loop: its weight rows (and up rows) times the tokens, block-scaled."""
     k_ok = (k0 + offs_k) < K
-    xt = tl.trans(_load_x(x_rows, (k0 + offs_k)[None, :], t_mask[:, None] & k_ok[None, :], norm_w_ptr,
-                          rstd[:, None], HAS_NORM))
-    part = _widened_dot(w, xt, IEEE)
+    x = _load_x(x_rows, (k0 + offs_k)[None, :], t_mask[:, None] & k_ok[None, :], norm_w_ptr, rstd[:, None], HAS_NORM)
+    xt, x_unscale = _dot_operand(x, IEEE)
+    scale = x_unscale
+    scale_up = x_unscale
     if not ROW_SCALE:
-        part *= tl.load(scale_row + k0 // SCALE_BK)
-    acc += part
+        scale = x_unscale * tl.load(scale_row + k0 // SCALE_BK)
+        if SILU_MUL:
+            scale_up = x_unscale * tl.load(up_scale_row + k0 // SCALE_BK)
+    acc += _widened_dot(w, xt, IEEE) * scale[None, :]
     if SILU_MUL:
-        part_up = _widened_dot(wu, xt, IEEE)
-        if not ROW_SCALE:
-            part_up *= tl.load(up_scale_row + k0 // SCALE_BK)
-        acc_up += part_up
+        acc_up += _widened_dot(wu, xt, IEEE) * scale_up[None, :]
     return acc, acc_up
 
 
 @triton.jit
+def _dot_operand(x, IEEE: tl.constexpr):
+    """A group's activations `[tokens, 128]` as the dot's `[128, tokens]` operand, and the factor per token
+    that undoes their scaling. bf16 activations go to fp16, where an fp8 weight widens in one instruction
+    per pair (to bf16 it took three: through fp32), each token's group scaled by a power of two that puts
+    its largest magnitude in [2^13, 2^14]: exact (fp16 has more mantissa bits than bf16; only values
+    2^27 below the group's largest lose bits), and fp16 x fp16 products are exact in the fp32 sum."""
+    if x.dtype == tl.bfloat16 and not IEEE:
+        xf = x.to(tl.float32)
+        peak = tl.max(tl.abs(xf), 1)
+        exponent = 14.0 - tl.ceil(tl.log2(tl.maximum(peak, 1e-30)))
+        xt = tl.trans((xf * tl.exp2(exponent)[:, None]).to(tl.float16))
+        unscale = tl.exp2(-exponent)
+    else:
+        xt = tl.trans(x)
+        unscale = tl.full([x.shape[0]], 1.0, tl.float32)
+    return xt, unscale
+
+
+@triton.jit
 def _widened_dot(w, xt, IEEE: tl.constexpr):
-    """fp8 weights widened exactly to the activation dtype, times the tokens; IEEE for fp32 (the tests)."""
+    """fp8 weights widened exactly to the operand's dtype, times the tokens; IEEE for fp32 (the tests)."""
     if IEEE:
         part = tl.dot(w.to(xt.dtype), xt, input_precision="ieee")
     else:
