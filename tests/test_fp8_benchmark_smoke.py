@@ -34,3 +34,19 @@ def test_fp8_benchmark_smoke_writes_all_sections(tmp_path: Path) -> None:
     assert metrics["moe"]["by_tokens"]["1"]["operands"] == "w8a16"
     assert metrics["moe"]["by_tokens"]["1"]["tiles"].startswith("TileConfig")
     assert out.with_suffix(".md").exists()
+
+
+def test_gemv_stack_smoke_times_every_launch_shape_and_bf16(tmp_path: Path) -> None:
+    out = tmp_path / "gemv_stack.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gemv_stack.py"), "--smoke", "--forms", "o,gate_up", "--out", str(out)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    metrics = json.loads(out.read_text())["metrics"]
+    from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config
+
+    for form in ("o", "gate_up"):
+        row = metrics["forms"][form]
+        assert set(row["fp8_us"]) == {repr(c) for c in choose_config(128)}  # every candidate ran
+        assert row["best_fp8_config"] in row["fp8_us"] and row["bf16_us"] > 0
+    assert "layer" not in metrics  # only with all four forms
