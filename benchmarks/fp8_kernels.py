@@ -30,8 +30,8 @@ Metrics (JSON `metrics`, also printed as markdown tables):
   operands, each also with fast accumulation (`_fast`), and `bf16` (cuBLAS);
   `selected_vs_scaled_mm_rowwise` is the ratio; `cublas_formats`: which
   scalings cuBLAS took on this device (`gemm/fp8_scaled_mm.py`);
-- `gemv[shape]`, one token: the FP8 GEMV at the launch shape its tuner chose
-  (`config`; `candidates_us`: every candidate's time, L2 flushed), against
+- `gemv[shape]`, one token, timed alone: the FP8 GEMV at its launch shape
+  (`config`; `gemv_stack.py` times every shape as a decode step runs them), against
   its byte roofline (fp8 weight + scales + activation + output bytes / copy
   bandwidth; `roofline_fraction` = roofline time / time), and the bf16
   cuBLAS GEMV and bf16 Triton GEMV (the engine's bf16 decode path) beside it;
@@ -201,8 +201,9 @@ def scaled_mm_rates(
 
 
 def bench_gemv(timer: Timer, shapes: dict[str, tuple[int, int]], copy_gb_s: float) -> dict[str, Any]:
-    """One token: the fp8 GEMV at the launch shape its tuner chose, against its byte roofline and bf16."""
-    from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton, tuned_configs
+    """One token, one kernel alone: the fp8 GEMV at its chosen launch shape, against its byte roofline and bf16
+    (`gemv_stack.py` times the decode step's view: every shape, layer after layer in one graph)."""
+    from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, fp8_gemv_triton
     from tokenspeed.kernels.gemm.gemv_triton import gemv_triton
     from tokenspeed.kernels.quant.fp8 import quantize_weight_block
 
@@ -214,12 +215,11 @@ def bench_gemv(timer: Timer, shapes: dict[str, tuple[int, int]], copy_gb_s: floa
         w8, w_scale = quantize_weight_block(w, BLOCK)
         w_bf16 = w.to(dtype)
         x = torch.randn(1, k, generator=gen, device=dev).to(dtype)
-        us = timer.us(partial(fp8_gemv_triton, x, w8, w_scale))  # the first call tunes (outside the capture)
+        us = timer.us(partial(fp8_gemv_triton, x, w8, w_scale))
         moved = w8.numel() + w_scale.numel() * 4 + (k + n) * x.element_size()
         roofline_us = moved / copy_gb_s / 1e3
         bf16_us = timer.us(partial(torch.matmul, x, w_bf16.t()))
         bf16_gemv_us = timer.us(partial(gemv_triton, x, w_bf16))
-        choice = tuned_configs().get((n, k, BLOCK, x.dtype, x.dtype, False, (False, False, False)))
         row = {
             "us": round(us, 2),
             "roofline_us": round(roofline_us, 2),
@@ -227,8 +227,7 @@ def bench_gemv(timer: Timer, shapes: dict[str, tuple[int, int]], copy_gb_s: floa
             "bf16_cublas_us": round(bf16_us, 2),
             "bf16_triton_gemv_us": round(bf16_gemv_us, 2),
             "speedup_vs_bf16": round(min(bf16_us, bf16_gemv_us) / us, 2),
-            "config": repr(choice.config) if choice else None,
-            "candidates_us": choice.timings_us if choice else None,  # each launch shape, L2 flushed
+            "config": repr(choose_config(k)),
         }
         results[name] = row
         log(f"gemv {name}: {row}")

@@ -17,13 +17,13 @@ replay time / LAYERS (median of `moe_kernels.graph_ms`).
 
 Metrics (JSON `metrics`, also printed as a markdown table):
 - `copy_bandwidth_gb_s`: as `gpu_suite.py` measures it (every fraction divides by it);
-- `forms[form]`: weight bytes per launch, the fp8 GEMV at every launch shape
-  its tuner offers (`fp8_us[config]`) and at the tuner's pick (`fp8_tuned_us`,
-  `fp8_tuned_config`), the bf16 Triton GEMV the bf16 decode step runs
-  (`bf16_us`), each with its fraction of the copy bandwidth (weight bytes
-  only), and `best_fp8_config`;
+- `forms[form]`: weight bytes per launch, the fp8 GEMV at every shape of
+  `launch_shapes` (`fp8_us[config]`) and at the one the kernel chooses
+  (`fp8_chosen_us`, `fp8_chosen_config`), the bf16 Triton GEMV the bf16
+  decode step runs (`bf16_us`), each with its fraction of the copy bandwidth
+  (weight bytes only), and `best_fp8_config`;
 - `layer`: the four forms of a layer in order, LAYERS layers in one graph, fp8
-  (tuned) and bf16: the GEMV share of a decode step, us per layer and fraction.
+  (chosen shapes) and bf16: the GEMV share of a decode step, us per layer and fraction.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class Layers:
 
 
 def bench_form(stack: Layers, copy_gb_s: float, smoke: bool) -> dict[str, Any]:
-    from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, tuned_configs
+    from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, launch_shapes
 
     layers = len(stack.fp8)
 
@@ -113,16 +113,14 @@ def bench_form(stack: Layers, copy_gb_s: float, smoke: bool) -> dict[str, Any]:
         return round(nbytes / us / 1e3 / copy_gb_s, 3)
 
     row: dict[str, Any] = {"fp8_weight_bytes": stack.fp8_bytes, "bf16_weight_bytes": stack.bf16_bytes}
-    tuned_us = timed_us(stack.fp8_launch(), smoke) / layers  # the first (eager) call runs the tuner
-    tuned = [c for key, c in tuned_configs().items() if key[:2] == (stack.rows // (2 if stack.silu_mul else 1),
-                                                                    stack.k) and key[-1][2] == stack.silu_mul]
-    row |= {"fp8_tuned_us": round(tuned_us, 2), "fp8_tuned_fraction": fraction(stack.fp8_bytes, tuned_us),
-            "fp8_tuned_config": repr(tuned[0].config) if tuned else None}  # fmt: skip
+    chosen_us = timed_us(stack.fp8_launch(), smoke) / layers  # config None: the kernel's own choice
+    row |= {"fp8_chosen_us": round(chosen_us, 2), "fp8_chosen_fraction": fraction(stack.fp8_bytes, chosen_us),
+            "fp8_chosen_config": repr(choose_config(stack.k))}  # fmt: skip
     per_config: dict[str, float] = {}
-    for config in choose_config(stack.k):
+    for config in launch_shapes(stack.k):
         try:
             per_config[repr(config)] = round(timed_us(stack.fp8_launch(config), smoke) / layers, 2)
-        except (ValueError, RuntimeError) as exc:  # a shape this form's blocks do not allow, or a failed build
+        except (ValueError, RuntimeError) as exc:  # a failed build: the others still run
             log(f"{stack.form} {config}: {type(exc).__name__}: {str(exc)[:160]}")
     row["fp8_us"] = per_config
     if per_config:
@@ -136,7 +134,7 @@ def bench_form(stack: Layers, copy_gb_s: float, smoke: bool) -> dict[str, Any]:
 
 
 def bench_layer(stacks: list[Layers], copy_gb_s: float, smoke: bool) -> dict[str, Any]:
-    """The four forms of a layer in order, layer after layer, in one graph: fp8 (tuned) and bf16."""
+    """The four forms of a layer in order, layer after layer, in one graph: fp8 (chosen shapes) and bf16."""
     layers = len(stacks[0].fp8)
     out: dict[str, Any] = {}
     for kind, nbytes in (("fp8", sum(s.fp8_bytes for s in stacks)), ("bf16", sum(s.bf16_bytes for s in stacks))):
@@ -166,9 +164,9 @@ def copy_bandwidth(smoke: bool) -> float:
 def markdown(metrics: dict[str, Any]) -> str:
     lines = [f"copy {metrics['copy_bandwidth_gb_s']} GB/s; {metrics['layers']} layers a graph; us per launch "
              "(fraction of the copy bandwidth, weight bytes)", "",
-             "| form | fp8 tuned | fp8 best | best config | bf16 | bf16 / fp8 best |", "|---|---:|---:|---|---:|---:|"]
+             "| form | fp8 chosen | fp8 best | best config | bf16 | bf16 / fp8 best |", "|---|---:|---:|---|---:|---:|"]
     for form, r in metrics["forms"].items():
-        lines.append(f"| {form} | {r['fp8_tuned_us']} ({r['fp8_tuned_fraction']}) | {r.get('best_fp8_us')} "
+        lines.append(f"| {form} | {r['fp8_chosen_us']} ({r['fp8_chosen_fraction']}) | {r.get('best_fp8_us')} "
                      f"({r.get('best_fp8_fraction')}) | {r.get('best_fp8_config')} | {r['bf16_us']} "
                      f"({r['bf16_fraction']}) | {round(r['bf16_us'] / r['best_fp8_us'], 2) if r.get('best_fp8_us') else '-'} |")
     layer = metrics.get("layer")

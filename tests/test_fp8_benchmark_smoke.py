@@ -43,10 +43,11 @@ def test_gemv_stack_smoke_times_every_launch_shape_and_bf16(tmp_path: Path) -> N
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     metrics = json.loads(out.read_text())["metrics"]
-    from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config
+    from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, launch_shapes
 
     for form in ("o", "gate_up"):
         row = metrics["forms"][form]
-        assert set(row["fp8_us"]) == {repr(c) for c in choose_config(128)}  # every candidate ran
+        assert set(row["fp8_us"]) == {repr(c) for c in launch_shapes(128)}  # every launch shape ran
+        assert row["fp8_chosen_config"] == repr(choose_config(128))
         assert row["best_fp8_config"] in row["fp8_us"] and row["bf16_us"] > 0
     assert "layer" not in metrics  # only with all four forms

@@ -40,7 +40,7 @@ from tests.paged_kernels import capture_cuda_graph  # noqa: E402
 from tokenspeed.kernels.autotune import LaunchTuner  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_gemm_triton import fp8_gemm_triton  # noqa: E402
-from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, fp8_gemv_triton  # noqa: E402
+from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton, launch_shapes  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_reference import fp8_gemm_reference  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_scaled_mm import (  # noqa: E402
     BLOCKWISE,
@@ -127,7 +127,7 @@ def test_gemv_and_gemm_at_decode_sizes(m: int, block_size: tuple[int, int]) -> N
 @pytest.mark.parametrize("block_size", [WEIGHT_BLOCK, PER_CHANNEL_BLOCK], ids=["block", "per-channel"])
 def test_fused_decode_forms_at_llama_shapes_for_every_launch_shape(block_size: tuple[int, int]) -> None:
     """The decode layer's fused forms on the device (RMSNorm prologue + SiLU-and-mul on gate_up,
-    residual epilogue on down), every launch shape the tuner may pick, against the reference kernels
+    residual epilogue on down), every launch shape, against the reference kernels
     run one after the other."""
     from tokenspeed.kernels.activation.reference import silu_and_mul_reference
     from tokenspeed.kernels.norm.rms_reference import rms_norm_reference
@@ -142,17 +142,17 @@ def test_fused_decode_forms_at_llama_shapes_for_every_launch_shape(block_size: t
     normed = rms_norm_reference(x, norm_w, 1e-6)
     h_want = silu_and_mul_reference(fp8_gemm_reference(normed.float(), gate_up, gate_up_scale, block_size=block_size).to(BF16))
     out_want = fp8_gemm_reference(h_want.float(), down, down_scale, block_size=block_size).to(BF16).float() + res.float()
-    for config in choose_config(k):
+    for config in launch_shapes(k):
         h = fp8_gemv_triton(x, gate_up, gate_up_scale, block_size=block_size, config=config,
                             norm_weight=norm_w, eps=1e-6, silu_mul=True)
         assert h.shape == (1, inter) and _rel_err(h, h_want) < GEMM_TOL, config
-    for config in choose_config(inter):
+    for config in launch_shapes(inter):
         out = fp8_gemv_triton(h_want, down, down_scale, block_size=block_size, config=config, residual=res)
         assert _rel_err(out, out_want) < GEMM_TOL, config
 
 
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336)])
-def test_every_gemv_launch_shape_the_tuner_may_pick_is_correct(n: int, k: int) -> None:
+def test_every_gemv_launch_shape_is_correct(n: int, k: int) -> None:
     """bf16 activations with outliers up to 3e4 and a row of tiny values: the fp16 loop scales them into range."""
     w8, scale = _weight(n, k, WEIGHT_BLOCK, seed=n)
     gen = torch.Generator(device="cuda").manual_seed(k)
@@ -161,7 +161,7 @@ def test_every_gemv_launch_shape_the_tuner_may_pick_is_correct(n: int, k: int) -
     x[1] *= 1e-5
     x = x.to(BF16)
     want = fp8_gemm_reference(x.float(), w8, scale)
-    for config in choose_config(k):
+    for config in launch_shapes(k):
         got = fp8_gemv_triton(x, w8, scale, config=config, out_dtype=torch.float32)
         for row in range(3):
             assert _rel_err(got[row], want[row]) < 2e-3, (config, row)  # fp16 products: 2^-11 per product

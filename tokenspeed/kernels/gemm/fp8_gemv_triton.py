@@ -12,7 +12,7 @@ Where the time goes: an fp8 byte is one weight, so this kernel does twice
 the arithmetic per byte of the bf16 GEMV, and at the H200's ~36 bytes per
 clock per SM the instruction issue, not memory, was the limit of the first
 version (about 9 instructions per weight byte: widen to fp32, scale, FMA;
-0.3-0.5 of the copy bandwidth). Three inner loops (`F16_MATH`, and `mma`):
+0.3-0.5 of the copy bandwidth). Two inner loops (`F16_MATH`):
 - fp16 (default): the weight widens to fp16 with one instruction per pair
   (exactly) and is multiplied into fp16 lanes with packed FMAs, one per pair;
   each lane accumulates one product per K step (at most `STEPS`), and the
@@ -26,18 +26,23 @@ version (about 9 instructions per weight byte: widen to fp32, scale, FMA;
   flush to zero.
 - fp32: widen to fp32 and FMA into an fp32 tile (exact products, fp32 sums;
   about 1.5x the instructions); always for fp32 activations.
-- tensor cores (`mma`, `_fp8_gemv_mma_kernel`): swap-AB, the weight rows
-  as the dot's M side and up to 16 tokens as its N side, one 128-wide K
-  group a dot; the weight widens exactly to fp16 (bf16 activations move to
-  fp16 per group, scaled by a power of two: `_dot_operand`) and the
-  products are exact in fp32. No FMA per weight byte, so it may stream
-  faster where the loops above are issue-bound. (Widening to bf16 instead
-  cost a slow single-value conversion per weight: 64 of the 282
-  instructions of a step: `python -m tokenspeed.kernels.sass_loops`.)
-`choose_config`'s candidates include all three; `LaunchTuner` times them per
-shape on the device on first use (`kernels/autotune.py`), the first being
-the default where timing is off, and a candidate that fails to build is
-never chosen.
+
+Launch shape (`choose_config`): fixed, from `benchmarks/gemv_stack.py`,
+which times every shape of `launch_shapes` the way a decode step runs it
+(32 layers' weights back to back in one CUDA graph, PDL on). On an H100
+(2026-12-06, us per launch at Llama-3.1-8B's forms qkv / o / gate_up /
+down): 8 rows x 2048 in the fp16 loop 11.6 / 7.7 / 43.0 / 22.3, and for
+down's K of 14336, 8 x 1024 in the fp32 loop 21.6; the best of 15 shapes
+per form summed to 82.7 us a layer, these to 83.9. Two things were tried
+and measured out:
+- timing the shapes on first use, each launched alone (`LaunchTuner`):
+  alone, a launch pays its ramp-up and the L2 flush that no decode step
+  pays, and its picks came out 4-8 us a layer slower than these in the
+  graph; in one run it picked a tensor-core shape for a form and the FP8
+  step took 4.66 ms (3.66 ms the run before, same card);
+- a tensor-core loop (swap-AB, the weight rows as the dot's M side, fp16
+  dots): 1.3x (gate_up) to 4x (down) slower than the best shape, in the
+  graph (`benchmarks/results/h100/wave2/fp8_2026-12-06/`).
 
 Scales: a program's rows lie in one row block (BLOCK_N divides bn), so a
 K group's block scale is the same for all of them and multiplies the
@@ -65,14 +70,12 @@ streams in about four.)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
@@ -85,7 +88,6 @@ from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_powe
 # The largest magnitude a sum of LANE_RUN fp16 lanes may reach (headroom 4x under fp16's 65504).
 _LANE_LIMIT = tl.constexpr(16384.0)
 LANE_RUN = tl.constexpr(16)
-MMA_TOKENS = 16  # tokens a tensor-core program serves (the dot's N side, padded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,17 +99,15 @@ class Fp8GemvConfig:
     num_warps: int
     stages: int
     f16_math: bool = True
-    mma: bool = False  # `_fp8_gemv_mma_kernel`: up to 16 tokens a program on tensor cores (`groups` unused)
 
 
-def choose_config(k: int) -> list[Fp8GemvConfig]:
-    """Candidate launch shapes for rows of `k` (the first is the default), for `LaunchTuner`.
+def launch_shapes(k: int) -> list[Fp8GemvConfig]:
+    """The launch shapes worth timing for rows of `k` (`benchmarks/gemv_stack.py` sweeps them; the tests run each).
 
-    Steps of 8-16 rows x 2048 values (16-32 KB, pipelined) keep 128-256
-    bytes per thread in flight; 4096-wide single steps suit K = 4096 (one
-    pass, no loop, all of it requested before the PDL wait). The fp32 loop
-    (the tuner's pick for o, gate/up and down on an H100) at 4-32 rows of
-    512-2048 values: two fp32 tiles of 8 x 2048 (SiLU-and-mul) would spill.
+    Steps of 8-16 rows x 1024-2048 values (pipelined) keep 128-256 bytes per
+    thread in flight; 4096-wide single steps suit K = 4096 (one pass, no
+    loop, all of it requested before the PDL wait). The fp32 loop at 4-32
+    rows of 512-2048 values: two fp32 tiles of 8 x 2048 (SiLU-and-mul) would spill.
     """
     groups = next_power_of_2(triton.cdiv(k, GROUP_SIZE))
     return [
@@ -120,16 +120,16 @@ def choose_config(k: int) -> list[Fp8GemvConfig]:
         Fp8GemvConfig(block_n=16, groups=min(4, groups), num_warps=4, stages=4, f16_math=False),
         Fp8GemvConfig(block_n=32, groups=min(2, groups), num_warps=4, stages=4, f16_math=False),
         Fp8GemvConfig(block_n=4, groups=min(16, groups), num_warps=4, stages=3, f16_math=False),
-        Fp8GemvConfig(block_n=2, groups=min(32, groups), num_warps=4, stages=2, f16_math=False),
-        Fp8GemvConfig(block_n=4, groups=min(32, groups), num_warps=8, stages=2, f16_math=False),
-        Fp8GemvConfig(block_n=32, groups=1, num_warps=4, stages=4, mma=True),
-        Fp8GemvConfig(block_n=64, groups=1, num_warps=4, stages=3, mma=True),
-        Fp8GemvConfig(block_n=64, groups=1, num_warps=4, stages=5, mma=True),
-        Fp8GemvConfig(block_n=128, groups=1, num_warps=8, stages=3, mma=True),
     ]
 
 
-_TUNER: LaunchTuner[Fp8GemvConfig] = LaunchTuner("gemm.fp8 triton_gemv", lambda key: choose_config(key[1]))
+def choose_config(k: int) -> Fp8GemvConfig:
+    """The launch shape for rows of `k`, measured in a decode step's graph (module docstring):
+    8 rows x 2048 in the fp16 loop, 8 x 1024 in the fp32 loop for long rows (down_proj's 14336)."""
+    groups = next_power_of_2(triton.cdiv(k, GROUP_SIZE))
+    if k > 8192:
+        return Fp8GemvConfig(block_n=8, groups=min(8, groups), num_warps=4, stages=3, f16_math=False)
+    return Fp8GemvConfig(block_n=8, groups=min(16, groups), num_warps=4, stages=3)
 
 
 @triton.jit
@@ -308,145 +308,6 @@ def _fp8_gemv_kernel(
     tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
-@triton.jit
-def _mma_group(acc, acc_up, w, wu, x_rows, k0, offs_k, t_mask, norm_w_ptr, rstd, scale_row, up_scale_row,
-               K: tl.constexpr, SCALE_BK: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_NORM: tl.constexpr,
-               SILU_MUL: tl.constexpr, IEEE: tl.constexpr):
-    """One K group of the tensor-core loop: its weight rows (and up rows) times the tokens, block-scaled."""
-    k_ok = (k0 + offs_k) < K
-    x = _load_x(x_rows, (k0 + offs_k)[None, :], t_mask[:, None] & k_ok[None, :], norm_w_ptr, rstd[:, None], HAS_NORM)
-    xt, x_unscale = _dot_operand(x, IEEE)
-    scale = x_unscale
-    scale_up = x_unscale
-    if not ROW_SCALE:
-        scale = x_unscale * tl.load(scale_row + k0 // SCALE_BK)
-        if SILU_MUL:
-            scale_up = x_unscale * tl.load(up_scale_row + k0 // SCALE_BK)
-    acc += _widened_dot(w, xt, IEEE) * scale[None, :]
-    if SILU_MUL:
-        acc_up += _widened_dot(wu, xt, IEEE) * scale_up[None, :]
-    return acc, acc_up
-
-
-@triton.jit
-def _dot_operand(x, IEEE: tl.constexpr):
-    """A group's activations `[tokens, 128]` as the dot's `[128, tokens]` operand, and the factor per token
-    that undoes their scaling. bf16 activations go to fp16, where an fp8 weight widens in one instruction
-    per pair (to bf16 it took three: through fp32), each token's group scaled by a power of two that puts
-    its largest magnitude in [2^13, 2^14]: exact (fp16 has more mantissa bits than bf16; only values
-    2^27 below the group's largest lose bits), and fp16 x fp16 products are exact in the fp32 sum."""
-    if x.dtype == tl.bfloat16 and not IEEE:
-        xf = x.to(tl.float32)
-        peak = tl.max(tl.abs(xf), 1)
-        exponent = 14.0 - tl.ceil(tl.log2(tl.maximum(peak, 1e-30)))
-        xt = tl.trans((xf * tl.exp2(exponent)[:, None]).to(tl.float16))
-        unscale = tl.exp2(-exponent)
-    else:
-        xt = tl.trans(x)
-        unscale = tl.full([x.shape[0]], 1.0, tl.float32)
-    return xt, unscale
-
-
-@triton.jit
-def _widened_dot(w, xt, IEEE: tl.constexpr):
-    """fp8 weights widened exactly to the operand's dtype, times the tokens; IEEE for fp32 (the tests)."""
-    if IEEE:
-        part = tl.dot(w.to(xt.dtype), xt, input_precision="ieee")
-    else:
-        part = tl.dot(w.to(xt.dtype), xt)
-    return part
-
-
-@triton.jit
-def _fp8_gemv_mma_kernel(
-    x_ptr,
-    w_ptr,
-    ws_ptr,
-    bias_ptr,
-    norm_w_ptr,
-    res_ptr,
-    out_ptr,
-    eps,
-    M,
-    stride_xm,
-    stride_wn,
-    stride_wsn,
-    stride_rm,
-    stride_om,
-    N: tl.constexpr,
-    K: tl.constexpr,
-    SCALE_BN: tl.constexpr,
-    SCALE_BK: tl.constexpr,
-    ROW_SCALE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    GROUP_K: tl.constexpr,
-    STAGES: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    HAS_NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    SILU_MUL: tl.constexpr,
-    IEEE: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    """The same contract on tensor cores (swap-AB): BLOCK_N weight rows as the dot's M side, up to
-    BLOCK_T tokens as its N side, one K group of 128 a dot so each group's block scale multiplies
-    its partial sum; weights widen to the activation dtype exactly, products are exact in fp32."""
-    pid_n = tl.program_id(0)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_k = tl.arange(0, GROUP_K)
-    n_mask = offs_n < N
-    t_mask = offs_t < M
-    rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    up_rows = rows + N * stride_wn
-    w_first = load_rows(rows, offs_k, n_mask, K, False)  # the first group before the wait (see above)
-    wu_first = w_first
-    if SILU_MUL:
-        wu_first = load_rows(up_rows, offs_k, n_mask, K, False)
-    if USE_PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xm
-    scale_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn
-    up_scale_row = ws_ptr + ((pid_n * BLOCK_N + N) // SCALE_BN) * stride_wsn
-    rstd = tl.zeros([BLOCK_T], dtype=tl.float32)
-    if HAS_NORM:
-        squares = tl.zeros([BLOCK_T], dtype=tl.float32)
-        for k0 in range(0, K, GROUP_K):
-            xv = tl.load(x_rows + (k0 + offs_k)[None, :], mask=t_mask[:, None] & ((k0 + offs_k) < K)[None, :],
-                         other=0.0).to(tl.float32)
-            squares += tl.sum(xv * xv, 1)
-        rstd = tl.rsqrt(squares / K + eps)
-    acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
-    acc, acc_up = _mma_group(acc, acc_up, w_first, wu_first, x_rows, 0, offs_k, t_mask, norm_w_ptr, rstd,
-                             scale_row, up_scale_row, K, SCALE_BK, ROW_SCALE, HAS_NORM, SILU_MUL, IEEE)
-    for k0 in tl.range(GROUP_K, K, GROUP_K, num_stages=STAGES):  # the other groups, pipelined by the compiler
-        w = load_rows(rows, k0 + offs_k, n_mask, K, False)
-        wu = w
-        if SILU_MUL:
-            wu = load_rows(up_rows, k0 + offs_k, n_mask, K, False)
-        acc, acc_up = _mma_group(acc, acc_up, w, wu, x_rows, k0, offs_k, t_mask, norm_w_ptr, rstd,
-                                 scale_row, up_scale_row, K, SCALE_BK, ROW_SCALE, HAS_NORM, SILU_MUL, IEEE)
-    if ROW_SCALE:
-        acc *= tl.load(ws_ptr + (offs_n // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)[:, None]
-        if SILU_MUL:
-            acc_up *= tl.load(ws_ptr + ((offs_n + N) // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)[:, None]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        if SILU_MUL:
-            acc_up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-    out_mask = n_mask[:, None] & t_mask[None, :]
-    if SILU_MUL or HAS_RESIDUAL:
-        acc = _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL)
-        if HAS_RESIDUAL:
-            res = tl.load(res_ptr + offs_t.to(tl.int64)[None, :] * stride_rm + offs_n[:, None], mask=out_mask, other=0.0)
-            acc += res.to(tl.float32)
-    dst = out_ptr + offs_t.to(tl.int64)[None, :] * stride_om + offs_n[:, None]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
-
-
 def _fitting_block_n(block_n: int, scale_bn: int, row_scale: bool) -> int:
     """BLOCK_N, halved until a program's rows lie in one row block of block scales."""
     while not row_scale and scale_bn % block_n:
@@ -482,7 +343,7 @@ def fp8_gemv_triton(
     The decode layer's fused forms, as in the bf16 GEMV (`gemv_triton.py`): `norm_weight` applies
     RMSNorm to x first, `silu_mul` treats the weight as `[2N, K]` gate then up rows and returns
     silu(gate) * up `[..., N]` (`fits_silu_mul` says which block scales allow it), `residual` is
-    added to the result. `config` None: the tuned launch shape for this weight (`LaunchTuner`).
+    added to the result. `config` None: `choose_config`'s launch shape.
     """
     n, k = check_fp8_gemm_args(x, weight, weight_scale, block_size)
     if weight.stride(-1) != 1:
@@ -502,45 +363,19 @@ def fp8_gemv_triton(
     res = None if residual is None else residual.reshape(-1, n)
     scales = weight_scale.contiguous()
 
-    def launch(cfg: Fp8GemvConfig) -> None:
-        block_n = _fitting_block_n(cfg.block_n, block_size[0], row_scale)
-        if cfg.mma:
-            if block_n < 16:  # row blocks narrower than a tensor-core tile: the tuner passes this candidate over
-                raise ValueError(f"the mma loop needs 16 rows a program; row blocks of {block_size[0]} allow {block_n}")
-            for_tensor(_fp8_gemv_mma_kernel, x)[(triton.cdiv(n, block_n), triton.cdiv(m, MMA_TOKENS))](
-                x2, weight, scales, bias if bias is not None else out,
-                norm_weight if norm_weight is not None else x2, res if res is not None else out, out, eps, m,
-                x2.stride(0), weight.stride(0), scales.stride(0), res.stride(0) if res is not None else 0,
-                out.stride(0),
-                N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], ROW_SCALE=row_scale,
-                BLOCK_N=block_n, BLOCK_T=MMA_TOKENS, GROUP_K=GROUP_SIZE, STAGES=cfg.stages,
-                HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None, HAS_RESIDUAL=res is not None,
-                SILU_MUL=silu_mul, IEEE=x.dtype == torch.float32,
-                num_warps=cfg.num_warps, **pdl_launch_options(pdl_enabled(x.device)),
-            )  # fmt: skip
-            return
-        block_k = cfg.groups * GROUP_SIZE
-        f16_math = cfg.f16_math and x.dtype != torch.float32  # fp32 activations: exact products and sums
-        for_tensor(_fp8_gemv_kernel, x)[(triton.cdiv(n, block_n), m)](
-            x2, weight, scales, bias if bias is not None else out,
-            norm_weight if norm_weight is not None else x2, res if res is not None else out, out, eps,
-            x2.stride(0), weight.stride(0), scales.stride(0), res.stride(0) if res is not None else 0, out.stride(0),
-            N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], SCALE_COLS=next_power_of_2(scales.shape[1]),
-            ROW_SCALE=row_scale,
-            BLOCK_N=block_n, GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages, F16_MATH=f16_math,
-            EVEN=n % block_n == 0 and k % block_k == 0, HAS_BIAS=bias is not None,
-            HAS_NORM=norm_weight is not None, HAS_RESIDUAL=res is not None, SILU_MUL=silu_mul,
-            num_warps=cfg.num_warps, **pdl_launch_options(pdl_enabled(x.device)),
-        )  # fmt: skip
-
-    if config is None:
-        fused = (norm_weight is not None, residual is not None, silu_mul)
-        key = (n, k, block_size, x.dtype, out.dtype, bias is not None, fused)
-        config = _TUNER.choose(key, x.device, launch)
-    launch(config)
+    config = config or choose_config(k)
+    block_n = _fitting_block_n(config.block_n, block_size[0], row_scale)
+    block_k = config.groups * GROUP_SIZE
+    f16_math = config.f16_math and x.dtype != torch.float32  # fp32 activations: exact products and sums
+    for_tensor(_fp8_gemv_kernel, x)[(triton.cdiv(n, block_n), m)](
+        x2, weight, scales, bias if bias is not None else out,
+        norm_weight if norm_weight is not None else x2, res if res is not None else out, out, eps,
+        x2.stride(0), weight.stride(0), scales.stride(0), res.stride(0) if res is not None else 0, out.stride(0),
+        N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], SCALE_COLS=next_power_of_2(scales.shape[1]),
+        ROW_SCALE=row_scale,
+        BLOCK_N=block_n, GROUPS=config.groups, GROUP_K=GROUP_SIZE, STAGES=config.stages, F16_MATH=f16_math,
+        EVEN=n % block_n == 0 and k % block_k == 0, HAS_BIAS=bias is not None,
+        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=res is not None, SILU_MUL=silu_mul,
+        num_warps=config.num_warps, **pdl_launch_options(pdl_enabled(x.device)),
+    )  # fmt: skip
     return out.view(*x.shape[:-1], n)
-
-
-def tuned_configs() -> dict[tuple[Any, ...], TunedChoice[Fp8GemvConfig]]:
-    """The launch shape each weight shape got (and the candidates' times), for benchmarks."""
-    return _TUNER.chosen()

@@ -3,7 +3,7 @@
 Llama-3.1-8B's projections (K 4096 and 14336) with 128 x 128 weight blocks:
 the activation quantiser, the tensor-core GEMM at both tile shapes
 `fp8_gemm_triton.choose_tiles` picks, and the one-token GEMV at every
-launch shape `fp8_gemv_triton.choose_config` offers its tuner.
+launch shape of `fp8_gemv_triton.launch_shapes`.
 """
 
 from __future__ import annotations
@@ -39,24 +39,18 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
             multiple_of_16=("K",),
         )
     # The decode layer's forms at Llama-3.1-8B shapes: qkv (RMSNorm prologue), gate/up (RMSNorm and
-    # SiLU-and-mul over [2N, K]), down (residual epilogue); every candidate of the tuner.
+    # SiLU-and-mul over [2N, K]), down (residual epilogue); every launch shape.
     forms = (("qkv", 6144, 4096, dict(HAS_NORM=True, HAS_RESIDUAL=False, SILU_MUL=False)),
              ("gate_up", 14336, 4096, dict(HAS_NORM=True, HAS_RESIDUAL=False, SILU_MUL=True)),
              ("down", 4096, 14336, dict(HAS_NORM=False, HAS_RESIDUAL=True, SILU_MUL=False)))
     for form, n, k, fused in forms:
-        for cfg in fp8_gemv_triton.choose_config(k):
-            common = dict(N=n, K=k, SCALE_BN=128, SCALE_BK=128, ROW_SCALE=False, BLOCK_N=cfg.block_n)
-            common |= dict(GROUP_K=GROUP_SIZE, STAGES=cfg.stages, HAS_BIAS=False, USE_PDL=True) | fused
-            if cfg.mma:
-                kernel = fp8_gemv_triton._fp8_gemv_mma_kernel
-                constexprs = common | dict(BLOCK_T=fp8_gemv_triton.MMA_TOKENS, IEEE=False)
-            else:
-                kernel = fp8_gemv_triton._fp8_gemv_kernel
-                constexprs = common | dict(SCALE_COLS=next_power_of_2(k // 128), GROUPS=cfg.groups,
-                                           F16_MATH=cfg.f16_math, EVEN=True)
+        for cfg in fp8_gemv_triton.launch_shapes(k):
+            constexprs = dict(N=n, K=k, SCALE_BN=128, SCALE_BK=128, ROW_SCALE=False, BLOCK_N=cfg.block_n)
+            constexprs |= dict(GROUP_K=GROUP_SIZE, STAGES=cfg.stages, HAS_BIAS=False, USE_PDL=True) | fused
+            constexprs |= dict(SCALE_COLS=next_power_of_2(k // 128), GROUPS=cfg.groups, F16_MATH=cfg.f16_math, EVEN=True)
             yield KernelConfig(
                 f"gemm.fp8 triton_gemv {form} n={n} k={k} {cfg}",
-                kernel,
+                fp8_gemv_triton._fp8_gemv_kernel,
                 constexprs,
                 pointers={"w_ptr": FP8, "ws_ptr": "fp32"},
                 num_warps=cfg.num_warps,
