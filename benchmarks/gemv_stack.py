@@ -29,17 +29,15 @@ Metrics (JSON `metrics`, also printed as a markdown table):
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from gpu_suite import log  # benchmarks/ is on sys.path when run as a script
+from fp8_kernels import Timer, save  # benchmarks/ is on sys.path when run as a script
+from gpu_suite import log
 
 # form -> (weight rows, K): gate_up's rows are gate then up (2 x 14336)
 FORMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
@@ -48,14 +46,8 @@ BLOCK = (128, 128)
 
 
 def timed_us(fn: Callable[[], Any], smoke: bool) -> float:
-    if smoke:  # the numbers only show the script runs
-        fn()
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e6
-    from moe_kernels import graph_ms  # benchmarks/ is on sys.path when run as a script
-
-    return graph_ms(fn, reps=5) * 1e3
+    """Median us of a CUDA-graph replay of `fn` (wall clock under the CPU interpreter: the script runs)."""
+    return Timer("cpu" if smoke else "cuda").us(fn)
 
 
 def fused_args(form: str, k: int, n_out: int, dtype: torch.dtype, dev: str) -> dict[str, Any]:
@@ -209,13 +201,6 @@ def main() -> int:
     args.out.with_suffix(".md").write_text(f"`{command}` on {device}, {date}\n\n{table}\n")
     print(table)
     return 0
-
-
-def save(path: Path, command: str, device: str, metrics: dict[str, Any]) -> str:
-    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"command": command, "device": device, "date": date, "metrics": metrics}, indent=2) + "\n")
-    return date
 
 
 if __name__ == "__main__":
