@@ -24,8 +24,12 @@ in the H200's L2, and would otherwise be read from it), median of CUDA-event
 times. The flush reads a buffer twice the L2 rather than writing it: a write
 leaves the L2 full of dirty lines, and their write-back shares the DRAM with
 the timed kernel's reads (as many bytes as a weight smaller than the L2
-reads), a cost no decode step pays, and largest for the smallest weights. A candidate that fails to compile or launch is skipped; without
-memory for the flush buffer (twice the L2) the default runs untimed.
+reads), a cost no decode step pays, and largest for the smallest weights.
+A candidate that fails to compile or launch is skipped; without memory for
+the flush buffer (twice the L2) the default runs untimed. A kernel timed
+alone still pays its whole launch and ramp-up, which a decode step's graph
+overlaps (PDL): the FP8 decode GEMV's shapes ranked differently that way
+and now come from an in-graph measurement instead (`gemm/fp8_gemv_triton.py`).
 `TOKENSPEED_AUTOTUNE=0` turns timing off (the defaults run); the interpreter
 and CPU tensors never time. `chosen()` reports what each key got, with the
 timings, for benchmarks.
