@@ -81,6 +81,7 @@ def _signature(config: KernelConfig) -> tuple[dict[str, Any], dict[tuple[int, ..
 
 
 def serving_configs() -> Iterator[KernelConfig]:
+    from tokenspeed.kernels import l2_prefetch
     from tokenspeed.kernels.activation import silu_triton
     from tokenspeed.kernels.attention import decode_triton, extend_triton
     from tokenspeed.kernels.kvstore import rope_write_triton, write_triton
@@ -158,6 +159,9 @@ def serving_configs() -> Iterator[KernelConfig]:
             | (_FP8_KV if fp8 else _KV_SCALES),
         )
     yield KernelConfig("activation.silu_and_mul", silu_triton._silu_and_mul_kernel, dict(D=14336, BLOCK=1024))
+    yield KernelConfig(
+        "l2_prefetch", l2_prefetch._l2_prefetch_kernel, dict(LINES=1024, USE_PDL=True), pointee="u8"
+    )
     from tokenspeed.kernels.moe.compile_configs import moe_compile_configs
 
     yield from moe_compile_configs()
