@@ -2,7 +2,8 @@
 # One device call for issue 16's FP8 figures, each step under its own time limit (seconds, 0 skips it):
 # GPU tests (TESTS files, TEST_K selection; TESTS_S), fp8_e2e.py (E2E_SECTIONS; E2E_S), gemv_stack.py
 # (STACK_S), fp8_kernels.py (KERNELS_S); E2E_ARGS: more fp8_e2e.py arguments. Everything lands in
-# $OUT/fp8.tgz, re-packed after every step so that a call cut short keeps what finished. Carry .whl_gpu (scripts/fetch_device_wheels.sh).
+# $OUT/fp8.tgz, re-packed after every step so that a call cut short keeps what finished.
+# Carry .whl_gpu (scripts/fetch_device_wheels.sh).
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl_gpu/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 NCCL_NVLS_ENABLE=0 TOKENSPEED_GPU_REPORT=/tmp/fp8/gpu_report.jsonl
