@@ -18,7 +18,8 @@ Sections (`--sections`, comma separated; the JSON is rewritten after each):
   at the mean context) / copy bandwidth, the copy measured in this run.
   Targets: fp8 TPOT <= 1.15 x roofline, bf16 TPOT / fp8 TPOT >= 1.7.
   `--l2-prefetch 0.3,0.5` adds both again with `TOKENSPEED_L2_PREFETCH` at
-  each value (`kernels/l2_prefetch.py`), for an on/off comparison in one run.
+  each value (`kernels/l2_prefetch.py`), for an on/off comparison in one run
+  (and `kv_long` the fp8 KV cache with it).
 - `qwen3_moe`: the qwen3-30b-a3b-fp8 preset (block-FP8 checkpoint format),
   decode at bs1 and bs64 (TPOT, tokens/s, and the bs1 roofline of the active
   parameters: attention, router and top-8 of 128 experts per layer).
@@ -264,18 +265,21 @@ def qwen3_moe(args: argparse.Namespace, models: dict[str, str]) -> None:
 def kv_long(args: argparse.Namespace, models: dict[str, str]) -> None:
     batch, context, new_tokens = (2, 32, 4) if args.smoke else (4, 32768, 64)
     out: dict[str, Any] = RESULTS.setdefault("kv_long", {"batch": batch, "context": context, "new_tokens": new_tokens})
-    for kv in ("auto", "fp8"):
+    variants = [("bf16", "auto", {}), ("fp8", "fp8", {})]
+    # With the L2 prefetch: attention's reads evict what was prefetched here (the cost side of the A/B).
+    variants += [(f"fp8 l2_prefetch={f}", "fp8", {"TOKENSPEED_L2_PREFETCH": str(f)}) for f in args.l2_prefetch]
+    for name, kv, env in variants:
         # max_num_seqs 256 so that the pool is sized by memory alone (not capped at what `batch` requests
         # could use): its pages are the capacity figure; graphs only up to `batch` rows.
         options: dict[str, Any] = dict(quantization="fp8", kv_cache_dtype=kv, max_num_seqs=256,
                                        cuda_graph_max_bs=batch, max_model_len=context + new_tokens + 16)
         if not args.smoke:
             options["max_num_batched_tokens"] = 16384
-        llm = engine(models["llama"], args.smoke, **options)
+        with environment(env):
+            llm = engine(models["llama"], args.smoke, **options)
         step = decode_step_s(llm, batch, context, new_tokens, random.Random(3))
         limits = llm.core.executor.limits
         per_token = kv_bytes_per_token(llm)
-        name = "bf16" if kv == "auto" else "fp8"
         out[name] = {"tpot_ms": round(step * 1e3, 3), "kv_pages": limits.num_pages,
                      "kv_bytes_per_token": per_token,
                      "contexts_of_100k_that_fit": limits.num_pages * limits.page_size // 100_000}
@@ -316,7 +320,7 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, measures nothing")
     parser.add_argument("--profile", action="store_true", help="llama: a kernel table of bs1 decode steps per variant")
     parser.add_argument("--l2-prefetch", type=lambda v: [float(f) for f in v.split(",") if f], default=[],
-                        help="llama: also run fp8 and bf16 with TOKENSPEED_L2_PREFETCH at each of these parts of the L2")
+                        help="llama, kv_long: variants with TOKENSPEED_L2_PREFETCH at each of these parts of the L2")
     args = parser.parse_args()
     command = " ".join(["python", "benchmarks/fp8_e2e.py", *sys.argv[1:]])
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
