@@ -171,10 +171,14 @@ def bench_prefetch(o: Layers, gate_up: Layers, fraction: float, smoke: bool, sle
 
     os.environ["TOKENSPEED_L2_PREFETCH"] = str(fraction)  # read when the graph is captured
     out = {"sleep_us": sleep_us, "fraction": fraction}
-    for name, fn in (("wait_only", run(False, False)), ("wait_then_o", run(False)), ("prefetch_wait_then_o", run(True))):
+    for name, fn in (("wait_only", run(False, False)), ("wait_then_o", run(False))):
         out[name] = round(timed_us(fn, smoke) / layers, 2)
     out["o_after_wait_us"] = round(out["wait_then_o"] - out["wait_only"], 2)
-    out["o_after_prefetch_us"] = round(out["prefetch_wait_then_o"] - out["wait_only"], 2)
+    for op, bulk in (("line", "0"), ("bulk", "1")):  # prefetch.global.L2 per line, cp.async.bulk.prefetch per 4 KB
+        os.environ["TOKENSPEED_L2_PREFETCH_BULK"] = bulk
+        out[f"{op}_prefetch_wait_then_o"] = round(timed_us(run(True), smoke) / layers, 2)
+        out[f"o_after_{op}_prefetch_us"] = round(out[f"{op}_prefetch_wait_then_o"] - out["wait_only"], 2)
+    os.environ.pop("TOKENSPEED_L2_PREFETCH_BULK")
     log(f"prefetch: {out}")
     return out
 

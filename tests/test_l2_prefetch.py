@@ -13,14 +13,21 @@ import gc
 import pytest
 import torch
 
-from tokenspeed.kernels.l2_prefetch import LINE_BYTES, l2_prefetch, lines_within, prefetch_fraction
+from tokenspeed.kernels.l2_prefetch import (
+    BULK_BYTES,
+    LINE_BYTES,
+    l2_prefetch,
+    prefetch_fraction,
+    units_within,
+)
 
 
 def test_budget_goes_to_the_first_tensor_then_the_second() -> None:
-    assert lines_within([10 * LINE_BYTES, 10 * LINE_BYTES], 15 * LINE_BYTES) == [10, 5]
-    assert lines_within([10 * LINE_BYTES, 10 * LINE_BYTES], 4 * LINE_BYTES + 7) == [4, 0]
-    assert lines_within([3 * LINE_BYTES + 5, 10 * LINE_BYTES], 100 * LINE_BYTES) == [3, 10]
-    assert lines_within([10 * LINE_BYTES], 0) == [0]
+    assert units_within([10 * LINE_BYTES, 10 * LINE_BYTES], 15 * LINE_BYTES) == [10, 5]
+    assert units_within([10 * LINE_BYTES, 10 * LINE_BYTES], 4 * LINE_BYTES + 7) == [4, 0]
+    assert units_within([3 * LINE_BYTES + 5, 10 * LINE_BYTES], 100 * LINE_BYTES) == [3, 10]
+    assert units_within([10 * LINE_BYTES], 0) == [0]
+    assert units_within([3 * BULK_BYTES - 1, BULK_BYTES], 100 * BULK_BYTES, BULK_BYTES) == [2, 1]
 
 
 def test_off_by_default_and_a_no_op_off_cuda(monkeypatch) -> None:

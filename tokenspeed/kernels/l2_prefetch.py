@@ -37,9 +37,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 
-LINE_BYTES = 128  # an L2 cache line
-_LINE = tl.constexpr(LINE_BYTES)
-_LINES_PER_PROGRAM = 1024
+LINE_BYTES = 128  # an L2 cache line: `prefetch.global.L2` asks for one
+BULK_BYTES = 4096  # what one `cp.async.bulk.prefetch.L2` asks for here (the copy engine splits it)
+_UNITS_PER_PROGRAM = 1024
 
 
 def prefetch_fraction() -> float:
@@ -53,30 +53,38 @@ def _l2_bytes(device_index: int) -> int:
 
 
 @triton.jit
-def _l2_prefetch_kernel(a_ptr, a_lines, b_ptr, b_lines, LINES: tl.constexpr, USE_PDL: tl.constexpr):
-    """Lines [0, a_lines) of a, then [0, b_lines) of b (uint8 pointers), LINES a program."""
-    line = tl.program_id(0) * LINES + tl.arange(0, LINES)
-    line = tl.minimum(line, a_lines + b_lines - 1)  # the last program's spare lanes repeat the last line
-    in_a = line < a_lines
-    a_addr = a_ptr + tl.where(in_a, line, 0).to(tl.int64) * _LINE
-    b_addr = b_ptr + tl.where(in_a, 0, line - a_lines).to(tl.int64) * _LINE
-    tl.inline_asm_elementwise(
-        "mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [tl.where(in_a, a_addr, b_addr)],
-        dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
+def _l2_prefetch_kernel(a_ptr, a_units, b_ptr, b_units, UNITS: tl.constexpr, UNIT_BYTES: tl.constexpr,
+                        USE_PDL: tl.constexpr):
+    """Units [0, a_units) of a, then [0, b_units) of b (uint8 pointers), UNITS a program; a unit is a
+    line (`prefetch.global.L2`) or, for UNIT_BYTES > 128, a bulk request of that many bytes."""
+    unit = tl.program_id(0) * UNITS + tl.arange(0, UNITS)
+    unit = tl.minimum(unit, a_units + b_units - 1)  # the last program's spare lanes repeat the last unit
+    in_a = unit < a_units
+    a_addr = a_ptr + tl.where(in_a, unit, 0).to(tl.int64) * UNIT_BYTES
+    b_addr = b_ptr + tl.where(in_a, 0, unit - a_units).to(tl.int64) * UNIT_BYTES
+    addr = tl.where(in_a, a_addr, b_addr)
+    if UNIT_BYTES > 128:
+        tl.inline_asm_elementwise(
+            "mov.u32 $0, 0;\n\tcp.async.bulk.prefetch.L2.global [$1], $2;", "=r,l,r",
+            [addr, tl.full([UNITS], UNIT_BYTES, tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+    else:
+        tl.inline_asm_elementwise(
+            "mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [addr], dtype=tl.int32, is_pure=False, pack=1
+        )
     if USE_PDL:  # the next kernel may be scheduled now; this one ends after the previous kernel
         gdc_launch_dependents()
         gdc_wait()
 
 
-def lines_within(sizes: Sequence[int], budget: int) -> list[int]:
-    """Whole L2 lines of each tensor (`sizes` in bytes) to prefetch, in order, `budget` bytes in all."""
-    lines = []
+def units_within(sizes: Sequence[int], budget: int, unit: int = LINE_BYTES) -> list[int]:
+    """Whole units of each tensor (`sizes` in bytes) to prefetch, in order, `budget` bytes in all."""
+    units = []
     for size in sizes:
-        take = min(budget, size) // LINE_BYTES
-        lines.append(take)
-        budget -= take * LINE_BYTES
-    return lines
+        take = min(budget, size) // unit
+        units.append(take)
+        budget -= take * unit
+    return units
 
 
 def l2_prefetch(tensors: Sequence[torch.Tensor]) -> None:
@@ -87,14 +95,15 @@ def l2_prefetch(tensors: Sequence[torch.Tensor]) -> None:
         return
     device = tensors[0].device
     budget = int(fraction * _l2_bytes(device.index if device.index is not None else torch.cuda.current_device()))
+    unit = BULK_BYTES if os.environ.get("TOKENSPEED_L2_PREFETCH_BULK", "0") == "1" else LINE_BYTES
     flat = [t.reshape(-1).view(torch.uint8) for t in tensors[:2]]
-    lines = lines_within([t.numel() for t in flat], budget)
+    units = units_within([t.numel() for t in flat], budget, unit)
     if len(flat) == 1:
-        flat, lines = flat * 2, lines + [0]
-    total = lines[0] + lines[1]
+        flat, units = flat * 2, units + [0]
+    total = units[0] + units[1]
     if total == 0:
         return
-    _l2_prefetch_kernel[(triton.cdiv(total, _LINES_PER_PROGRAM),)](
-        flat[0], lines[0], flat[1], lines[1], LINES=_LINES_PER_PROGRAM, num_warps=4,
+    _l2_prefetch_kernel[(triton.cdiv(total, _UNITS_PER_PROGRAM),)](
+        flat[0], units[0], flat[1], units[1], UNITS=_UNITS_PER_PROGRAM, UNIT_BYTES=unit, num_warps=4,
         **pdl_launch_options(pdl_enabled(device)),
     )  # fmt: skip
