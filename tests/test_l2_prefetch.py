@@ -42,8 +42,10 @@ def test_off_by_default_and_a_no_op_off_cuda(monkeypatch) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_prefetch_captures_in_a_graph_and_changes_nothing(monkeypatch) -> None:
+@pytest.mark.parametrize("bulk", ["0", "1"])
+def test_prefetch_captures_in_a_graph_and_changes_nothing(monkeypatch, bulk) -> None:
     monkeypatch.setenv("TOKENSPEED_L2_PREFETCH", "0.9")
+    monkeypatch.setenv("TOKENSPEED_L2_PREFETCH_BULK", bulk)
     a = torch.randint(-100, 100, (4096, 4096), dtype=torch.int8, device="cuda").view(torch.float8_e4m3fn)
     b = torch.randn(3, 1000, dtype=torch.bfloat16, device="cuda")  # not a whole number of lines
     x = torch.randn(1024, device="cuda")
