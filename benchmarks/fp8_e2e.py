@@ -17,9 +17,6 @@ Sections (`--sections`, comma separated; the JSON is rewritten after each):
   beside it. Roofline = (bytes of the weights a decode step reads + K/V bytes
   at the mean context) / copy bandwidth, the copy measured in this run.
   Targets: fp8 TPOT <= 1.15 x roofline, bf16 TPOT / fp8 TPOT >= 1.7.
-  `--l2-prefetch 0.3,0.5` adds both again with `TOKENSPEED_L2_PREFETCH` at
-  each value (`kernels/l2_prefetch.py`), for an on/off comparison in one run
-  (and `kv_long` the fp8 KV cache with it).
 - `qwen3_moe`: the qwen3-30b-a3b-fp8 preset (block-FP8 checkpoint format),
   decode at bs1 and bs64 (TPOT, tokens/s, and the bs1 roofline of the active
   parameters: attention, router and top-8 of 128 experts per layer).
@@ -31,7 +28,6 @@ Sections (`--sections`, comma separated; the JSON is rewritten after each):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import gc
 import json
@@ -40,7 +36,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,21 +137,6 @@ def decode_step_s(llm: Any, batch: int, prompt_len: int, new_tokens: int, rng: r
     return (timed(1 + new_tokens) - timed(1)) / new_tokens
 
 
-@contextlib.contextmanager
-def environment(changes: dict[str, str]) -> Iterator[None]:
-    """Environment variables set for the block, restored after it."""
-    before = {key: os.environ.get(key) for key in changes}
-    os.environ.update(changes)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def engine(model: str, smoke: bool, **options: Any) -> Any:
     from tokenspeed import LLM
 
@@ -186,21 +167,15 @@ def llama(args: argparse.Namespace, models: dict[str, str]) -> None:
     prompt_len, new_tokens = (8, 4) if args.smoke else (1024, 256)
     mean_context = prompt_len + new_tokens // 2
     out: dict[str, Any] = RESULTS.setdefault("llama", {"prompt_len": prompt_len, "new_tokens": new_tokens})
-    variants: list[tuple[str, dict[str, Any], dict[str, str]]] = [("fp8", {"quantization": "fp8"}, {}), ("bf16", {}, {})]
-    for fraction in args.l2_prefetch:  # the same two with the L2 prefetch at this part of the L2 (A/B)
-        env = {"TOKENSPEED_L2_PREFETCH": str(fraction)}
-        variants += [(f"fp8 l2_prefetch={fraction}", {"quantization": "fp8"}, env), (f"bf16 l2_prefetch={fraction}", {}, env)]
-    for name, options, env in variants:
-        with environment(env):  # read when the decode graphs are captured, in the engine's start-up
-            llm = engine(models["llama"], args.smoke, max_num_seqs=8, max_model_len=None if args.smoke else 4096,
-                         **options)
+    for name, options in (("fp8", {"quantization": "fp8"}), ("bf16", {})):
+        llm = engine(models["llama"], args.smoke, max_num_seqs=8, max_model_len=None if args.smoke else 4096, **options)
         step = decode_step_s(llm, 1, prompt_len, new_tokens, random.Random(1))
         weights = decode_weight_bytes(llm.core.executor.model)
         roofline = (weights + kv_bytes_per_token(llm) * mean_context) / (RESULTS["copy_bandwidth_gb_s"] * 1e9)
         out[name] = {"bs1_tpot_ms": round(step * 1e3, 3), "roofline_ms": round(roofline * 1e3, 3),
                      "roofline_ratio": round(step / roofline, 3), "weight_bytes_per_token": weights}
         log(f"llama {name}: bs1 TPOT {step * 1e3:.3f} ms, roofline {roofline * 1e3:.3f} ms ({step / roofline:.3f}x)")
-        if args.profile and not env:
+        if args.profile:
             profile_decode(llm, prompt_len, args.out.with_name(f"{args.out.stem}.{name}.profile.txt"))
         release(llm)
     out["bf16_over_fp8"] = round(out["bf16"]["bs1_tpot_ms"] / out["fp8"]["bs1_tpot_ms"], 3)
@@ -265,21 +240,18 @@ def qwen3_moe(args: argparse.Namespace, models: dict[str, str]) -> None:
 def kv_long(args: argparse.Namespace, models: dict[str, str]) -> None:
     batch, context, new_tokens = (2, 32, 4) if args.smoke else (4, 32768, 64)
     out: dict[str, Any] = RESULTS.setdefault("kv_long", {"batch": batch, "context": context, "new_tokens": new_tokens})
-    variants = [("bf16", "auto", {}), ("fp8", "fp8", {})]
-    # With the L2 prefetch: attention's reads evict what was prefetched here (the cost side of the A/B).
-    variants += [(f"fp8 l2_prefetch={f}", "fp8", {"TOKENSPEED_L2_PREFETCH": str(f)}) for f in args.l2_prefetch]
-    for name, kv, env in variants:
+    for kv in ("auto", "fp8"):
         # max_num_seqs 256 so that the pool is sized by memory alone (not capped at what `batch` requests
         # could use): its pages are the capacity figure; graphs only up to `batch` rows.
         options: dict[str, Any] = dict(quantization="fp8", kv_cache_dtype=kv, max_num_seqs=256,
                                        cuda_graph_max_bs=batch, max_model_len=context + new_tokens + 16)
         if not args.smoke:
             options["max_num_batched_tokens"] = 16384
-        with environment(env):
-            llm = engine(models["llama"], args.smoke, **options)
+        llm = engine(models["llama"], args.smoke, **options)
         step = decode_step_s(llm, batch, context, new_tokens, random.Random(3))
         limits = llm.core.executor.limits
         per_token = kv_bytes_per_token(llm)
+        name = "bf16" if kv == "auto" else "fp8"
         out[name] = {"tpot_ms": round(step * 1e3, 3), "kv_pages": limits.num_pages,
                      "kv_bytes_per_token": per_token,
                      "contexts_of_100k_that_fit": limits.num_pages * limits.page_size // 100_000}
@@ -319,8 +291,6 @@ def main() -> int:
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma separated, of {', '.join(SECTIONS)}")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, measures nothing")
     parser.add_argument("--profile", action="store_true", help="llama: a kernel table of bs1 decode steps per variant")
-    parser.add_argument("--l2-prefetch", type=lambda v: [float(f) for f in v.split(",") if f], default=[],
-                        help="llama, kv_long: variants with TOKENSPEED_L2_PREFETCH at each of these parts of the L2")
     args = parser.parse_args()
     command = " ".join(["python", "benchmarks/fp8_e2e.py", *sys.argv[1:]])
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]

@@ -23,9 +23,7 @@ Metrics (JSON `metrics`, also printed as a markdown table):
   decode step runs (`bf16_us`), each with its fraction of the copy bandwidth
   (weight bytes only), and `best_fp8_config`;
 - `layer`: the four forms of a layer in order, LAYERS layers in one graph, fp8
-  (chosen shapes) and bf16: the GEMV share of a decode step, us per layer and fraction;
-- `prefetch` (`--prefetch 0.3,0.6`): the fp8 o GEMV after a 10 us wait, without and
-  with `kernels/l2_prefetch.py` asking the L2 for its weight before the wait.
+  (chosen shapes) and bf16: the GEMV share of a decode step, us per layer and fraction.
 """
 
 from __future__ import annotations
@@ -145,44 +143,6 @@ def bench_layer(stacks: list[Layers], copy_gb_s: float, smoke: bool) -> dict[str
     return out
 
 
-def bench_prefetch(o: Layers, gate_up: Layers, fraction: float, smoke: bool, sleep_us: float = 10.0) -> dict[str, Any]:
-    """Does `kernels/l2_prefetch.py` feed o_proj from the L2? Per layer, in one graph: a kernel that
-    only waits `sleep_us` (attention's latency-bound microseconds) and then the fp8 o GEMV, without and
-    with `l2_prefetch` of o's and gate/up's weights launched before the wait; and the wait alone."""
-    from tokenspeed.kernels.l2_prefetch import l2_prefetch
-
-    layers = len(o.fp8)
-    cycles = int(sleep_us * 1e-6 * (1 if smoke else torch.cuda.get_device_properties(0).clock_rate * 1e3))
-
-    def wait() -> None:
-        if not smoke:
-            torch.cuda._sleep(cycles)
-
-    def run(prefetch: bool, gemv: bool = True) -> Callable[[], None]:
-        def step() -> None:
-            for i in range(layers):
-                if prefetch:
-                    l2_prefetch([o.fp8[i][0], gate_up.fp8[i][0]])
-                wait()
-                if gemv:
-                    o.fp8_one(i)
-
-        return step
-
-    os.environ["TOKENSPEED_L2_PREFETCH"] = str(fraction)  # read when the graph is captured
-    out = {"sleep_us": sleep_us, "fraction": fraction}
-    for name, fn in (("wait_only", run(False, False)), ("wait_then_o", run(False))):
-        out[name] = round(timed_us(fn, smoke) / layers, 2)
-    out["o_after_wait_us"] = round(out["wait_then_o"] - out["wait_only"], 2)
-    for op, bulk in (("line", "0"), ("bulk", "1")):  # prefetch.global.L2 per line, cp.async.bulk.prefetch per 4 KB
-        os.environ["TOKENSPEED_L2_PREFETCH_BULK"] = bulk
-        out[f"{op}_prefetch_wait_then_o"] = round(timed_us(run(True), smoke) / layers, 2)
-        out[f"o_after_{op}_prefetch_us"] = round(out[f"{op}_prefetch_wait_then_o"] - out["wait_only"], 2)
-    os.environ.pop("TOKENSPEED_L2_PREFETCH_BULK")
-    log(f"prefetch: {out}")
-    return out
-
-
 def copy_bandwidth(smoke: bool) -> float:
     if smoke:
         a = torch.randn(1 << 20)
@@ -215,8 +175,6 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--forms", default=",".join(FORMS), help="comma-separated subset of " + ",".join(FORMS))
     parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes (tests the script)")
-    parser.add_argument("--prefetch", type=lambda v: [float(f) for f in v.split(",") if f], default=[],
-                        help="parts of the L2 to prefetch o / gate_up into before a wait (bench_prefetch)")
     parser.add_argument("--skip-shapes", action="store_true", help="only the chosen shapes, not every launch shape")
     args = parser.parse_args()
     if args.smoke:
@@ -239,9 +197,6 @@ def main() -> int:
         save(args.out, command, device, metrics)  # rewritten after each form: a timeout keeps what finished
     if len(stacks) == len(FORMS):
         metrics["layer"] = bench_layer(stacks, metrics["copy_bandwidth_gb_s"], args.smoke)
-    by_form = {s.form: s for s in stacks}
-    if args.prefetch and {"o", "gate_up"} <= by_form.keys():
-        metrics["prefetch"] = [bench_prefetch(by_form["o"], by_form["gate_up"], f, args.smoke) for f in args.prefetch]
     date = save(args.out, command, device, metrics)
     table = markdown(metrics)
     args.out.with_suffix(".md").write_text(f"`{command}` on {device}, {date}\n\n{table}\n")

@@ -39,14 +39,10 @@ def test_fp8_benchmark_smoke_writes_all_sections(tmp_path: Path) -> None:
 def test_gemv_stack_smoke_times_every_launch_shape_and_bf16(tmp_path: Path) -> None:
     out = tmp_path / "gemv_stack.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gemv_stack.py"), "--smoke", "--forms", "o,gate_up",
-           "--prefetch", "0.5", "--out", str(out)]  # fmt: skip
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gemv_stack.py"), "--smoke", "--forms", "o,gate_up", "--out", str(out)]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     metrics = json.loads(out.read_text())["metrics"]
-    (probe,) = metrics["prefetch"]  # the o GEMV after a wait, without and with the L2 prefetch
-    assert probe["fraction"] == 0.5 and probe["wait_then_o"] > 0 and probe["line_prefetch_wait_then_o"] > 0
-    assert probe["bulk_prefetch_wait_then_o"] > 0
     from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, launch_shapes
 
     for form in ("o", "gate_up"):

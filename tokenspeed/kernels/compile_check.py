@@ -81,7 +81,6 @@ def _signature(config: KernelConfig) -> tuple[dict[str, Any], dict[tuple[int, ..
 
 
 def serving_configs() -> Iterator[KernelConfig]:
-    from tokenspeed.kernels import l2_prefetch
     from tokenspeed.kernels.activation import silu_triton
     from tokenspeed.kernels.attention import decode_triton, extend_triton
     from tokenspeed.kernels.kvstore import rope_write_triton, write_triton
@@ -159,11 +158,6 @@ def serving_configs() -> Iterator[KernelConfig]:
             | (_FP8_KV if fp8 else _KV_SCALES),
         )
     yield KernelConfig("activation.silu_and_mul", silu_triton._silu_and_mul_kernel, dict(D=14336, BLOCK=1024))
-    for unit in (l2_prefetch.LINE_BYTES, l2_prefetch.BULK_BYTES):
-        yield KernelConfig(
-            f"l2_prefetch unit={unit}", l2_prefetch._l2_prefetch_kernel,
-            dict(UNITS=1024, UNIT_BYTES=unit, USE_PDL=True), pointee="u8",
-        )  # fmt: skip
     from tokenspeed.kernels.moe.compile_configs import moe_compile_configs
 
     yield from moe_compile_configs()

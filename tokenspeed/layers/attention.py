@@ -16,13 +16,11 @@ separate kernels, each with its own switch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from tokenspeed.kernels.l2_prefetch import l2_prefetch
 from tokenspeed.kernels.registry import Band, platform_of, select_kernel
 from tokenspeed.layers.attention_backend import PagedAttentionBackend
 from tokenspeed.layers.kv_scales import KVScales
@@ -101,22 +99,18 @@ class GQAAttention(nn.Module):
         *,
         input_norm: RMSNorm | None = None,
         residual: torch.Tensor | None = None,
-        prefetch: Sequence[torch.Tensor] = (),
     ) -> torch.Tensor:
         """hidden `[tokens, hidden_size]` -> `[tokens, hidden_size]`; this step's K/V land in the caches.
 
         Decode form (at most `decode_max_tokens` rows): `input_norm` is applied
         to `hidden` inside the QKV kernel and `residual` added inside the o_proj
         kernel, so the result is the residual stream and no norm kernel runs.
-        `prefetch`: weights the layer reads next (o_proj's, gate/up's), asked of the L2 after the
-        QKV projection so that they load while attention runs (`kernels/l2_prefetch.py`).
         """
         tokens = hidden.shape[0]
         if input_norm is not None:
             qkv = self.qkv_proj.forward_decode(hidden, norm_weight=input_norm.weight, eps=input_norm.eps)
         else:
             qkv = self.qkv_proj(hidden)
-        l2_prefetch(prefetch)
         q, k, v = self.qkv_proj.split_output(qkv)
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)

@@ -98,15 +98,12 @@ class DecoderLayer(nn.Module):
         At most `_fused_decode_max_tokens` rows take the fused decode form: the
         norms run in the QKV and gate/up kernels' prologues, the residual adds
         in the o_proj and down kernels' epilogues, and the stream comes back
-        whole (residual None); o_proj's and gate/up's weights are asked of the
-        L2 while attention runs (`kernels/l2_prefetch.py`, off by default). Otherwise the add is fused into the next norm.
+        whole (residual None). Otherwise the add is fused into the next norm.
         """
         if hidden.shape[0] <= self._fused_decode_max_tokens:
             stream = hidden if residual is None else hidden + residual
-            prefetch = (self.self_attn.o_proj.weight, self.mlp.gate_up_proj.weight)
             mid = self.self_attn(
-                positions, stream, attn, *kv_layer, input_norm=self.input_layernorm, residual=stream,
-                prefetch=prefetch,
+                positions, stream, attn, *kv_layer, input_norm=self.input_layernorm, residual=stream
             )
             return self.mlp.forward_decode(mid, norm=self.post_attention_layernorm, residual=mid), None
         if residual is None:
