@@ -145,8 +145,10 @@ def launch_shapes(k: int, *, silu_mul: bool = False) -> list[Fp8GemvConfig]:
 
 
 def choose_config(n: int, k: int, *, silu_mul: bool = False) -> Fp8GemvConfig:
-    """The launch shape for rows of `k`, measured in a decode step's graph (module docstring):
-    8 rows x 2048 in the fp16 loop, 8 x 1024 in the fp32 loop for long rows (down_proj's 14336)."""
+    """The launch shape of a projection to `n` outputs (SiLU-and-mul: of each half) from rows of `k`,
+    measured in a decode step's graph (module docstring): 8 rows x 2048 in the fp16 loop, 8 x 1024 in
+    the fp32 loop for long rows (down_proj's 14336). Only `k` decides so far; the form is part of the
+    question because the sweep measures each form (`benchmarks/gemv_stack.py`, `fp8_e2e.py --gemv-picks`)."""
     groups = next_power_of_2(triton.cdiv(k, GROUP_SIZE))
     if k > 8192:
         return Fp8GemvConfig(block_n=8, groups=min(8, groups), num_warps=4, stages=3, f16_math=False)
