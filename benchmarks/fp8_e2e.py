@@ -17,8 +17,6 @@ Sections (`--sections`, comma separated; the JSON is rewritten after each):
   beside it. Roofline = (bytes of the weights a decode step reads + K/V bytes
   at the mean context) / copy bandwidth, the copy measured in this run.
   Targets: fp8 TPOT <= 1.15 x roofline, bf16 TPOT / fp8 TPOT >= 1.7.
-  `--gemv-picks gemv_stack.json` adds FP8 with each decode form's FP8 GEMV at
-  the launch shape `gemv_stack.py` measured fastest, for an A/B in one run.
 - `qwen3_moe`: the qwen3-30b-a3b-fp8 preset (block-FP8 checkpoint format),
   decode at bs1 and bs64 (TPOT, tokens/s, and the bs1 roofline of the active
   parameters: attention, router and top-8 of 128 experts per layer).
@@ -169,11 +167,7 @@ def llama(args: argparse.Namespace, models: dict[str, str]) -> None:
     prompt_len, new_tokens = (8, 4) if args.smoke else (1024, 256)
     mean_context = prompt_len + new_tokens // 2
     out: dict[str, Any] = RESULTS.setdefault("llama", {"prompt_len": prompt_len, "new_tokens": new_tokens})
-    variants: list[tuple[str, dict[str, Any]]] = [("fp8", {"quantization": "fp8"}), ("bf16", {})]
-    if args.gemv_picks:
-        variants.append(("fp8 gemv_picks", {"quantization": "fp8"}))
-    for name, options in variants:
-        restore = use_gemv_picks(args.gemv_picks) if name == "fp8 gemv_picks" else None
+    for name, options in (("fp8", {"quantization": "fp8"}), ("bf16", {})):
         llm = engine(models["llama"], args.smoke, max_num_seqs=8, max_model_len=None if args.smoke else 4096, **options)
         step = decode_step_s(llm, 1, prompt_len, new_tokens, random.Random(1))
         weights = decode_weight_bytes(llm.core.executor.model)
@@ -182,39 +176,11 @@ def llama(args: argparse.Namespace, models: dict[str, str]) -> None:
                      "roofline_ratio": round(step / roofline, 3), "weight_bytes_per_token": weights}
         log(f"llama {name}: bs1 TPOT {step * 1e3:.3f} ms, roofline {roofline * 1e3:.3f} ms ({step / roofline:.3f}x)")
         if args.profile:
-            profile_decode(llm, prompt_len, args.out.with_name(f"{args.out.stem}.{name.replace(' ', '_')}.profile.txt"))
+            profile_decode(llm, prompt_len, args.out.with_name(f"{args.out.stem}.{name}.profile.txt"))
         release(llm)
-        if restore:
-            restore()
     out["bf16_over_fp8"] = round(out["bf16"]["bs1_tpot_ms"] / out["fp8"]["bs1_tpot_ms"], 3)
     out["targets"] = {"fp8_roofline_ratio_max": 1.15, "bf16_over_fp8_min": 1.7,
                       "met": out["fp8"]["roofline_ratio"] <= 1.15 and out["bf16_over_fp8"] >= 1.7}
-
-
-def use_gemv_picks(path: Path) -> Callable[[], None]:
-    """Launch the FP8 GEMV of each decode form at the shape `gemv_stack.py` measured fastest (its JSON at
-    `path`), instead of `choose_config`'s, for an A/B in one run; returns the undo."""
-    from gemv_stack import FORMS  # benchmarks/ is on sys.path when run as a script
-
-    from tokenspeed.kernels.gemm import fp8_gemv_triton as gemv
-
-    picks = {}
-    for form, row in json.loads(path.read_text())["metrics"]["forms"].items():
-        rows, k = FORMS[form]
-        silu_mul = form == "gate_up"
-        picks[(rows // 2 if silu_mul else rows, k, silu_mul)] = gemv.Fp8GemvConfig(**row["best_fp8_config_fields"])
-    log(f"gemv picks: {picks}")
-    default = gemv.choose_config
-
-    def picked(n: int, k: int, *, silu_mul: bool = False) -> Any:
-        return picks.get((n, k, silu_mul)) or default(n, k, silu_mul=silu_mul)
-
-    gemv.choose_config = picked
-
-    def restore() -> None:
-        gemv.choose_config = default
-
-    return restore
 
 
 def profile_decode(llm: Any, prompt_len: int, path: Path, steps: int = 32) -> None:
@@ -325,8 +291,6 @@ def main() -> int:
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma separated, of {', '.join(SECTIONS)}")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, measures nothing")
     parser.add_argument("--profile", action="store_true", help="llama: a kernel table of bs1 decode steps per variant")
-    parser.add_argument("--gemv-picks", type=Path, default=None,
-                        help="llama: one more FP8 variant with the fastest GEMV shapes of this gemv_stack.py JSON")
     args = parser.parse_args()
     command = " ".join(["python", "benchmarks/fp8_e2e.py", *sys.argv[1:]])
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]

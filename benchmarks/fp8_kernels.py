@@ -227,7 +227,7 @@ def bench_gemv(timer: Timer, shapes: dict[str, tuple[int, int]], copy_gb_s: floa
             "bf16_cublas_us": round(bf16_us, 2),
             "bf16_triton_gemv_us": round(bf16_gemv_us, 2),
             "speedup_vs_bf16": round(min(bf16_us, bf16_gemv_us) / us, 2),
-            "config": repr(choose_config(n, k)),
+            "config": repr(choose_config(k)),
         }
         results[name] = row
         log(f"gemv {name}: {row}")

@@ -29,7 +29,6 @@ Metrics (JSON `metrics`, also printed as a markdown table):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -66,7 +65,7 @@ class Layers:
 
         self.form, self.rows, self.k = form, rows, k
         self.silu_mul = form == "gate_up"
-        n_out = self.n_out = rows // 2 if self.silu_mul else rows
+        n_out = rows // 2 if self.silu_mul else rows
         gen = torch.Generator(device=dev).manual_seed(rows + k)
         self.x = torch.randn(1, k, generator=gen, device=dev).to(dtype)
         self.fused = fused_args(form, k, n_out, dtype, dev)
@@ -108,10 +107,9 @@ def bench_form(stack: Layers, copy_gb_s: float, smoke: bool, sweep: bool = True)
     row: dict[str, Any] = {"fp8_weight_bytes": stack.fp8_bytes, "bf16_weight_bytes": stack.bf16_bytes}
     chosen_us = timed_us(stack.fp8_launch(), smoke) / layers  # config None: the kernel's own choice
     row |= {"fp8_chosen_us": round(chosen_us, 2), "fp8_chosen_fraction": fraction(stack.fp8_bytes, chosen_us),
-            "fp8_chosen_config": repr(choose_config(stack.n_out, stack.k, silu_mul=stack.silu_mul))}  # fmt: skip
+            "fp8_chosen_config": repr(choose_config(stack.k))}  # fmt: skip
     per_config: dict[str, float] = {}
-    shapes = launch_shapes(stack.k, silu_mul=stack.silu_mul) if sweep else []
-    for config in shapes:
+    for config in launch_shapes(stack.k) if sweep else []:
         try:
             per_config[repr(config)] = round(timed_us(stack.fp8_launch(config), smoke) / layers, 2)
         except (ValueError, RuntimeError) as exc:  # a failed build: the others still run
@@ -119,8 +117,7 @@ def bench_form(stack: Layers, copy_gb_s: float, smoke: bool, sweep: bool = True)
     row["fp8_us"] = per_config
     if per_config:
         best = min(per_config, key=per_config.__getitem__)
-        fields = next(dataclasses.asdict(c) for c in shapes if repr(c) == best)
-        row |= {"best_fp8_config": best, "best_fp8_config_fields": fields, "best_fp8_us": per_config[best],
+        row |= {"best_fp8_config": best, "best_fp8_us": per_config[best],
                 "best_fp8_fraction": fraction(stack.fp8_bytes, per_config[best])}  # fmt: skip
     bf16_us = timed_us(stack.bf16_launch(), smoke) / layers
     row |= {"bf16_us": round(bf16_us, 2), "bf16_fraction": fraction(stack.bf16_bytes, bf16_us)}

@@ -92,34 +92,25 @@ LANE_RUN = tl.constexpr(16)
 
 @dataclass(frozen=True, slots=True)
 class Fp8GemvConfig:
-    """Launch shape of `_fp8_gemv_kernel`: BLOCK_N rows, `groups` K groups of 128 per step.
-
-    `ahead`: weight steps a program requests before it waits for the previous kernel. 1: the
-    later steps go through the compiler's shared-memory pipeline (`stages`); 2: a register
-    pipeline, each step requesting the step after next, as the bf16 GEMV does (`stages` unused).
-    """
+    """Launch shape of `_fp8_gemv_kernel`: BLOCK_N rows, `groups` K groups of 128 per step."""
 
     block_n: int
     groups: int
     num_warps: int
     stages: int
     f16_math: bool = True
-    ahead: int = 1
 
 
-def launch_shapes(k: int, *, silu_mul: bool = False) -> list[Fp8GemvConfig]:
+def launch_shapes(k: int) -> list[Fp8GemvConfig]:
     """The launch shapes worth timing for rows of `k` (`benchmarks/gemv_stack.py` sweeps them; the tests run each).
 
     Steps of 8-16 rows x 1024-2048 values (pipelined) keep 128-256 bytes per
     thread in flight; 4096-wide single steps suit K = 4096 (one pass, no
     loop, all of it requested before the PDL wait). The fp32 loop at 4-32
     rows of 512-2048 values: two fp32 tiles of 8 x 2048 (SiLU-and-mul) would spill.
-    The register pipeline (`ahead=2`) holds three steps in registers: half the
-    rows per thread of the others, a quarter with SiLU-and-mul's two weights
-    (larger ones spill, `compile_check`).
     """
     groups = next_power_of_2(triton.cdiv(k, GROUP_SIZE))
-    shapes = [
+    return [
         Fp8GemvConfig(block_n=8, groups=min(16, groups), num_warps=4, stages=3),
         Fp8GemvConfig(block_n=16, groups=min(8, groups), num_warps=4, stages=3),
         Fp8GemvConfig(block_n=8, groups=min(32, groups), num_warps=8, stages=2),
@@ -130,25 +121,11 @@ def launch_shapes(k: int, *, silu_mul: bool = False) -> list[Fp8GemvConfig]:
         Fp8GemvConfig(block_n=32, groups=min(2, groups), num_warps=4, stages=4, f16_math=False),
         Fp8GemvConfig(block_n=4, groups=min(16, groups), num_warps=4, stages=3, f16_math=False),
     ]
-    if silu_mul:
-        return shapes + [
-            Fp8GemvConfig(block_n=4, groups=min(8, groups), num_warps=4, stages=1, ahead=2),
-            Fp8GemvConfig(block_n=2, groups=min(16, groups), num_warps=4, stages=1, ahead=2),
-            Fp8GemvConfig(block_n=4, groups=min(16, groups), num_warps=8, stages=1, ahead=2),
-        ]
-    return shapes + [
-        Fp8GemvConfig(block_n=4, groups=min(16, groups), num_warps=4, stages=1, ahead=2),
-        Fp8GemvConfig(block_n=8, groups=min(16, groups), num_warps=8, stages=1, ahead=2),
-        Fp8GemvConfig(block_n=8, groups=min(8, groups), num_warps=4, stages=1, f16_math=False, ahead=2),
-        Fp8GemvConfig(block_n=4, groups=min(16, groups), num_warps=4, stages=1, f16_math=False, ahead=2),
-    ]
 
 
-def choose_config(n: int, k: int, *, silu_mul: bool = False) -> Fp8GemvConfig:
-    """The launch shape of a projection to `n` outputs (SiLU-and-mul: of each half) from rows of `k`,
-    measured in a decode step's graph (module docstring): 8 rows x 2048 in the fp16 loop, 8 x 1024 in
-    the fp32 loop for long rows (down_proj's 14336). Only `k` decides so far; the form is part of the
-    question because the sweep measures each form (`benchmarks/gemv_stack.py`, `fp8_e2e.py --gemv-picks`)."""
+def choose_config(k: int) -> Fp8GemvConfig:
+    """The launch shape for rows of `k`, measured in a decode step's graph (module docstring):
+    8 rows x 2048 in the fp16 loop, 8 x 1024 in the fp32 loop for long rows (down_proj's 14336)."""
     groups = next_power_of_2(triton.cdiv(k, GROUP_SIZE))
     if k > 8192:
         return Fp8GemvConfig(block_n=8, groups=min(8, groups), num_warps=4, stages=3, f16_math=False)
@@ -231,7 +208,6 @@ def _fp8_gemv_kernel(
     GROUPS: tl.constexpr,
     GROUP_K: tl.constexpr,
     STAGES: tl.constexpr,
-    AHEAD: tl.constexpr,
     F16_MATH: tl.constexpr,
     EVEN: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -258,12 +234,6 @@ def _fp8_gemv_kernel(
     wu_first = w_first
     if SILU_MUL:
         wu_first = load_rows(up_rows, offs_k, n_mask, K, EVEN)
-    w_second = w_first
-    wu_second = wu_first
-    if AHEAD == 2:  # the second step too (masked: K may be a single step)
-        w_second = load_rows(rows, BLOCK_K + offs_k, n_mask, K, False)
-        if SILU_MUL:
-            wu_second = load_rows(up_rows, BLOCK_K + offs_k, n_mask, K, False)
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
         gdc_wait()
         gdc_launch_dependents()
@@ -304,32 +274,19 @@ def _fp8_gemv_kernel(
     acc_dtype: tl.constexpr = tl.float16 if F16_MATH else tl.float32
     lanes = tl.zeros([BLOCK_N, BLOCK_K], dtype=acc_dtype)
     lanes_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=acc_dtype)
-    if AHEAD == 2:  # a register pipeline two steps deep: each step requests the step after next
-        w_cur, w_nxt, wu_cur, wu_nxt = w_first, w_second, wu_first, wu_second
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=1):
-            w_far = load_rows(rows, k0 + 2 * BLOCK_K + offs_k, n_mask, K, False)
-            xk, xuk = _step_x(x_row, k0, x_cols, offs_g, norm_w_ptr, rstd, f, scale_row, up_scale_row, K,
-                              GROUP_K, SCALE_BK, BLOCK_K, ROW_SCALE, HAS_NORM, SILU_MUL)
-            lanes += w_cur.to(acc_dtype) * xk.to(acc_dtype)[None, :]
-            w_cur, w_nxt = w_nxt, w_far
-            if SILU_MUL:
-                wu_far = load_rows(up_rows, k0 + 2 * BLOCK_K + offs_k, n_mask, K, False)
-                lanes_up += wu_cur.to(acc_dtype) * xuk.to(acc_dtype)[None, :]
-                wu_cur, wu_nxt = wu_nxt, wu_far
-    else:
-        xk, xuk = _step_x(x_row, 0, x_cols, offs_g, norm_w_ptr, rstd, f, scale_row, up_scale_row, K, GROUP_K,
+    xk, xuk = _step_x(x_row, 0, x_cols, offs_g, norm_w_ptr, rstd, f, scale_row, up_scale_row, K, GROUP_K,
+                      SCALE_BK, BLOCK_K, ROW_SCALE, HAS_NORM, SILU_MUL)
+    lanes += w_first.to(acc_dtype) * xk.to(acc_dtype)[None, :]
+    if SILU_MUL:
+        lanes_up += wu_first.to(acc_dtype) * xuk.to(acc_dtype)[None, :]
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # the other steps, pipelined by the compiler
+        w = load_rows(rows, k0 + offs_k, n_mask, K, EVEN)
+        xk, xuk = _step_x(x_row, k0, x_cols, offs_g, norm_w_ptr, rstd, f, scale_row, up_scale_row, K, GROUP_K,
                           SCALE_BK, BLOCK_K, ROW_SCALE, HAS_NORM, SILU_MUL)
-        lanes += w_first.to(acc_dtype) * xk.to(acc_dtype)[None, :]
+        lanes += w.to(acc_dtype) * xk.to(acc_dtype)[None, :]
         if SILU_MUL:
-            lanes_up += wu_first.to(acc_dtype) * xuk.to(acc_dtype)[None, :]
-        for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # the other steps, pipelined by the compiler
-            w = load_rows(rows, k0 + offs_k, n_mask, K, EVEN)
-            xk, xuk = _step_x(x_row, k0, x_cols, offs_g, norm_w_ptr, rstd, f, scale_row, up_scale_row, K,
-                              GROUP_K, SCALE_BK, BLOCK_K, ROW_SCALE, HAS_NORM, SILU_MUL)
-            lanes += w.to(acc_dtype) * xk.to(acc_dtype)[None, :]
-            if SILU_MUL:
-                wu = load_rows(up_rows, k0 + offs_k, n_mask, K, EVEN)
-                lanes_up += wu.to(acc_dtype) * xuk.to(acc_dtype)[None, :]
+            wu = load_rows(up_rows, k0 + offs_k, n_mask, K, EVEN)
+            lanes_up += wu.to(acc_dtype) * xuk.to(acc_dtype)[None, :]
     if F16_MATH:
         acc = _lane_sum(lanes, BLOCK_N, BLOCK_K) / f
         acc_up = _lane_sum(lanes_up, BLOCK_N, BLOCK_K) / f
@@ -406,7 +363,7 @@ def fp8_gemv_triton(
     res = None if residual is None else residual.reshape(-1, n)
     scales = weight_scale.contiguous()
 
-    config = config or choose_config(n, k, silu_mul=silu_mul)
+    config = config or choose_config(k)
     block_n = _fitting_block_n(config.block_n, block_size[0], row_scale)
     block_k = config.groups * GROUP_SIZE
     f16_math = config.f16_math and x.dtype != torch.float32  # fp32 activations: exact products and sums
@@ -416,8 +373,7 @@ def fp8_gemv_triton(
         x2.stride(0), weight.stride(0), scales.stride(0), res.stride(0) if res is not None else 0, out.stride(0),
         N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], SCALE_COLS=next_power_of_2(scales.shape[1]),
         ROW_SCALE=row_scale,
-        BLOCK_N=block_n, GROUPS=config.groups, GROUP_K=GROUP_SIZE, STAGES=config.stages, AHEAD=config.ahead,
-        F16_MATH=f16_math,
+        BLOCK_N=block_n, GROUPS=config.groups, GROUP_K=GROUP_SIZE, STAGES=config.stages, F16_MATH=f16_math,
         EVEN=n % block_n == 0 and k % block_k == 0, HAS_BIAS=bias is not None,
         HAS_NORM=norm_weight is not None, HAS_RESIDUAL=res is not None, SILU_MUL=silu_mul,
         num_warps=config.num_warps, **pdl_launch_options(pdl_enabled(x.device)),

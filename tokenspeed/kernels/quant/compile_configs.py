@@ -45,9 +45,9 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
              ("o", 4096, 4096, dict(HAS_NORM=False, HAS_RESIDUAL=True, SILU_MUL=False)),
              ("down", 4096, 14336, dict(HAS_NORM=False, HAS_RESIDUAL=True, SILU_MUL=False)))
     for form, n, k, fused in forms:
-        for cfg in fp8_gemv_triton.launch_shapes(k, silu_mul=fused["SILU_MUL"]):
+        for cfg in fp8_gemv_triton.launch_shapes(k):
             constexprs = dict(N=n, K=k, SCALE_BN=128, SCALE_BK=128, ROW_SCALE=False, BLOCK_N=cfg.block_n)
-            constexprs |= dict(GROUP_K=GROUP_SIZE, STAGES=cfg.stages, AHEAD=cfg.ahead, HAS_BIAS=False, USE_PDL=True) | fused
+            constexprs |= dict(GROUP_K=GROUP_SIZE, STAGES=cfg.stages, HAS_BIAS=False, USE_PDL=True) | fused
             constexprs |= dict(SCALE_COLS=next_power_of_2(k // 128), GROUPS=cfg.groups, F16_MATH=cfg.f16_math, EVEN=True)
             yield KernelConfig(
                 f"gemm.fp8 triton_gemv {form} n={n} k={k} {cfg}",
