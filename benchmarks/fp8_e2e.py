@@ -229,6 +229,11 @@ def qwen3_moe(args: argparse.Namespace, models: dict[str, str]) -> None:
         step = decode_step_s(llm, batch, prompt_len, new_tokens, rng)
         out[f"bs{batch}"] = {"tpot_ms": round(step * 1e3, 3), "tokens_per_s": round(batch / step, 1)}
         log(f"qwen3_moe fp8 bs{batch}: TPOT {step * 1e3:.3f} ms, {batch / step:.0f} tok/s")
+    # The experts' decode tiles are timed on first use, per process (`experts_fp8_triton`): keep the picks.
+    from tokenspeed.kernels.moe.experts_fp8_triton import tuned_decode_tiles
+
+    out["decode_tiles"] = {f"tokens={key[0]}": {"tiles": repr(choice.config), "timed_us": choice.timings_us}
+                           for key, choice in tuned_decode_tiles().items()}
     weights = decode_weight_bytes(llm.core.executor.model)
     roofline = (weights + kv_bytes_per_token(llm) * (prompt_len + new_tokens // 2)) / (
         RESULTS["copy_bandwidth_gb_s"] * 1e9)
