@@ -23,7 +23,7 @@ def test_help_is_grouped_and_lists_every_flag(capsys):
     for flag in ("--host", "--port", "--served-model-name", "--api-key", "--max-waiting-requests",
                  "--tool-call-parser", "--reasoning-parser", "--chat-template", "--dtype", "--device",
                  "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--page-size",
-                 "--disable-prefix-cache", "--tokenizer-cache-tokens"):
+                 "--disable-prefix-cache", "--tokenizer-cache-tokens", "--drain-timeout"):
         assert flag in text
 
 
@@ -46,6 +46,7 @@ def test_positional_model_and_flags(tmp_path):
     assert (settings.api_key, settings.tool_call_parser, settings.reasoning_parser) == ("k", "qwen", "deepseek_r1")
     assert settings.chat_template == "{{ messages[0].content }}"
     assert (listen.port, listen.max_waiting_requests) == (9001, 3)
+    assert parse("--drain-timeout", "0.5")[2].drain_timeout_s == 0.5 and listen.drain_timeout_s == 4.0
     assert parse("--model", "x/y")[1].served_model_names == ["x/y"]
     assert parse("--tokenizer-cache-tokens", "0")[1].tokenizer_cache_tokens == 0
     assert parse()[1].tokenizer_cache_tokens > 0  # on by default
@@ -54,7 +55,7 @@ def test_positional_model_and_flags(tmp_path):
 @pytest.mark.parametrize(
     "argv",
     [("m1", "--model", "m2"), ("--max-waiting-requests", "0"), ("--tool-call-parser", "nope"),
-     ("--tokenizer-cache-tokens", "-1")],
+     ("--tokenizer-cache-tokens", "-1"), ("--drain-timeout", "-1")],
 )
 def test_contradictory_or_invalid_flags_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -34,6 +34,7 @@ class ListenOptions:
     uvicorn_log_level: str
     access_log: bool
     max_waiting_requests: int | None
+    drain_timeout_s: float = 4.0  # SIGTERM: how long in-flight requests may finish before they are aborted
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +61,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "recently used dropped first; 0 stores none (default: %(default)s)")
     server.add_argument("--max-waiting-requests", type=int, default=None, metavar="N",
                         help="answer 429 once N requests wait for the engine (default: unbounded)")
+    server.add_argument("--drain-timeout", type=float, default=4.0, metavar="SECONDS",
+                        help="on SIGTERM, how long in-flight requests may run on before they are aborted (their "
+                             "streams end with finish_reason abort); SIGINT aborts at once (default: %(default)s)")
     server.add_argument("--uvicorn-log-level", default="info", choices=_LOG_LEVELS,
                         help="uvicorn's log level (default: %(default)s)")
     server.add_argument("--disable-access-log", action="store_true", help="do not log every HTTP request")
@@ -109,6 +113,8 @@ def serve_config(
             fail(f"--{flag.replace('_', '-')} must be at least 1")
     if args.max_stored_responses < 0:
         fail("--max-stored-responses must be at least 0")
+    if not 0 <= args.drain_timeout <= 3600:
+        fail("--drain-timeout must be between 0 and 3600 seconds")
     if args.tokenizer_cache_tokens < 0:
         fail("--tokenizer-cache-tokens must be at least 0")
     if args.metrics_require_auth and not args.api_key:
@@ -143,5 +149,6 @@ def serve_config(
         uvicorn_log_level=args.uvicorn_log_level,
         access_log=not args.disable_access_log,
         max_waiting_requests=args.max_waiting_requests,
+        drain_timeout_s=args.drain_timeout,
     )
     return engine_config_from_args(args), settings, listen

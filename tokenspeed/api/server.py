@@ -16,8 +16,9 @@ Lifecycle, and why:
   ran on until its graceful-shutdown timeout cancelled them, ~6 s later,
   with a traceback per stream.) A second Ctrl-C forces the exit.
 * SIGTERM (a supervisor's stop): uvicorn stops accepting and drains
-  in-flight requests for up to `_DRAIN_S`, then what is left is aborted
-  the same way, before uvicorn's own timeout would cancel it.
+  in-flight requests for up to `--drain-timeout` seconds, then what is
+  left is aborted the same way, before uvicorn's own timeout (a second
+  later) would cancel it.
 * Either way the engine process is shut down afterwards (no orphans) and
   the exit status is 0. uvicorn re-raises the signal it caught once it
   returns; our handler is installed underneath it so that re-raise lands
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import signal
 import sys
 from types import FrameType
@@ -44,8 +46,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tokenspeed.api")
 
 DEAD_ENGINE_GRACE_S = 1.0  # how long 503s are served after engine death before exiting
-_GRACEFUL_SHUTDOWN_S = 5  # uvicorn's longest wait for in-flight requests on shutdown
-_DRAIN_S = 4.0  # SIGTERM: how long in-flight requests may finish before they are aborted
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -69,7 +69,7 @@ class _Signals:
             signal.signal(sig, handler)
 
 
-def _stopping_server(config: object, engine: AsyncEngine) -> Any:
+def _stopping_server(config: object, engine: AsyncEngine, drain_s: float) -> Any:
     """A `uvicorn.Server` whose signal handling also ends the engine's in-flight requests (see above)."""
     import uvicorn
 
@@ -88,7 +88,7 @@ def _stopping_server(config: object, engine: AsyncEngine) -> Any:
             if first and sig == signal.SIGINT:
                 loop.call_soon_threadsafe(abort_all)
             elif first:
-                loop.call_soon_threadsafe(loop.call_later, _DRAIN_S, abort_all)
+                loop.call_soon_threadsafe(loop.call_later, drain_s, abort_all)
 
     return StoppingServer(config)  # type: ignore[arg-type]
 
@@ -115,9 +115,10 @@ async def serve(config: EngineConfig, settings: ServerSettings, listen: ListenOp
                 port=listen.port,
                 log_level=listen.uvicorn_log_level,
                 access_log=listen.access_log,
-                timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
+                timeout_graceful_shutdown=math.ceil(listen.drain_timeout_s) + 1,  # after our abort
             ),
             engine,
+            listen.drain_timeout_s,
         )
         watchdog = asyncio.create_task(_exit_when_dead(server, dead))
         signals.serving = True
