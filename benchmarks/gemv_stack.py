@@ -78,12 +78,6 @@ class Layers:
         self.fp8_bytes = rows * k + self.fp8[0][1].numel() * 4
         self.bf16_bytes = rows * k * 2
 
-    def chosen_config(self) -> Any:
-        from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config
-
-        return choose_config(self.k, norm="norm_weight" in self.fused, residual="residual" in self.fused,
-                             silu_mul=self.silu_mul)
-
     def fp8_one(self, layer: int, config: Any = None) -> None:
         from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton
 
@@ -103,7 +97,7 @@ class Layers:
 
 
 def bench_form(stack: Layers, copy_gb_s: float, smoke: bool, sweep: bool = True) -> dict[str, Any]:
-    from tokenspeed.kernels.gemm.fp8_gemv_triton import launch_shapes
+    from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, launch_shapes
 
     layers = len(stack.fp8)
 
@@ -113,7 +107,7 @@ def bench_form(stack: Layers, copy_gb_s: float, smoke: bool, sweep: bool = True)
     row: dict[str, Any] = {"fp8_weight_bytes": stack.fp8_bytes, "bf16_weight_bytes": stack.bf16_bytes}
     chosen_us = timed_us(stack.fp8_launch(), smoke) / layers  # config None: the kernel's own choice
     row |= {"fp8_chosen_us": round(chosen_us, 2), "fp8_chosen_fraction": fraction(stack.fp8_bytes, chosen_us),
-            "fp8_chosen_config": repr(stack.chosen_config())}  # fmt: skip
+            "fp8_chosen_config": repr(choose_config(stack.k))}  # fmt: skip
     per_config: dict[str, float] = {}
     for config in launch_shapes(stack.k) if sweep else []:
         try:

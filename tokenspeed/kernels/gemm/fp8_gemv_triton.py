@@ -27,15 +27,19 @@ weight byte: widen to fp32, scale, FMA; 0.3-0.5 of the copy bandwidth). Two inne
 - fp32: widen to fp32 and FMA into an fp32 tile (exact products, fp32 sums;
   about 1.5x the instructions); always for fp32 activations.
 
-Launch shape (`choose_config`): fixed per fused form, from
-`benchmarks/gemv_stack.py`, which times every shape of `launch_shapes` the
-way a decode step runs it (32 layers' weights back to back in one CUDA
-graph, PDL on). Two H100 runs (2026-12-06, us per launch at Llama-3.1-8B's
-forms): 8 rows x 2048 in the fp16 loop 11.6 / 7.7 / 43.0 / 22.3 at qkv / o /
-gate_up / down; the best per form, in both runs: qkv (RMSNorm prologue)
-16 x 1024 (10.6-10.7), o (residual) 16 x 2048 with 8 warps (7.35-7.42),
-gate_up 8 x 2048, and for down's K of 14336 8 x 1024 in the fp32 loop
-(21.1-21.6). Those are the choices. Two things were tried and measured out:
+Launch shape (`choose_config`): fixed, from `benchmarks/gemv_stack.py`,
+which times every shape of `launch_shapes` the way a decode step runs it
+(32 layers' weights back to back in one CUDA graph, PDL on). On an H100
+(2026-12-06, us per launch at Llama-3.1-8B's forms qkv / o / gate_up /
+down): 8 rows x 2048 in the fp16 loop 11.6 / 7.7 / 43.0 / 22.3, and for
+down's K of 14336, 8 x 1024 in the fp32 loop 21.6; the best of 15 shapes
+per form summed to 82.7 us a layer, these to 83.9. Three things were tried
+and measured out:
+- the best shape per fused form in that stack (qkv 16 x 1024, o 16 x 2048
+  with 8 warps: about 1.3 us a layer faster there, in two runs) was not
+  faster end to end: Llama-3.1-8B FP8 bs1 3.569 / 3.508 ms against 3.513 /
+  3.493 ms for these shapes, alternating on one H100
+  (`benchmarks/results/h100/wave2/fp8_2026-12-06d/`);
 - timing the shapes on first use, each launched alone (`LaunchTuner`):
   alone, a launch pays its ramp-up and the L2 flush that no decode step
   pays, and its picks came out 4-8 us a layer slower than these in the
@@ -124,15 +128,12 @@ def launch_shapes(k: int) -> list[Fp8GemvConfig]:
     ]
 
 
-def choose_config(k: int, *, norm: bool = False, residual: bool = False, silu_mul: bool = False) -> Fp8GemvConfig:
-    """The launch shape for rows of `k` in a fused form, measured in a decode step's graph (module docstring)."""
+def choose_config(k: int) -> Fp8GemvConfig:
+    """The launch shape for rows of `k`, measured in a decode step's graph (module docstring):
+    8 rows x 2048 in the fp16 loop, 8 x 1024 in the fp32 loop for long rows (down_proj's 14336)."""
     groups = next_power_of_2(triton.cdiv(k, GROUP_SIZE))
-    if k > 8192:  # down_proj's 14336
+    if k > 8192:
         return Fp8GemvConfig(block_n=8, groups=min(8, groups), num_warps=4, stages=3, f16_math=False)
-    if norm and not silu_mul:  # qkv: fewer programs, each recomputing the row's RMS
-        return Fp8GemvConfig(block_n=16, groups=min(8, groups), num_warps=4, stages=3)
-    if residual:  # o_proj
-        return Fp8GemvConfig(block_n=16, groups=min(16, groups), num_warps=8, stages=2)
     return Fp8GemvConfig(block_n=8, groups=min(16, groups), num_warps=4, stages=3)
 
 
@@ -367,7 +368,7 @@ def fp8_gemv_triton(
     res = None if residual is None else residual.reshape(-1, n)
     scales = weight_scale.contiguous()
 
-    config = config or choose_config(k, norm=norm_weight is not None, residual=res is not None, silu_mul=silu_mul)
+    config = config or choose_config(k)
     block_n = _fitting_block_n(config.block_n, block_size[0], row_scale)
     block_k = config.groups * GROUP_SIZE
     f16_math = config.f16_math and x.dtype != torch.float32  # fp32 activations: exact products and sums
