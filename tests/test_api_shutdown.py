@@ -20,8 +20,8 @@ from tests.test_api_server import start_server, stop_server
 
 @pytest.fixture
 def server(tmp_path):
-    # A stream of 4000 tokens outlasts a 1 s drain (the tiny model streams about 1000 a second on the CPU).
-    running = start_server(tmp_path / "server.log", "--max-model-len", "4096", "--drain-timeout", "1")
+    # A stream of 4000 tokens outlasts a 0.5 s drain (the tiny model streams about 1000 a second on the CPU).
+    running = start_server(tmp_path / "server.log", "--max-model-len", "4096", "--drain-timeout", "0.5")
     yield running
     stop_server(running)
 
