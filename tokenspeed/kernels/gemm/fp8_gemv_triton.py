@@ -11,8 +11,9 @@ more tokens take the tensor-core GEMM (`FP8_GEMV_MAX_TOKENS`).
 Where the time goes: an fp8 byte is one weight, so this kernel does twice
 the arithmetic per byte of the bf16 GEMV, and at the H200's ~17 bytes per
 clock per SM (4.3 TB/s over 132 SMs at 1.98 GHz) the instruction issue, not
-memory, was the limit of the first version (about 9 instructions per
-weight byte: widen to fp32, scale, FMA; 0.3-0.5 of the copy bandwidth). Two inner loops (`F16_MATH`):
+memory, was the limit of the first version (about 9 instructions per weight
+byte: widen to fp32, scale, FMA; 0.3-0.5 of the copy bandwidth). Two inner
+loops (`F16_MATH`):
 - fp16 (default): the weight widens to fp16 with one instruction per pair
   (exactly) and is multiplied into fp16 lanes with packed FMAs, one per pair;
   each lane accumulates one product per K step (at most `STEPS`), and the
