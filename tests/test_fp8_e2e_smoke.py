@@ -29,3 +29,4 @@ def test_fp8_e2e_smoke_writes_every_section(tmp_path: Path) -> None:
     kv = metrics["kv_long"]
     assert kv["fp8"]["kv_bytes_per_token"] * 4 == kv["bf16"]["kv_bytes_per_token"]  # fp32 on the CPU
     assert kv["fp8"]["kv_pages"] > kv["bf16"]["kv_pages"]
+    assert kv["fp8"]["roofline_ratio"] > 0 and "fp8_attention_launches" in kv

@@ -26,6 +26,8 @@ them to the Triton GEMM silently, so the test says it).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -186,6 +188,23 @@ def test_launch_tuner_picks_the_fastest_and_never_times_inside_a_capture() -> No
         assert tuner.choose(("captured",), torch.device("cuda"), run) == 3  # the default, untimed
         assert tuner.choose(("eager",), torch.device("cuda"), run) == 1
     assert ("captured",) not in tuner.chosen()
+
+
+def test_launch_tuner_times_the_device_not_the_hosts_launch() -> None:
+    """A candidate whose host side is slow (as a Triton launch from Python can be) is timed by its kernel.
+
+    Without the device sleeping through the launch, the events would bracket the host's 1 ms.
+    """
+    x = torch.zeros(1024, device="cuda")
+
+    def run(host_delay_s: float) -> None:
+        time.sleep(host_delay_s)
+        x.add_(1.0)
+
+    tuner = LaunchTuner("test", lambda key: [1e-3, 2e-3])
+    tuner.choose(("slow host",), torch.device("cuda"), run)
+    timings = tuner.chosen()[("slow host",)].timings_us
+    assert len(timings) == 2 and max(timings.values()) < 300, timings
 
 
 @pytest.mark.parametrize("m", [2, 16, 256, 4096])

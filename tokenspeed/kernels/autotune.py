@@ -25,6 +25,12 @@ times. The flush reads a buffer twice the L2 rather than writing it: a write
 leaves the L2 full of dirty lines, and their write-back shares the DRAM with
 the timed kernel's reads (as many bytes as a weight smaller than the L2
 reads), a cost no decode step pays, and largest for the smallest weights.
+Between the flush and the start event the device sleeps for twice the host
+time of one call: where the host takes longer to launch a candidate (a
+Triton launch from Python costs tens of microseconds) than the device takes
+to flush, the device would otherwise idle between the events, and the time
+would be the host's (the FP8 experts' same tiles timed 352 us in one process
+and 148 us in the next, a flat floor under every candidate).
 A candidate that fails to compile or launch is skipped; without memory for
 the flush buffer (twice the L2) the default runs untimed. A kernel timed
 alone still pays its whole launch and ramp-up, which a decode step's graph
@@ -42,6 +48,7 @@ import functools
 import logging
 import os
 import statistics
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -52,6 +59,8 @@ logger = logging.getLogger("tokenspeed.kernels")
 
 C = TypeVar("C")
 Key = tuple[Any, ...]  # a launch's shape: sizes, dtypes, flags
+# `torch.cuda._sleep` counts clock cycles; at a lower clock than this the sleep only lasts longer.
+_SLEEP_CYCLES_PER_S = 2.0e9
 
 
 def tuning_enabled() -> bool:
@@ -136,10 +145,17 @@ def synchronisation_allowed() -> Iterator[None]:
 def _median_us(fn: Callable[[], object], flush: torch.Tensor, reps: int) -> float:
     fn()  # compile, and fail here if the candidate cannot launch
     torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    host_s = time.perf_counter() - t  # an upper bound on the host's time to launch the candidate
+    torch.cuda.synchronize()
+    # The device sleeps through the host's launch (module docstring), twice its measured time, within bounds.
+    sleep_cycles = int(min(max(2 * host_s, 20e-6), 5e-3) * _SLEEP_CYCLES_PER_S)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for start, end in zip(starts, ends, strict=True):
         flush.amax()  # reads only: evicts the L2 without dirtying it (module docstring)
+        torch.cuda._sleep(sleep_cycles)
         start.record()
         fn()
         end.record()

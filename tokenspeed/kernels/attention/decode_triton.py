@@ -57,7 +57,7 @@ from tokenspeed.kernels.attention.paged_tiles import (
     online_softmax_step,
     store_split_partial,
 )
-from tokenspeed.kernels.autotune import LaunchTuner
+from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
 from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
@@ -259,6 +259,11 @@ def fp8_launch_candidates(key: tuple[Any, ...]) -> list[SplitLaunch]:
 
 # Tuned once per model shape (not per batch or table width, which may change every eager step).
 _FP8_TUNER: LaunchTuner[SplitLaunch] = LaunchTuner("attention.decode fp8 launch", fp8_launch_candidates)
+
+
+def tuned_fp8_launches() -> dict[tuple[Any, ...], TunedChoice[SplitLaunch]]:
+    """The launch each fp8-cache shape got (and the candidates' times), for benchmarks."""
+    return _FP8_TUNER.chosen()
 
 
 def choose_fold(group: int, q_len: int, block: int = _MAX_TILE_ROWS) -> int:
