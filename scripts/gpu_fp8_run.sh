@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for issue 16's FP8 figures, each step under its own time limit (seconds, 0 skips it):
 # GPU tests (TESTS files, TEST_K selection; TESTS_S), fp8_e2e.py (E2E_SECTIONS; E2E_S), gemv_stack.py
-# (STACK_S), fp8_kernels.py (KERNELS_S); E2E_ARGS / STACK_ARGS: more arguments. Everything lands in
+# (STACK_S), fp8_skinny_stack.py (SKINNY_S), fp8_kernels.py (KERNELS_S); E2E_ARGS / STACK_ARGS: more arguments. Everything lands in
 # $OUT/fp8.tgz, re-packed after every step so that a call cut short keeps what finished.
 # Carry .whl_gpu (scripts/fetch_device_wheels.sh).
 cd "$(dirname "$0")/.."
@@ -21,6 +21,7 @@ step() {
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > $R/summary.txt
 step gpu_tests ${TESTS_S:-120} python3 -m pytest -q -m gpu -rf -p no:cacheprovider \
   ${TESTS:-tests/test_kernels_fp8_gpu.py tests/test_fp8_gpu.py} -k "${TEST_K:-not presets}"
+step skinny_stack ${SKINNY_S:-0} python3 benchmarks/fp8_skinny_stack.py --out $R/skinny_stack.json
 step fp8_e2e ${E2E_S:-200} python3 benchmarks/fp8_e2e.py --sections ${E2E_SECTIONS:-llama} --profile ${E2E_ARGS:-} --out $R/fp8_e2e.json
 step gemv_stack ${STACK_S:-180} python3 benchmarks/gemv_stack.py ${STACK_ARGS:-} --out $R/gemv_stack.json
 step fp8_kernels ${KERNELS_S:-0} python3 benchmarks/fp8_kernels.py --out $R/fp8_kernels.json

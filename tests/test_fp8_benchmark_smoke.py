@@ -29,7 +29,8 @@ def test_fp8_benchmark_smoke_writes_all_sections(tmp_path: Path) -> None:
     assert set(doc) == {"command", "device", "date", "metrics"}
     metrics = doc["metrics"]
     assert {"ceilings", "gemm", "gemv", "decode_attention", "moe"} <= set(metrics)
-    assert metrics["gemm"]["qkv"]["2"]["selected"] == metrics["gemm"]["qkv"]["20"]["selected"] == "scaled_mm"
+    assert metrics["gemm"]["qkv"]["2"]["selected"] == "triton_gemv"  # 2-16 tokens: the skinny GEMM
+    assert metrics["gemm"]["qkv"]["20"]["selected"] == "scaled_mm"
     assert set(metrics["gemv"]) == {"qkv", "down"} and metrics["gemv"]["qkv"]["config"].startswith("Fp8GemvConfig")
     assert metrics["moe"]["by_tokens"]["1"]["operands"] == "w8a16"
     assert metrics["moe"]["by_tokens"]["1"]["tiles"].startswith("TileConfig")
@@ -51,3 +52,18 @@ def test_gemv_stack_smoke_times_every_launch_shape_and_bf16(tmp_path: Path) -> N
         assert row["fp8_chosen_config"] == repr(choose_config(128))
         assert row["best_fp8_config"] in row["fp8_us"] and row["bf16_us"] > 0
     assert "layer" not in metrics  # only with all four forms
+
+
+def test_skinny_stack_smoke_times_every_launch_shape_against_the_gemm_and_bf16(tmp_path: Path) -> None:
+    out = tmp_path / "skinny_stack.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "fp8_skinny_stack.py"), "--smoke", "--tokens", "3", "--out", str(out)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    metrics = json.loads(out.read_text())["metrics"]
+    from tokenspeed.kernels.gemm.fp8_skinny_triton import skinny_shapes
+
+    for form in ("qkv", "o", "gate_up", "down"):
+        row = metrics["forms"][form]["3"]
+        assert set(row["skinny"]) == {repr(c) for c in skinny_shapes()}  # every launch shape ran
+        assert row["skinny_chosen_us"] > 0 and row["gemm_us"] > 0 and row["bf16_us"] > 0

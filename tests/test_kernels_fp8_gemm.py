@@ -27,7 +27,7 @@ from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything 
     fresh_process_test,
     interpreted,
 )
-from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
+from tokenspeed.kernels.gemm import FP8_FUSED_DECODE_MAX_TOKENS, FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm import fp8_scaled_mm as fp8_scaled_mm_module
 from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch
 from tokenspeed.kernels.gemm.fp8_gemm_triton import Fp8GemmTiles, fp8_gemm_triton
@@ -40,6 +40,7 @@ from tokenspeed.kernels.gemm.fp8_scaled_mm import (
     cublas_fp8_gemm,
     probe_cublas,
 )
+from tokenspeed.kernels.gemm.fp8_skinny_triton import SkinnyConfig, skinny_shapes
 from tokenspeed.kernels.quant.fp8 import (
     FP8_DTYPE,
     FP8_MAX,
@@ -293,6 +294,25 @@ def test_fp8_gemv_triton_matches_reference(
 
 @interpreted
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("m", "n", "k", "block_size"), [*[c for c in GEMM_CASES if 1 < c[0] <= 16], (16, 40, 256, (8, 128))])
+def test_fp8_skinny_gemm_matches_reference(
+    dtype: torch.dtype, m: int, n: int, k: int, block_size: tuple[int, int]
+) -> None:
+    """2-16 tokens go to the tensor-core skinny GEMM (activations unquantised), at every launch shape."""
+    x, w8, scales, bias = _gemm_case(m, n, k, block_size, dtype)
+    want = fp8_gemm_reference(x.float(), w8, scales, block_size=block_size, bias=bias.float())
+    for config in [None, *skinny_shapes()]:
+        got = fp8_gemv_triton(x, w8, scales, block_size=block_size, bias=bias, config=config)
+        assert got.dtype == dtype and got.shape == (m, n)
+        assert _rel_err(got, want) < TOL[dtype], config
+    logits = fp8_gemv_triton(x.view(1, m, k), w8, scales, block_size=block_size, bias=bias, out_dtype=torch.float32)
+    assert logits.shape == (1, m, n) and _rel_err(logits[0], want) < TOL[dtype]
+    with pytest.raises(ValueError, match="no fused forms"):
+        fp8_gemv_triton(x, w8, scales, block_size=block_size, config=SkinnyConfig(16, 2), residual=x[:, :n])
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("block_size", [(16, 128), PER_CHANNEL_BLOCK])
 @pytest.mark.parametrize("f16_math", [True, False])
 def test_fp8_gemv_fused_decode_forms_match_the_unfused_path(
@@ -452,7 +472,7 @@ def test_fp8_layers_route_the_decode_forms_to_the_fused_fp8_gemv(
     from tokenspeed.models.fp8_model import _route_decode_paths
 
     def decode_kernel(mode: str, **_: object) -> tuple[object, int]:
-        return (lambda *a, **k: None), FP8_GEMV_MAX_TOKENS  # a selected (non-reference) bf16 decode kernel
+        return (lambda *a, **k: None), FP8_FUSED_DECODE_MAX_TOKENS  # a selected (non-reference) bf16 decode kernel
 
     monkeypatch.setattr(linear_module, "select_decode_gemm", decode_kernel)
     monkeypatch.setattr(mlp_module, "select_decode_gemm", decode_kernel)
@@ -463,7 +483,7 @@ def test_fp8_layers_route_the_decode_forms_to_the_fused_fp8_gemv(
         linear.weight.data.copy_(torch.randn(linear.weight.shape, generator=gen) * 0.05)
         linear.use_fp8(block, checkpoint_block=None)
     _route_decode_paths(mlp)
-    assert mlp.decode_max_tokens == FP8_GEMV_MAX_TOKENS
+    assert mlp.decode_max_tokens == FP8_FUSED_DECODE_MAX_TOKENS
     norm = RMSNorm(256, 1e-6)
     norm.weight.data.copy_(1 + 0.1 * torch.randn(256, generator=gen))
     x, residual = torch.randn(1, 256, generator=gen), torch.randn(1, 256, generator=gen)

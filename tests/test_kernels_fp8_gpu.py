@@ -50,6 +50,7 @@ from tokenspeed.kernels.gemm.fp8_scaled_mm import (  # noqa: E402
     cublas_formats,
     fp8_scaled_mm,
 )
+from tokenspeed.kernels.gemm.fp8_skinny_triton import skinny_shapes  # noqa: E402
 from tokenspeed.kernels.moe.experts_fp8_reference import fused_experts_fp8_reference  # noqa: E402
 from tokenspeed.kernels.moe.experts_fp8_triton import fused_experts_fp8_triton  # noqa: E402
 from tokenspeed.kernels.moe.experts_triton import DECODE_TILES, tile_config  # noqa: E402
@@ -167,6 +168,24 @@ def test_every_gemv_launch_shape_is_correct(n: int, k: int) -> None:
         got = fp8_gemv_triton(x, w8, scale, config=config, out_dtype=torch.float32)
         for row in range(3):
             assert _rel_err(got[row], want[row]) < 2e-3, (config, row)  # fp16 products: 2^-11 per product
+
+
+@pytest.mark.parametrize("m", [2, 16])
+@pytest.mark.parametrize("block_size", [WEIGHT_BLOCK, PER_CHANNEL_BLOCK], ids=["block", "per-channel"])
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336)])
+def test_every_skinny_launch_shape_is_correct(m: int, block_size: tuple[int, int], n: int, k: int) -> None:
+    """2-16 tokens on tensor cores: bf16 activations widen to fp16 exactly, products sum in fp32."""
+    w8, scale = _weight(n, k, block_size, seed=n + m)
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(m))
+    x[0, :: k // 7] = 3e4  # large activations stay inside fp16's range
+    x = x.to(BF16)
+    want = fp8_gemm_reference(x.float(), w8, scale, block_size=block_size)
+    for config in skinny_shapes():
+        got = fp8_gemv_triton(x, w8, scale, block_size=block_size, config=config, out_dtype=torch.float32)
+        assert _rel_err(got, want) < 1e-4, config
+    graph, out = capture_cuda_graph(lambda: fp8_gemv_triton(x, w8, scale, block_size=block_size))
+    graph.replay()
+    assert _rel_err(out, want) < GEMM_TOL  # the chosen shape, replayed from a graph, bf16 output
 
 
 def test_launch_tuner_picks_the_fastest_and_never_times_inside_a_capture() -> None:

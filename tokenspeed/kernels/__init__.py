@@ -37,8 +37,8 @@ FP8 (e4m3; formats and rounding in `quant/fp8.py`): `quant.per_token_group`
 and `quant.per_token` (dynamic 1 x 128 and rowwise activation quantisation;
 REFERENCE and Triton); `gemm.fp8` (linear with fp8 weights and block /
 per-channel / per-tensor scales: REFERENCE dequantises on the fly, Triton
-`triton_gemv` PERFORMANT streams weights for one token
-(`gemm.FP8_GEMV_MAX_TOKENS`), cuBLAS `scaled_mm` PERFORMANT (`torch._scaled_mm`,
+`triton_gemv` PERFORMANT streams weights for 1-16 tokens (one token in
+registers, more on tensor cores: `gemm.FP8_GEMV_MAX_TOKENS`), cuBLAS `scaled_mm` PERFORMANT (`torch._scaled_mm`,
 bf16) runs the block and rowwise formats above, Triton `triton` PORTABLE
 runs fp8 x fp8 tensor cores for any layout; `gemm.fp8_dispatch` picks per batch);
 `moe.experts_fp8` (fp8 experts; REFERENCE and Triton). The KV kernels

@@ -11,11 +11,12 @@ correctly (the tests cover up to 8); raising this is the switch once a
 multi-token path wins.
 
 `FP8_GEMV_MAX_TOKENS` is the same kind of bound for the FP8 weights of
-`gemm.fp8`, and also 1: at 4 and 16 tokens the first FP8 GEMV (a tensor-core
-path dequantising weights in registers) ran at 0.2 of the copy bandwidth,
-slower than the block-scaled FP8 GEMM (`fp8_kernels.py`, H200, 2026-12-02:
-qkv at 16 tokens 41 us against 25 us), so batches of two or more tokens
-take the GEMM.
+`gemm.fp8`: 16. One token takes the weight-streaming GEMV, 2-16 the skinny
+tensor-core GEMM (`fp8_skinny_triton.py`, built like the fp8 decode
+attention's loop; a first tensor-core GEMV of 2026-12-02 had run at 0.2 of
+the copy bandwidth, before that loop's lessons), more the block-scaled FP8
+GEMMs. `FP8_FUSED_DECODE_MAX_TOKENS` bounds the decode layer's fused forms
+(RMSNorm prologue, SiLU-and-mul, residual), which only the one-token kernel has.
 """
 
 # Token counts the decode GEMV serves; beyond this cuBLAS's tiled GEMMs win.
@@ -23,4 +24,5 @@ DECODE_MAX_TOKENS = 1
 
 # Token counts the FP8 weight-streaming GEMV (`gemm.fp8` name "triton_gemv") serves; above
 # it the block-scaled FP8 tensor-core GEMMs do (see `gemm/fp8_dispatch.py`).
-FP8_GEMV_MAX_TOKENS = 1
+FP8_GEMV_MAX_TOKENS = 16
+FP8_FUSED_DECODE_MAX_TOKENS = 1

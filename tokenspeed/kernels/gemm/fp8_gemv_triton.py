@@ -1,12 +1,14 @@
-"""Triton FP8 weight-streaming GEMV (`gemm.fp8`, name "triton_gemv"): one token, fp8 weights, bf16 activations.
+"""Triton FP8 weight-streaming GEMV (`gemm.fp8`, name "triton_gemv"): 1-16 tokens, fp8 weights, bf16 activations.
 
 At decode a projection is a stream of weight bytes and fp8 halves them; the
 activation row is a few KB and stays in its dtype (no quantisation step, no
 extra launch, and more accurate than the tensor-core GEMM). As in
 `gemv_triton.py`, a program owns BLOCK_N whole output rows, streams them in
 `[BLOCK_N, 128 * GROUPS]` steps and writes finished outputs (no split-K, no
-second kernel). Each program serves one token (grid axis 1); batches of
-more tokens take the tensor-core GEMM (`FP8_GEMV_MAX_TOKENS`).
+second kernel). Each program serves one token (grid axis 1); 2-16 tokens
+take the tensor-core skinny GEMM (`fp8_skinny_triton.py`), which streams the
+weights once for all of them, and more tokens the FP8 GEMMs
+(`FP8_GEMV_MAX_TOKENS`). The fused forms below are the one-token kernel's.
 
 Where the time goes: an fp8 byte is one weight, so this kernel does twice
 the arithmetic per byte of the bf16 GEMV, and at the H200's ~17 bytes per
@@ -85,6 +87,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
+from tokenspeed.kernels.gemm.fp8_skinny_triton import SKINNY_BLOCK_M, SkinnyConfig, fp8_skinny_gemm
 from tokenspeed.kernels.gemm.gemv_triton import load_rows
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, WEIGHT_BLOCK, BlockSize
@@ -338,7 +341,7 @@ def fp8_gemv_triton(
     block_size: BlockSize = WEIGHT_BLOCK,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
-    config: Fp8GemvConfig | None = None,
+    config: Fp8GemvConfig | SkinnyConfig | None = None,
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
     residual: torch.Tensor | None = None,
@@ -349,7 +352,9 @@ def fp8_gemv_triton(
     The decode layer's fused forms, as in the bf16 GEMV (`gemv_triton.py`): `norm_weight` applies
     RMSNorm to x first, `silu_mul` treats the weight as `[2N, K]` gate then up rows and returns
     silu(gate) * up `[..., N]` (`fits_silu_mul` says which block scales allow it), `residual` is
-    added to the result. `config` None: `choose_config`'s launch shape.
+    added to the result. `config` None: 2-16 tokens without fused forms take the skinny GEMM
+    (`fp8_skinny_triton.py`), anything else the one-token kernel at `choose_config`'s launch shape;
+    a `SkinnyConfig` forces the skinny GEMM, an `Fp8GemvConfig` the one-token kernel.
     """
     n, k = check_fp8_gemm_args(x, weight, weight_scale, block_size)
     if weight.stride(-1) != 1:
@@ -368,6 +373,12 @@ def fp8_gemv_triton(
         return out.view(*x.shape[:-1], n)
     res = None if residual is None else residual.reshape(-1, n)
     scales = weight_scale.contiguous()
+    fused = norm_weight is not None or res is not None or silu_mul
+    if isinstance(config, SkinnyConfig) or (config is None and 1 < m <= SKINNY_BLOCK_M and not fused):
+        if fused:
+            raise ValueError("the skinny GEMM has no fused forms (norm, residual, silu_mul)")
+        fp8_skinny_gemm(x2, weight, scales, out, block_size=block_size, bias=bias, config=config)
+        return out.view(*x.shape[:-1], n)
 
     config = config or choose_config(k)
     block_n = _fitting_block_n(config.block_n, block_size[0], row_scale)

@@ -2,8 +2,9 @@
 
 Llama-3.1-8B's projections (K 4096 and 14336) with 128 x 128 weight blocks:
 the activation quantiser, the tensor-core GEMM at both tile shapes
-`fp8_gemm_triton.choose_tiles` picks, and the one-token GEMV at every
-launch shape of `fp8_gemv_triton.launch_shapes`.
+`fp8_gemm_triton.choose_tiles` picks, the one-token GEMV at every
+launch shape of `fp8_gemv_triton.launch_shapes`, and the 2-16 token skinny
+GEMM at every shape of `fp8_skinny_triton.skinny_shapes`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tokenspeed.kernels.compile_check import KernelConfig
-from tokenspeed.kernels.gemm import fp8_gemm_triton, fp8_gemv_triton
+from tokenspeed.kernels.gemm import fp8_gemm_triton, fp8_gemv_triton, fp8_skinny_triton
 from tokenspeed.kernels.quant import quantize_triton
 from tokenspeed.kernels.quant.fp8 import FP8_MAX, GROUP_SIZE, MIN_AMAX
 from tokenspeed.kernels.triton_launch import next_power_of_2
@@ -53,6 +54,21 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
                 f"gemm.fp8 triton_gemv {form} n={n} k={k} {cfg}",
                 fp8_gemv_triton._fp8_gemv_kernel,
                 constexprs,
+                pointers={"w_ptr": FP8, "ws_ptr": "fp32"},
+                num_warps=cfg.num_warps,
+            )
+    # The skinny GEMM (2-16 tokens) at down_proj's shape (the others differ only in N and K), block and
+    # per-channel scales; every launch shape.
+    n, k = 4096, 14336
+    for cfg in fp8_skinny_triton.skinny_shapes():
+        for row_scale in (False, True):
+            constexprs = dict(N=n, K=k, SCALE_BN=1 if row_scale else 128, SCALE_BK=k if row_scale else 128)
+            constexprs |= dict(ROW_SCALE=row_scale, BLOCK_M=fp8_skinny_triton.SKINNY_BLOCK_M, BLOCK_N=cfg.block_n)
+            constexprs |= dict(BLOCK_K=GROUP_SIZE, STAGES=cfg.stages, EVEN=True, F16_DOTS=True, HAS_BIAS=False)
+            yield KernelConfig(
+                f"gemm.fp8 skinny n={n} k={k} row_scale={row_scale} {cfg}",
+                fp8_skinny_triton._fp8_skinny_kernel,
+                constexprs | dict(USE_PDL=True),
                 pointers={"w_ptr": FP8, "ws_ptr": "fp32"},
                 num_warps=cfg.num_warps,
             )

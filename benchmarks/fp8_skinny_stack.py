@@ -1,0 +1,123 @@
+"""FP8 projections at 2-16 tokens the way a decode step runs them: one CUDA graph, a layer's weights after another.
+
+    python benchmarks/fp8_skinny_stack.py --out benchmarks/results/h200/fp8/skinny_stack.json
+    python benchmarks/fp8_skinny_stack.py --smoke --out /tmp/skinny_smoke.json   # CPU: interpreter, tiny shapes
+
+For each of Llama-3.1-8B's projections (plain: no fused norm or residual,
+as a decode step of several rows runs them) and each token count, LAYERS
+distinct weights are launched back to back in one graph (as
+`gemv_stack.py` does for one token) and the time per launch is the replay
+time / LAYERS, for:
+- `skinny[config]`: the tensor-core skinny GEMM (`fp8_skinny_triton.py`) at
+  every launch shape of `skinny_shapes`, and `skinny_chosen` at the shape it
+  chooses (what `gemm.fp8` runs at these sizes);
+- `gemm`: the FP8 GEMM that served these sizes before (`gemm.fp8` above the
+  GEMV's range: cuBLAS block-scaled or rowwise `scaled_mm`, with its
+  activation quantisation kernel);
+- `bf16`: `F.linear` on the bf16 weights (cuBLAS).
+Each with its fraction of the copy bandwidth (weight bytes only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from fp8_kernels import save  # benchmarks/ is on sys.path when run as a script
+from gemv_stack import BLOCK, FORMS, SMOKE_FORMS, Layers, copy_bandwidth, timed_us
+from gpu_suite import log
+
+
+def bench(stack: Layers, tokens: int, copy_gb_s: float, smoke: bool) -> dict[str, Any]:
+    from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch
+    from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton
+    from tokenspeed.kernels.gemm.fp8_skinny_triton import choose_skinny_config, skinny_shapes
+
+    layers = len(stack.fp8)
+    x = torch.randn(tokens, stack.k, device=stack.x.device).to(stack.x.dtype)
+    gemm = select_fp8_gemm_by_batch(platform="cuda", dtype=x.dtype).large.impl
+
+    def each(one: Callable[[int], object]) -> Callable[[], None]:
+        return lambda: [one(i) for i in range(layers)]
+
+    def us(fn: Callable[[], None]) -> float:
+        return round(timed_us(fn, smoke) / layers, 2)
+
+    def fraction(nbytes: int, t: float) -> float:
+        return round(nbytes / t / 1e3 / copy_gb_s, 3)
+
+    row: dict[str, Any] = {"skinny": {}}
+    for config in skinny_shapes():
+        try:
+            row["skinny"][repr(config)] = us(each(lambda i, c=config: fp8_gemv_triton(
+                x, *stack.fp8[i], block_size=BLOCK, config=c)))  # fmt: skip
+        except (ValueError, RuntimeError) as exc:  # a failed build: the others still run
+            log(f"{stack.form} x{tokens} {config}: {type(exc).__name__}: {str(exc)[:160]}")
+    chosen = us(each(lambda i: fp8_gemv_triton(x, *stack.fp8[i], block_size=BLOCK)))
+    row |= {"skinny_chosen_us": chosen, "skinny_chosen_fraction": fraction(stack.fp8_bytes, chosen),
+            "skinny_chosen_config": repr(choose_skinny_config(stack.rows, stack.k))}  # fmt: skip
+    if row["skinny"]:
+        best = min(row["skinny"], key=row["skinny"].__getitem__)
+        row |= {"skinny_best": best, "skinny_best_us": row["skinny"][best]}
+    gemm_us = us(each(lambda i: gemm(x, *stack.fp8[i], block_size=BLOCK)))
+    bf16_us = us(each(lambda i: F.linear(x, stack.bf16[i])))
+    row |= {"gemm_us": gemm_us, "gemm_fraction": fraction(stack.fp8_bytes, gemm_us),
+            "bf16_us": bf16_us, "bf16_fraction": fraction(stack.bf16_bytes, bf16_us),
+            "gemm_over_skinny": round(gemm_us / chosen, 3)}  # fmt: skip
+    log(f"{stack.form} x{tokens}: {row}")
+    return row
+
+
+def markdown(metrics: dict[str, Any]) -> str:
+    lines = [f"copy {metrics['copy_bandwidth_gb_s']} GB/s; {metrics['layers']} layers a graph; us per launch "
+             "(fraction of the copy bandwidth, weight bytes)", "",
+             "| form | tokens | skinny chosen | best shape | best us | FP8 GEMM before | bf16 cuBLAS | before / skinny |",
+             "|---|---:|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+    for form, by_tokens in metrics["forms"].items():
+        for tokens, r in by_tokens.items():
+            lines.append(f"| {form} | {tokens} | {r['skinny_chosen_us']} ({r['skinny_chosen_fraction']}) | "
+                         f"{r.get('skinny_best')} | {r.get('skinny_best_us')} | {r['gemm_us']} ({r['gemm_fraction']}) | "
+                         f"{r['bf16_us']} ({r['bf16_fraction']}) | {r['gemm_over_skinny']} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/fp8/skinny_stack.json"))
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--tokens", default="2,4,8,16", help="comma-separated token counts (2-16)")
+    parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes (tests the script)")
+    args = parser.parse_args()
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+    elif not torch.cuda.is_available():
+        parser.error("needs a CUDA device (or --smoke)")
+    import tokenspeed.kernels.triton_launch  # noqa: F401  (patches the interpreter when it is on)
+
+    dev, dtype = ("cpu", torch.float16) if args.smoke else ("cuda", torch.bfloat16)
+    layers = 2 if args.smoke else args.layers
+    shapes = SMOKE_FORMS if args.smoke else FORMS
+    command = " ".join(["python", "benchmarks/fp8_skinny_stack.py", *sys.argv[1:]])
+    device = torch.cuda.get_device_name() if dev == "cuda" else "cpu (Triton interpreter, smoke)"
+    metrics: dict[str, Any] = {"copy_bandwidth_gb_s": copy_bandwidth(args.smoke), "layers": layers, "forms": {}}
+    for form, (rows, k) in shapes.items():
+        stack = Layers(form, rows, k, layers, dtype, dev)
+        metrics["forms"][form] = {t: bench(stack, int(t), metrics["copy_bandwidth_gb_s"], args.smoke)
+                                  for t in args.tokens.split(",")}
+        del stack
+        save(args.out, command, device, metrics)  # rewritten after each form: a timeout keeps what finished
+    date = save(args.out, command, device, metrics)
+    table = markdown(metrics)
+    args.out.with_suffix(".md").write_text(f"`{command}` on {device}, {date}\n\n{table}\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Triton FP8 skinny GEMM: 2-16 tokens against fp8 weights, on tensor cores, activations kept in bf16.
+
+Below 17 tokens a projection is still a stream of weight bytes, but the
+one-token GEMV (`fp8_gemv_triton.py`) would stream them once per token, and
+the tensor-core GEMMs are shaped for compute: cuBLAS's block-scaled FP8
+GEMM took 128 x 128 tiles at 4 tokens, plus an activation-quantisation
+kernel, and read a Llama-3.1-8B layer's weights at 0.58 of the copy
+bandwidth in a 4 x 32K decode step on an H100 (`fp8_e2e.py --sections
+kv_long --profile`, 2026-12-06), 45% of that step.
+
+So this kernel is the fp8 decode attention's inner loop
+(`attention/decode_triton.py`) with weight rows in place of cached
+positions: a program owns BLOCK_N whole output rows and streams them 128
+values of K at a time; the tile widens from e4m3 to fp16 in registers
+(`widen_fp8`, exact) and meets the step's activations, the tokens padded to
+16 rows, in one fp16 dot with fp32 accumulation. Activations widen to fp16
+exactly (bf16 has fewer mantissa bits), saturating past +-65504 as the
+attention's query does; no quantisation step and no extra launch.
+
+Scales: a 128-wide step lies in one K block of the weight's block scales,
+so each step's product is scaled by its rows' scales of that block, in
+fp32, whatever the row blocks (per-channel and per-tensor scales, blocks
+spanning K, multiply the finished sum once). As the GEMV, a program asks
+for its first weight step before it waits on the previous kernel (PDL), and
+the compiler pipelines the rest through shared memory (STAGES deep).
+
+Grid: one program per BLOCK_N rows, no split-K (no partial sums, no second
+kernel). Launch shape per weight shape: `choose_skinny_config`, from the
+in-graph sweep of `benchmarks/gemv_stack.py --tokens`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tokenspeed.kernels.gemm.gemv_triton import load_rows
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
+from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, BlockSize
+from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
+from tokenspeed.kernels.triton_launch import for_tensor
+
+SKINNY_BLOCK_M = 16  # the tokens, padded to the smallest tile a tensor-core dot takes
+
+
+@dataclass(frozen=True, slots=True)
+class SkinnyConfig:
+    """Launch shape of `_fp8_skinny_kernel`: BLOCK_N weight rows a program, STAGES steps in flight."""
+
+    block_n: int
+    stages: int
+    num_warps: int = 4
+
+
+def skinny_shapes() -> list[SkinnyConfig]:
+    """The launch shapes worth timing (`benchmarks/gemv_stack.py --tokens` sweeps them; the GPU tests run each)."""
+    return [
+        SkinnyConfig(16, 6),
+        SkinnyConfig(16, 8),
+        SkinnyConfig(32, 4),
+        SkinnyConfig(32, 6),
+        SkinnyConfig(64, 4),
+        SkinnyConfig(64, 3, 8),
+    ]
+
+
+def choose_skinny_config(n: int, k: int) -> SkinnyConfig:
+    """16 rows a program (most programs: N / 16), 6 steps in flight."""
+    return SkinnyConfig(16, 6)
+
+
+@triton.jit
+def _skinny_step(acc, w, x_rows, k0, offs_k, m_mask, K: tl.constexpr, EVEN_K: tl.constexpr,
+                 F16_DOTS: tl.constexpr):
+    """acc + x[:, k0:k0+128] @ w^T for one 128-wide step (fp32 accumulation)."""
+    k_mask = (k0 + offs_k) < K
+    if EVEN_K:
+        x = tl.load(x_rows + k0 + offs_k[None, :], mask=m_mask[:, None], other=0.0)
+    else:
+        x = tl.load(x_rows + k0 + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+    if F16_DOTS:
+        return tl.dot(to_f16_saturated(x), tl.trans(widen_fp8(w, tl.float16, False)), acc)
+    return tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+
+
+@triton.jit
+def _fp8_skinny_kernel(
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    stride_xm,
+    stride_wn,
+    stride_wsn,
+    stride_om,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
+    ROW_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+    EVEN: tl.constexpr,
+    F16_DOTS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_m = tl.arange(0, BLOCK_M)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    w_first = load_rows(rows, offs_k, n_mask, K, EVEN)  # weights never depend on the previous kernel
+    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
+        gdc_wait()
+        gdc_launch_dependents()
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    scale_rows = ws_ptr + (offs_n // SCALE_BN) * stride_wsn  # each row's scales (row blocks may be narrow)
+    zero = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = _skinny_step(zero, w_first, x_rows, 0, offs_k, m_mask, K, EVEN, F16_DOTS)
+    if not ROW_SCALE:
+        acc *= tl.load(scale_rows, mask=n_mask, other=0.0)[None, :]
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+        w = load_rows(rows, k0 + offs_k, n_mask, K, EVEN)
+        if ROW_SCALE:  # one scale per row: sum now, scale once at the end
+            acc = _skinny_step(acc, w, x_rows, k0, offs_k, m_mask, K, EVEN, F16_DOTS)
+        else:  # this K block's scale of each row multiplies the step's product
+            part = _skinny_step(zero, w, x_rows, k0, offs_k, m_mask, K, EVEN, F16_DOTS)
+            acc += part * tl.load(scale_rows + k0 // SCALE_BK, mask=n_mask, other=0.0)[None, :]
+    if ROW_SCALE:
+        acc *= tl.load(scale_rows, mask=n_mask, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    dst = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def fp8_skinny_gemm(
+    x2: torch.Tensor,
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    block_size: BlockSize,
+    bias: torch.Tensor | None,
+    config: SkinnyConfig | None = None,
+) -> torch.Tensor:
+    """out `[M, N]` = x2 `[M, K]` (M <= 16, contiguous along K) @ dequantised(weight)^T (+ bias).
+
+    Arguments checked by the caller (`fp8_gemv_triton`); scales contiguous.
+    """
+    m, k = x2.shape
+    n = weight.shape[0]
+    if m > SKINNY_BLOCK_M:
+        raise ValueError(f"the skinny GEMM serves at most {SKINNY_BLOCK_M} tokens, got {m}")
+    config = config or choose_skinny_config(n, k)
+    for_tensor(_fp8_skinny_kernel, x2)[(triton.cdiv(n, config.block_n),)](
+        x2, weight, scales, bias if bias is not None else out, out, m,
+        x2.stride(0), weight.stride(0), scales.stride(0), out.stride(0),
+        N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], ROW_SCALE=block_size[1] >= k,
+        BLOCK_M=SKINNY_BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=GROUP_SIZE, STAGES=config.stages,
+        EVEN=n % config.block_n == 0 and k % GROUP_SIZE == 0, F16_DOTS=x2.dtype != torch.float32,
+        HAS_BIAS=bias is not None, num_warps=config.num_warps, **pdl_launch_options(pdl_enabled(x2.device)),
+    )  # fmt: skip
+    return out
