@@ -295,11 +295,15 @@ def kv_long(args: argparse.Namespace, models: dict[str, str]) -> None:
         log(f"kv_long {name} KV: TPOT {step * 1e3:.3f} ms at {batch} x {context} ({step / roofline:.3f}x roofline), "
             f"{limits.num_pages} pages")
         release(llm)
-    # The fp8 cache's launch is timed per model shape on first use (`attention/decode_triton.py`): keep the picks.
+    # The fp8 cache's launch and the skinny GEMM's shapes are timed on first use: keep the picks.
     from tokenspeed.kernels.attention.decode_triton import tuned_fp8_launches
+
+    from tokenspeed.kernels.gemm.fp8_skinny_triton import tuned_skinny_shapes
 
     out["fp8_attention_launches"] = {repr(key): {"launch": repr(choice.config), "timed_us": choice.timings_us}
                                      for key, choice in tuned_fp8_launches().items()}
+    out["fp8_skinny_launches"] = {repr(key): {"launch": repr(choice.config), "timed_us": choice.timings_us}
+                                  for key, choice in tuned_skinny_shapes().items()}
     out["bf16_over_fp8_tpot"] = round(out["bf16"]["tpot_ms"] / out["fp8"]["tpot_ms"], 3)
     out["fp8_over_bf16_pages"] = round(out["fp8"]["kv_pages"] / out["bf16"]["kv_pages"], 3)
 

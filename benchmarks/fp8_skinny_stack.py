@@ -9,8 +9,9 @@ distinct weights are launched back to back in one graph (as
 `gemv_stack.py` does for one token) and the time per launch is the replay
 time / LAYERS, for:
 - `skinny[config]`: the tensor-core skinny GEMM (`fp8_skinny_triton.py`) at
-  every launch shape of `skinny_shapes`, and `skinny_chosen` at the shape it
-  chooses (what `gemm.fp8` runs at these sizes);
+  every launch shape of `skinny_shapes`, and `skinny_chosen` at the shape its
+  launch tuner picks (what `gemm.fp8` runs at these sizes; `skinny_tuner_us`:
+  the tuner's own times, each launch alone);
 - `gemm`: the FP8 GEMM that served these sizes before (`gemm.fp8` above the
   GEMV's range: cuBLAS block-scaled or rowwise `scaled_mm`, with its
   activation quantisation kernel);
@@ -37,7 +38,7 @@ from gpu_suite import log
 def bench(stack: Layers, tokens: int, copy_gb_s: float, smoke: bool) -> dict[str, Any]:
     from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch
     from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton
-    from tokenspeed.kernels.gemm.fp8_skinny_triton import choose_skinny_config, skinny_shapes
+    from tokenspeed.kernels.gemm.fp8_skinny_triton import skinny_shapes, tuned_skinny_shapes
 
     layers = len(stack.fp8)
     x = torch.randn(tokens, stack.k, device=stack.x.device).to(stack.x.dtype)
@@ -59,9 +60,12 @@ def bench(stack: Layers, tokens: int, copy_gb_s: float, smoke: bool) -> dict[str
                 x, *stack.fp8[i], block_size=BLOCK, config=c)))  # fmt: skip
         except (ValueError, RuntimeError) as exc:  # a failed build: the others still run
             log(f"{stack.form} x{tokens} {config}: {type(exc).__name__}: {str(exc)[:160]}")
+    fp8_gemv_triton(x, *stack.fp8[0], block_size=BLOCK)  # eager: the launch tuner picks a shape
     chosen = us(each(lambda i: fp8_gemv_triton(x, *stack.fp8[i], block_size=BLOCK)))
+    picks = [(key, c) for key, c in tuned_skinny_shapes().items() if key[:2] == (stack.rows, stack.k)]
     row |= {"skinny_chosen_us": chosen, "skinny_chosen_fraction": fraction(stack.fp8_bytes, chosen),
-            "skinny_chosen_config": repr(choose_skinny_config(stack.rows, stack.k))}  # fmt: skip
+            "skinny_chosen_config": repr(picks[0][1].config) if picks else None,
+            "skinny_tuner_us": picks[0][1].timings_us if picks else None}  # fmt: skip
     if row["skinny"]:
         best = min(row["skinny"], key=row["skinny"].__getitem__)
         row |= {"skinny_best": best, "skinny_best_us": row["skinny"][best]}

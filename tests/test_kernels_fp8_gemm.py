@@ -308,7 +308,7 @@ def test_fp8_skinny_gemm_matches_reference(
     logits = fp8_gemv_triton(x.view(1, m, k), w8, scales, block_size=block_size, bias=bias, out_dtype=torch.float32)
     assert logits.shape == (1, m, n) and _rel_err(logits[0], want) < TOL[dtype]
     with pytest.raises(ValueError, match="no fused forms"):
-        fp8_gemv_triton(x, w8, scales, block_size=block_size, config=SkinnyConfig(16, 2), residual=x[:, :n])
+        fp8_gemv_triton(x, w8, scales, block_size=block_size, config=SkinnyConfig(16, 1, 2), residual=x[:, :n])
 
 
 @interpreted
@@ -386,6 +386,12 @@ def test_fp8_gemv_keeps_fp16_lanes_in_range_for_any_activation_scale(f16_math: b
 # --- registry ---------------------------------------------------------------------------------
 
 
+def test_skinny_switch_sends_two_to_sixteen_tokens_back_to_the_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOKENSPEED_FP8_SKINNY", "0")
+    cuda = select_fp8_gemm_by_batch(platform="cuda", dtype=torch.bfloat16)
+    assert cuda.kernel_for(1).name == "triton_gemv" and cuda.kernel_for(2).name == "scaled_mm"
+
+
 def test_registry_picks_gemv_small_gemm_large_reference_on_cpu() -> None:
     cpu = select_fp8_gemm_by_batch(platform="cpu", dtype=torch.float32)
     assert cpu.small.name == cpu.large.name == "reference"
@@ -393,6 +399,8 @@ def test_registry_picks_gemv_small_gemm_large_reference_on_cpu() -> None:
     assert (cuda.small.name, cuda.large.name) == ("triton_gemv", "scaled_mm")
     assert cuda.kernel_for(1).name == cuda.kernel_for(FP8_GEMV_MAX_TOKENS).name == "triton_gemv"
     assert cuda.kernel_for(FP8_GEMV_MAX_TOKENS + 1).name == "scaled_mm"
+    assert FP8_GEMV_MAX_TOKENS == 16
+
     fp16 = select_fp8_gemm_by_batch(platform="cuda", dtype=torch.float16)  # cuBLAS serves bf16 only
     assert (fp16.small.name, fp16.large.name) == ("triton_gemv", "triton")
     assert select_kernel("gemm", "fp8", platform="cuda", dtype=torch.bfloat16).name == "triton"

@@ -1,4 +1,4 @@
-"""Per-batch choice between the FP8 GEMV (one token) and the FP8 tensor-core GEMMs (`gemm.fp8`).
+"""Per-batch choice between the FP8 GEMV (1-16 tokens) and the FP8 tensor-core GEMMs (`gemm.fp8`).
 
 A layer selects its kernels once, at construction, but which FP8 kernel is
 fastest depends on the step's token count. `select_fp8_gemm_by_batch`
@@ -7,13 +7,15 @@ overrides such as `--kernel gemm.fp8=reference`, dtypes and availability are
 honoured exactly as by `select_kernel`), and the returned callable picks by
 the input's token count, a host-side int: no sync, and a CUDA graph captured
 at one batch size always replays the same kernel. On a CUDA device with bf16
-activations that is the Triton GEMV for one token and cuBLAS (`scaled_mm`,
+activations that is the Triton GEMV up to 16 tokens and cuBLAS (`scaled_mm`,
 which hands the layouts it cannot take to the Triton GEMM) above; on the
-CPU both sides are the reference.
+CPU both sides are the reference. `TOKENSPEED_FP8_SKINNY=0` keeps the GEMV
+side at one token (`gemv_max_tokens`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -64,16 +66,17 @@ class Fp8GemmByBatch:
         return kernel(x, weight, weight_scale, block_size=block_size, bias=bias, out_dtype=out_dtype)
 
 
+def gemv_max_tokens() -> int:
+    """Tokens the GEMV side serves: `FP8_GEMV_MAX_TOKENS`, or 1 with `TOKENSPEED_FP8_SKINNY=0` (the skinny
+    GEMM's off switch: 2-16 tokens then take the FP8 GEMMs, as before it existed)."""
+    return 1 if os.environ.get("TOKENSPEED_FP8_SKINNY", "1") == "0" else FP8_GEMV_MAX_TOKENS
+
+
 def select_fp8_gemm_by_batch(*, platform: str, dtype: torch.dtype) -> Fp8GemmByBatch:
     """Resolve `gemm.fp8` up to and above the GEMV's range; raises KernelSelectionError like `select_kernel`."""
-    small = select_kernel(
-        "gemm", "fp8", platform=platform, dtype=dtype, workload={"num_tokens": (1, FP8_GEMV_MAX_TOKENS)}
-    )
+    small_max = gemv_max_tokens()
+    small = select_kernel("gemm", "fp8", platform=platform, dtype=dtype, workload={"num_tokens": (1, small_max)})
     large = select_kernel(
-        "gemm",
-        "fp8",
-        platform=platform,
-        dtype=dtype,
-        workload={"num_tokens": (FP8_GEMV_MAX_TOKENS + 1, MAX_TOKENS)},
+        "gemm", "fp8", platform=platform, dtype=dtype, workload={"num_tokens": (small_max + 1, MAX_TOKENS)}
     )
-    return Fp8GemmByBatch(small=small, large=large, max_small_tokens=FP8_GEMV_MAX_TOKENS)
+    return Fp8GemmByBatch(small=small, large=large, max_small_tokens=small_max)

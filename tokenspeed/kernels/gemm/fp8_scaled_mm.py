@@ -37,7 +37,6 @@ import logging
 import torch
 
 from tokenspeed.kernels.autotune import synchronisation_allowed
-from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_gemm_triton import fp8_gemm_triton
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args, fp8_gemm_reference
 from tokenspeed.kernels.quant.fp8 import (
@@ -153,7 +152,7 @@ def cublas_formats() -> dict[tuple[int, str], bool]:
     band=Band.PERFORMANT,
     platforms=("cuda",),
     dtypes=(torch.bfloat16,),
-    workload={"num_tokens": (FP8_GEMV_MAX_TOKENS + 1, MAX_TOKENS)},
+    workload={"num_tokens": (2, MAX_TOKENS)},  # also 2-16 tokens, where the GEMV's skinny path is switched off
 )
 def fp8_scaled_mm(
     x: torch.Tensor,

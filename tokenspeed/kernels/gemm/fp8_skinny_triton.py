@@ -25,19 +25,26 @@ for its first weight step before it waits on the previous kernel (PDL), and
 the compiler pipelines the rest through shared memory (STAGES deep).
 
 Grid: one program per BLOCK_N rows, no split-K (no partial sums, no second
-kernel). Launch shape per weight shape: `choose_skinny_config`, from the
-in-graph sweep of `benchmarks/gemv_stack.py --tokens`.
+kernel). A step is `groups` K groups of 128 (each its own dot, so block
+scales stay exact), 16-32 KB of weights. The launch shape is timed per
+weight shape on first use (`kernels/autotune.py`, `skinny_candidates`);
+`benchmarks/fp8_skinny_stack.py` times every shape the way a decode step
+runs them. A first version, one 128-wide step of 16-64 rows, read the weights
+at 0.26-0.5 of the copy bandwidth on an H100, slower than cuBLAS.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
 from tokenspeed.kernels.gemm.gemv_triton import load_rows
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, BlockSize
@@ -49,42 +56,61 @@ SKINNY_BLOCK_M = 16  # the tokens, padded to the smallest tile a tensor-core dot
 
 @dataclass(frozen=True, slots=True)
 class SkinnyConfig:
-    """Launch shape of `_fp8_skinny_kernel`: BLOCK_N weight rows a program, STAGES steps in flight."""
+    """Launch shape of `_fp8_skinny_kernel`: BLOCK_N weight rows a program, `groups` x 128 of K a step."""
 
     block_n: int
+    groups: int
     stages: int
     num_warps: int = 4
 
 
 def skinny_shapes() -> list[SkinnyConfig]:
-    """The launch shapes worth timing (`benchmarks/gemv_stack.py --tokens` sweeps them; the GPU tests run each)."""
+    """The launch shapes worth timing (`benchmarks/fp8_skinny_stack.py` sweeps them; the GPU tests run each)."""
     return [
-        SkinnyConfig(16, 6),
-        SkinnyConfig(16, 8),
-        SkinnyConfig(32, 4),
-        SkinnyConfig(32, 6),
-        SkinnyConfig(64, 4),
-        SkinnyConfig(64, 3, 8),
+        SkinnyConfig(32, 4, 2),
+        SkinnyConfig(32, 8, 2),
+        SkinnyConfig(32, 4, 3),
+        SkinnyConfig(64, 4, 2),
+        SkinnyConfig(64, 2, 3),
+        SkinnyConfig(64, 4, 2, 8),
+        SkinnyConfig(128, 2, 2, 8),
+        SkinnyConfig(16, 8, 2),
     ]
 
 
-def choose_skinny_config(n: int, k: int) -> SkinnyConfig:
-    """16 rows a program (most programs: N / 16), 6 steps in flight."""
-    return SkinnyConfig(16, 6)
+def skinny_candidates(key: tuple[Any, ...]) -> list[SkinnyConfig]:
+    """The shapes `LaunchTuner` times per weight shape (the first is the default): 16-64 rows x 512-1024 of K."""
+    return [SkinnyConfig(32, 4, 2), SkinnyConfig(64, 4, 2), SkinnyConfig(16, 8, 2), SkinnyConfig(64, 2, 3)]
+
+
+# Tuned once per weight shape (the token count barely matters: the weights are the bytes).
+_SKINNY_TUNER: LaunchTuner[SkinnyConfig] = LaunchTuner("gemm.fp8 skinny launch", skinny_candidates)
+
+
+def tuned_skinny_shapes() -> dict[tuple[Any, ...], TunedChoice[SkinnyConfig]]:
+    """The launch shape each weight shape got (and the candidates' times), for benchmarks."""
+    return _SKINNY_TUNER.chosen()
 
 
 @triton.jit
-def _skinny_step(acc, w, x_rows, k0, offs_k, m_mask, K: tl.constexpr, EVEN_K: tl.constexpr,
-                 F16_DOTS: tl.constexpr):
-    """acc + x[:, k0:k0+128] @ w^T for one 128-wide step (fp32 accumulation)."""
-    k_mask = (k0 + offs_k) < K
-    if EVEN_K:
-        x = tl.load(x_rows + k0 + offs_k[None, :], mask=m_mask[:, None], other=0.0)
+def _skinny_group(acc, w, x_rows, scale_rows, k, offs_k, m_mask, n_mask, K: tl.constexpr, SCALE_BK: tl.constexpr,
+                  ROW_SCALE: tl.constexpr, EVEN: tl.constexpr, F16_DOTS: tl.constexpr):
+    """acc + x[:, k:k+128] @ w^T for one K group of 128 (fp32 accumulation), times the rows' scales of the
+    group's K block unless the scales are per row (applied once at the end)."""
+    if EVEN:
+        x = tl.load(x_rows + k + offs_k[None, :], mask=m_mask[:, None], other=0.0)
     else:
-        x = tl.load(x_rows + k0 + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        x = tl.load(x_rows + k + offs_k[None, :], mask=m_mask[:, None] & ((k + offs_k) < K)[None, :], other=0.0)
+    if not ROW_SCALE:  # this group's product is scaled before it joins the sum
+        acc_in = acc
+        acc = tl.zeros(acc.shape, dtype=tl.float32)
     if F16_DOTS:
-        return tl.dot(to_f16_saturated(x), tl.trans(widen_fp8(w, tl.float16, False)), acc)
-    return tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        acc = tl.dot(to_f16_saturated(x), tl.trans(widen_fp8(w, tl.float16, False)), acc)
+    else:
+        acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+    if not ROW_SCALE:
+        acc = acc_in + acc * tl.load(scale_rows + k // SCALE_BK, mask=n_mask, other=0.0)[None, :]
+    return acc
 
 
 @triton.jit
@@ -106,16 +132,18 @@ def _fp8_skinny_kernel(
     ROW_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    GROUPS: tl.constexpr,
+    GROUP_K: tl.constexpr,
     STAGES: tl.constexpr,
     EVEN: tl.constexpr,
     F16_DOTS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
+    BLOCK_K: tl.constexpr = GROUPS * GROUP_K
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
+    offs_k = tl.arange(0, GROUP_K)
     offs_m = tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
     m_mask = offs_m < M
@@ -126,17 +154,18 @@ def _fp8_skinny_kernel(
         gdc_launch_dependents()
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     scale_rows = ws_ptr + (offs_n // SCALE_BN) * stride_wsn  # each row's scales (row blocks may be narrow)
-    zero = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc = _skinny_step(zero, w_first, x_rows, 0, offs_k, m_mask, K, EVEN, F16_DOTS)
-    if not ROW_SCALE:
-        acc *= tl.load(scale_rows, mask=n_mask, other=0.0)[None, :]
-    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
-        w = load_rows(rows, k0 + offs_k, n_mask, K, EVEN)
-        if ROW_SCALE:  # one scale per row: sum now, scale once at the end
-            acc = _skinny_step(acc, w, x_rows, k0, offs_k, m_mask, K, EVEN, F16_DOTS)
-        else:  # this K block's scale of each row multiplies the step's product
-            part = _skinny_step(zero, w, x_rows, k0, offs_k, m_mask, K, EVEN, F16_DOTS)
-            acc += part * tl.load(scale_rows + k0 // SCALE_BK, mask=n_mask, other=0.0)[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = _skinny_group(acc, w_first, x_rows, scale_rows, 0, offs_k, m_mask, n_mask, K, SCALE_BK, ROW_SCALE, EVEN,
+                        F16_DOTS)
+    for g in tl.static_range(1, GROUPS):  # the rest of the first step
+        w = load_rows(rows, g * GROUP_K + offs_k, n_mask, K, EVEN)
+        acc = _skinny_group(acc, w, x_rows, scale_rows, g * GROUP_K, offs_k, m_mask, n_mask, K, SCALE_BK,
+                            ROW_SCALE, EVEN, F16_DOTS)
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # the other steps, pipelined by the compiler
+        for g in tl.static_range(GROUPS):
+            w = load_rows(rows, k0 + g * GROUP_K + offs_k, n_mask, K, EVEN)
+            acc = _skinny_group(acc, w, x_rows, scale_rows, k0 + g * GROUP_K, offs_k, m_mask, n_mask, K, SCALE_BK,
+                                ROW_SCALE, EVEN, F16_DOTS)
     if ROW_SCALE:
         acc *= tl.load(scale_rows, mask=n_mask, other=0.0)[None, :]
     if HAS_BIAS:
@@ -163,13 +192,17 @@ def fp8_skinny_gemm(
     n = weight.shape[0]
     if m > SKINNY_BLOCK_M:
         raise ValueError(f"the skinny GEMM serves at most {SKINNY_BLOCK_M} tokens, got {m}")
-    config = config or choose_skinny_config(n, k)
+    if config is None:
+        key = (n, k, tuple(block_size), x2.dtype, bias is not None)
+        run = partial(fp8_skinny_gemm, x2, weight, scales, out, block_size=block_size, bias=bias)
+        config = _SKINNY_TUNER.choose(key, x2.device, lambda chosen: run(config=chosen))
     for_tensor(_fp8_skinny_kernel, x2)[(triton.cdiv(n, config.block_n),)](
         x2, weight, scales, bias if bias is not None else out, out, m,
         x2.stride(0), weight.stride(0), scales.stride(0), out.stride(0),
         N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], ROW_SCALE=block_size[1] >= k,
-        BLOCK_M=SKINNY_BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=GROUP_SIZE, STAGES=config.stages,
-        EVEN=n % config.block_n == 0 and k % GROUP_SIZE == 0, F16_DOTS=x2.dtype != torch.float32,
+        BLOCK_M=SKINNY_BLOCK_M, BLOCK_N=config.block_n, GROUPS=config.groups, GROUP_K=GROUP_SIZE,
+        STAGES=config.stages, EVEN=n % config.block_n == 0 and k % (config.groups * GROUP_SIZE) == 0,
+        F16_DOTS=x2.dtype != torch.float32,
         HAS_BIAS=bias is not None, num_warps=config.num_warps, **pdl_launch_options(pdl_enabled(x2.device)),
     )  # fmt: skip
     return out

@@ -64,7 +64,8 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
         for row_scale in (False, True):
             constexprs = dict(N=n, K=k, SCALE_BN=1 if row_scale else 128, SCALE_BK=k if row_scale else 128)
             constexprs |= dict(ROW_SCALE=row_scale, BLOCK_M=fp8_skinny_triton.SKINNY_BLOCK_M, BLOCK_N=cfg.block_n)
-            constexprs |= dict(BLOCK_K=GROUP_SIZE, STAGES=cfg.stages, EVEN=True, F16_DOTS=True, HAS_BIAS=False)
+            constexprs |= dict(GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages, EVEN=True, F16_DOTS=True)
+            constexprs |= dict(HAS_BIAS=False)
             yield KernelConfig(
                 f"gemm.fp8 skinny n={n} k={k} row_scale={row_scale} {cfg}",
                 fp8_skinny_triton._fp8_skinny_kernel,
