@@ -297,7 +297,6 @@ def kv_long(args: argparse.Namespace, models: dict[str, str]) -> None:
         release(llm)
     # The fp8 cache's launch and the skinny GEMM's shapes are timed on first use: keep the picks.
     from tokenspeed.kernels.attention.decode_triton import tuned_fp8_launches
-
     from tokenspeed.kernels.gemm.fp8_skinny_triton import tuned_skinny_shapes
 
     out["fp8_attention_launches"] = {repr(key): {"launch": repr(choice.config), "timed_us": choice.timings_us}
