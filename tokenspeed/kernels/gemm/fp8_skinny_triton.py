@@ -10,27 +10,35 @@ kv_long --profile`, 2026-12-06), 45% of that step.
 
 So this kernel is the fp8 decode attention's inner loop
 (`attention/decode_triton.py`) with weight rows in place of cached
-positions: a program owns BLOCK_N whole output rows and streams them 128
-values of K at a time; the tile widens from e4m3 to fp16 in registers
+positions: a program owns BLOCK_N whole output rows and streams them K
+group (128 values) by K group; each tile widens from e4m3 to fp16 in registers
 (`widen_fp8`, exact) and meets the step's activations, the tokens padded to
-16 rows, in one fp16 dot with fp32 accumulation. Activations widen to fp16
+16 rows, in an fp16 dot with fp32 accumulation. Activations widen to fp16
 exactly (bf16 has fewer mantissa bits), saturating past +-65504 as the
 attention's query does; no quantisation step and no extra launch.
 
-Scales: a 128-wide step lies in one K block of the weight's block scales,
-so each step's product is scaled by its rows' scales of that block, in
-fp32, whatever the row blocks (per-channel and per-tensor scales, blocks
+Scales: a K group lies in one K block of the weight's block scales, so
+each group's product is scaled by its rows' scales of that block, in fp32,
+whatever the row blocks (per-channel and per-tensor scales, blocks
 spanning K, multiply the finished sum once). As the GEMV, a program asks
-for its first weight step before it waits on the previous kernel (PDL), and
+for its first weight tile before it waits on the previous kernel (PDL), and
 the compiler pipelines the rest through shared memory (STAGES deep).
 
 Grid: one program per BLOCK_N rows, no split-K (no partial sums, no second
 kernel). A step is `groups` K groups of 128 (each its own dot, so block
-scales stay exact), 16-32 KB of weights. The launch shape is timed per
-weight shape on first use (`kernels/autotune.py`, `skinny_candidates`);
-`benchmarks/fp8_skinny_stack.py` times every shape the way a decode step
-runs them. A first version, one 128-wide step of 16-64 rows, read the weights
-at 0.26-0.5 of the copy bandwidth on an H100, slower than cuBLAS.
+scales stay exact), 8-32 KB of weights, 3-6 steps in flight. The launch
+shape is timed per weight shape on first use (`kernels/autotune.py`,
+`skinny_candidates`); `benchmarks/fp8_skinny_stack.py` times every shape
+the way a decode step runs them.
+
+Measured (H100, `benchmarks/results/h100/wave2/fp8_2026-12-06e/`): at 4
+tokens, us per launch in a graph against cuBLAS with its quantisation
+kernel: qkv 16.1 / 16.4, o 13.4 / 15.8, gate_up 50.7 / 50.0, down 38.4 /
+31.6 (0.42-0.77 of the copy bandwidth); a 4 x 32K decode step 3-4% faster
+(8.87 against 9.20 ms, one call). A first version, one 128-wide step of
+16-64 rows a program, ran at 0.25-0.5 of the copy bandwidth; two-deep
+pipelines at 1.2-1.6x the time of three-deep ones. down_proj (K 14336, 128
+programs of 32 rows) is the weak shape: split-K is the next thing to try.
 """
 
 from __future__ import annotations
