@@ -148,7 +148,7 @@ def bench_gemm(
             x = torch.randn(m, k, generator=gen, device=dev).to(dtype)
             a8, a_scale = quantize_per_token_group_triton(x)
             out = torch.empty(m, n, dtype=dtype, device=dev)
-            row: dict[str, Any] = {"selected": dispatch.kernel_for(m, k).name}
+            row: dict[str, Any] = {"selected": dispatch.kernel_for(m).name}
             row["selected_tflops"] = _tflops(m, n, k, timer.us(partial(dispatch, x, w8, w_scale)))
             row["selected_per_channel"] = _tflops(
                 m, n, k, timer.us(partial(dispatch, x, w8c, w_scale_c, block_size=PER_CHANNEL_BLOCK))

@@ -26,10 +26,6 @@ from tokenspeed.kernels.quant.fp8 import WEIGHT_BLOCK, BlockSize
 from tokenspeed.kernels.registry import KernelSpec, select_kernel
 
 MAX_TOKENS = 2**31 - 1
-# 2-16 tokens over rows longer than this take the FP8 GEMMs, not the skinny GEMM: at Llama-3.1-8B's
-# down_proj (K = 14336) cuBLAS read the weights faster (H100, in a graph, 2 / 4 / 16 tokens: 34.2 / 31.6 /
-# 30.9 us a launch against 38.8 / 38.4 / 41.0; benchmarks/results/h100/wave2/fp8_2026-12-06e/).
-SKINNY_MAX_K = 8192
 # The small-batch kernel that also has the decode layer's fused forms (norm prologue, SiLU-and-mul, residual).
 FUSED_DECODE_KERNEL = "triton_gemv"
 
@@ -53,11 +49,8 @@ class Fp8GemmByBatch:
         """The small-batch kernel when it takes the fused decode forms (`fp8_gemv_triton`), else None."""
         return self.small.impl if self.small.name == FUSED_DECODE_KERNEL else None
 
-    def kernel_for(self, num_tokens: int, k: int = 0) -> KernelSpec:
-        """The kernel for `num_tokens` rows of `k` values (one token: always the small side)."""
-        if num_tokens <= 1 or (num_tokens <= self.max_small_tokens and k <= SKINNY_MAX_K):
-            return self.small
-        return self.large
+    def kernel_for(self, num_tokens: int) -> KernelSpec:
+        return self.small if num_tokens <= self.max_small_tokens else self.large
 
     def __call__(
         self,
@@ -69,7 +62,7 @@ class Fp8GemmByBatch:
         bias: torch.Tensor | None = None,
         out_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
-        kernel = self.kernel_for(x.numel() // max(x.shape[-1], 1), x.shape[-1])
+        kernel = self.kernel_for(x.numel() // max(x.shape[-1], 1))
         return kernel(x, weight, weight_scale, block_size=block_size, bias=bias, out_dtype=out_dtype)
 
 
