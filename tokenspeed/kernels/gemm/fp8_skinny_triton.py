@@ -38,7 +38,10 @@ kernel: qkv 16.1 / 16.4, o 13.4 / 15.8, gate_up 50.7 / 50.0, down 38.4 /
 (8.87 against 9.20 ms, one call). A first version, one 128-wide step of
 16-64 rows a program, ran at 0.25-0.5 of the copy bandwidth; two-deep
 pipelines at 1.2-1.6x the time of three-deep ones. down_proj (K 14336, 128
-programs of 32 rows) is the weak shape: split-K is the next thing to try.
+programs of 32 rows) is the weak shape, yet sending it to cuBLAS (faster
+in that sweep) made the step slower: cuBLAS's down took 47.7 us a launch
+inside the step, and the step 9.17 ms against 9.07 with the skinny GEMM
+off altogether. Split-K is the next thing to try.
 """
 
 from __future__ import annotations
