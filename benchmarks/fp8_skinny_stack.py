@@ -22,7 +22,6 @@ Each with its fraction of the copy bandwidth (weight bytes only).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from fp8_kernels import save  # benchmarks/ is on sys.path when run as a script
-from gemv_stack import BLOCK, FORMS, SMOKE_FORMS, Layers, copy_bandwidth, timed_us
+from gemv_stack import BLOCK, Layers, stack_setup, timed_us
 from gpu_suite import log
 
 
@@ -98,28 +97,15 @@ def main() -> int:
     parser.add_argument("--tokens", default="2,4,8,16", help="comma-separated token counts (2-16)")
     parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes (tests the script)")
     args = parser.parse_args()
-    if args.smoke:
-        os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
-    elif not torch.cuda.is_available():
-        parser.error("needs a CUDA device (or --smoke)")
-    import tokenspeed.kernels.triton_launch  # noqa: F401  (patches the interpreter when it is on)
-
-    dev, dtype = ("cpu", torch.float16) if args.smoke else ("cuda", torch.bfloat16)
-    layers = 2 if args.smoke else args.layers
-    shapes = SMOKE_FORMS if args.smoke else FORMS
-    command = " ".join(["python", "benchmarks/fp8_skinny_stack.py", *sys.argv[1:]])
-    device = torch.cuda.get_device_name() if dev == "cuda" else "cpu (Triton interpreter, smoke)"
-    metrics: dict[str, Any] = {"copy_bandwidth_gb_s": copy_bandwidth(args.smoke), "layers": layers, "forms": {}}
-    for form, (rows, k) in shapes.items():
-        stack = Layers(form, rows, k, layers, dtype, dev)
+    run = stack_setup(parser, args, "fp8_skinny_stack.py")
+    metrics = run.metrics
+    for form, (rows, k) in run.shapes.items():
+        stack = Layers(form, rows, k, run.layers, run.dtype, run.dev)
         metrics["forms"][form] = {t: bench(stack, int(t), metrics["copy_bandwidth_gb_s"], args.smoke)
                                   for t in args.tokens.split(",")}
         del stack
-        save(args.out, command, device, metrics)  # rewritten after each form: a timeout keeps what finished
-    date = save(args.out, command, device, metrics)
-    table = markdown(metrics)
-    args.out.with_suffix(".md").write_text(f"`{command}` on {device}, {date}\n\n{table}\n")
-    print(table)
+        save(args.out, run.command, run.device, metrics)  # rewritten after each form: a timeout keeps what finished
+    run.finish(args.out, markdown(metrics))
     return 0
 
 

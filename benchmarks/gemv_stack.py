@@ -32,6 +32,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,41 @@ def markdown(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def stack_setup(parser: argparse.ArgumentParser, args: argparse.Namespace, script: str) -> StackRun:
+    """What a stack benchmark needs before its first graph (the interpreter's switch comes first)."""
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+    elif not torch.cuda.is_available():
+        parser.error("needs a CUDA device (or --smoke)")
+    import tokenspeed.kernels.triton_launch  # noqa: F401  (patches the interpreter when it is on)
+
+    dev, dtype = ("cpu", torch.float16) if args.smoke else ("cuda", torch.bfloat16)
+    return StackRun(
+        dev=dev, dtype=dtype, layers=2 if args.smoke else args.layers, shapes=SMOKE_FORMS if args.smoke else FORMS,
+        command=" ".join(["python", f"benchmarks/{script}", *sys.argv[1:]]),
+        device=torch.cuda.get_device_name() if dev == "cuda" else "cpu (Triton interpreter, smoke)",
+        metrics={"copy_bandwidth_gb_s": copy_bandwidth(args.smoke), "layers": 2 if args.smoke else args.layers,
+                 "forms": {}},
+    )  # fmt: skip
+
+
+@dataclass
+class StackRun:
+    dev: str
+    dtype: torch.dtype
+    layers: int
+    shapes: dict[str, tuple[int, int]]
+    command: str
+    device: str
+    metrics: dict[str, Any]
+
+    def finish(self, out: Path, table: str) -> None:
+        """The JSON, and the markdown table beside it."""
+        date = save(out, self.command, self.device, self.metrics)
+        out.with_suffix(".md").write_text(f"`{self.command}` on {self.device}, {date}\n\n{table}\n")
+        print(table)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/fp8/gemv_stack.json"))
@@ -177,30 +213,17 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes (tests the script)")
     parser.add_argument("--skip-shapes", action="store_true", help="only the chosen shapes, not every launch shape")
     args = parser.parse_args()
-    if args.smoke:
-        os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
-    elif not torch.cuda.is_available():
-        parser.error("needs a CUDA device (or --smoke)")
-    import tokenspeed.kernels.triton_launch  # noqa: F401  (patches the interpreter when it is on)
-
-    dev, dtype = ("cpu", torch.float16) if args.smoke else ("cuda", torch.bfloat16)
-    layers = 2 if args.smoke else args.layers
-    shapes = SMOKE_FORMS if args.smoke else FORMS
-    command = " ".join(["python", "benchmarks/gemv_stack.py", *sys.argv[1:]])
-    device = torch.cuda.get_device_name() if dev == "cuda" else "cpu (Triton interpreter, smoke)"
-    metrics: dict[str, Any] = {"copy_bandwidth_gb_s": copy_bandwidth(args.smoke), "layers": layers, "forms": {}}
+    run = stack_setup(parser, args, "gemv_stack.py")
+    metrics = run.metrics
     stacks = []
     for form in args.forms.split(","):
-        stack = Layers(form, *shapes[form], layers, dtype, dev)
+        stack = Layers(form, *run.shapes[form], run.layers, run.dtype, run.dev)
         metrics["forms"][form] = bench_form(stack, metrics["copy_bandwidth_gb_s"], args.smoke, not args.skip_shapes)
         stacks.append(stack)
-        save(args.out, command, device, metrics)  # rewritten after each form: a timeout keeps what finished
+        save(args.out, run.command, run.device, metrics)  # rewritten after each form: a timeout keeps what finished
     if len(stacks) == len(FORMS):
         metrics["layer"] = bench_layer(stacks, metrics["copy_bandwidth_gb_s"], args.smoke)
-    date = save(args.out, command, device, metrics)
-    table = markdown(metrics)
-    args.out.with_suffix(".md").write_text(f"`{command}` on {device}, {date}\n\n{table}\n")
-    print(table)
+    run.finish(args.out, markdown(metrics))
     return 0
 
 
