@@ -400,7 +400,6 @@ def test_registry_picks_gemv_small_gemm_large_reference_on_cpu() -> None:
     assert cuda.kernel_for(1).name == cuda.kernel_for(FP8_GEMV_MAX_TOKENS).name == "triton_gemv"
     assert cuda.kernel_for(FP8_GEMV_MAX_TOKENS + 1).name == "scaled_mm"
     assert FP8_GEMV_MAX_TOKENS == 16
-
     fp16 = select_fp8_gemm_by_batch(platform="cuda", dtype=torch.float16)  # cuBLAS serves bf16 only
     assert (fp16.small.name, fp16.large.name) == ("triton_gemv", "triton")
     assert select_kernel("gemm", "fp8", platform="cuda", dtype=torch.bfloat16).name == "triton"

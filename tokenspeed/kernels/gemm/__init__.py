@@ -25,4 +25,5 @@ DECODE_MAX_TOKENS = 1
 # Token counts the FP8 weight-streaming GEMV (`gemm.fp8` name "triton_gemv") serves; above
 # it the block-scaled FP8 tensor-core GEMMs do (see `gemm/fp8_dispatch.py`).
 FP8_GEMV_MAX_TOKENS = 16
+# Token counts of the decode layer's fused FP8 forms (norm prologue, SiLU-and-mul, residual): the one-token kernel's.
 FP8_FUSED_DECODE_MAX_TOKENS = 1

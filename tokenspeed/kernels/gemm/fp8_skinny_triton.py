@@ -26,7 +26,7 @@ the compiler pipelines the rest through shared memory (STAGES deep).
 
 Grid: one program per BLOCK_N rows, no split-K (no partial sums, no second
 kernel). A step is `groups` K groups of 128 (each its own dot, so block
-scales stay exact), 8-32 KB of weights, 3-6 steps in flight. The launch
+scales stay exact), 8-16 KB of weights, 3-6 steps in flight. The launch
 shape is timed per weight shape on first use (`kernels/autotune.py`,
 `skinny_candidates`); `benchmarks/fp8_skinny_stack.py` times every shape
 the way a decode step runs them.
