@@ -41,7 +41,10 @@ pipelines at 1.2-1.6x the time of three-deep ones. down_proj (K 14336, 128
 programs of 32 rows) is the weak shape, yet sending it to cuBLAS (faster
 in that sweep) made the step slower: cuBLAS's down took 47.7 us a launch
 inside the step, and the step 9.17 ms against 9.07 with the skinny GEMM
-off altogether. Split-K is the next thing to try.
+off altogether. Split-K is the next thing to try: commit 63572ce has it
+(the row block's last program to arrive sums the partials in split order,
+counted by an acq_rel atomic), built and tested under the interpreter, and
+reverted because no GPU time was left to check it on a device.
 """
 
 from __future__ import annotations
