@@ -40,7 +40,6 @@ from tokenspeed.kernels.gemm.fp8_scaled_mm import (
     cublas_fp8_gemm,
     probe_cublas,
 )
-from tokenspeed.kernels.gemm.fp8_skinny_triton import SkinnyConfig, skinny_shapes
 from tokenspeed.kernels.quant.fp8 import (
     FP8_DTYPE,
     FP8_MAX,
@@ -294,25 +293,6 @@ def test_fp8_gemv_triton_matches_reference(
 
 @interpreted
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("m", "n", "k", "block_size"), [*[c for c in GEMM_CASES if 1 < c[0] <= 16], (16, 40, 256, (8, 128))])
-def test_fp8_skinny_gemm_matches_reference(
-    dtype: torch.dtype, m: int, n: int, k: int, block_size: tuple[int, int]
-) -> None:
-    """2-16 tokens go to the tensor-core skinny GEMM (activations unquantised), at every launch shape."""
-    x, w8, scales, bias = _gemm_case(m, n, k, block_size, dtype)
-    want = fp8_gemm_reference(x.float(), w8, scales, block_size=block_size, bias=bias.float())
-    for config in [None, *skinny_shapes()]:
-        got = fp8_gemv_triton(x, w8, scales, block_size=block_size, bias=bias, config=config)
-        assert got.dtype == dtype and got.shape == (m, n)
-        assert _rel_err(got, want) < TOL[dtype], config
-    logits = fp8_gemv_triton(x.view(1, m, k), w8, scales, block_size=block_size, bias=bias, out_dtype=torch.float32)
-    assert logits.shape == (1, m, n) and _rel_err(logits[0], want) < TOL[dtype]
-    with pytest.raises(ValueError, match="no fused forms"):
-        fp8_gemv_triton(x, w8, scales, block_size=block_size, config=SkinnyConfig(16, 1, 2), residual=x[:, :n])
-
-
-@interpreted
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("block_size", [(16, 128), PER_CHANNEL_BLOCK])
 @pytest.mark.parametrize("f16_math", [True, False])
 def test_fp8_gemv_fused_decode_forms_match_the_unfused_path(
@@ -384,12 +364,6 @@ def test_fp8_gemv_keeps_fp16_lanes_in_range_for_any_activation_scale(f16_math: b
 
 
 # --- registry ---------------------------------------------------------------------------------
-
-
-def test_skinny_switch_sends_two_to_sixteen_tokens_back_to_the_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TOKENSPEED_FP8_SKINNY", "0")
-    cuda = select_fp8_gemm_by_batch(platform="cuda", dtype=torch.bfloat16)
-    assert cuda.kernel_for(1).name == "triton_gemv" and cuda.kernel_for(2).name == "scaled_mm"
 
 
 def test_registry_picks_gemv_small_gemm_large_reference_on_cpu() -> None:
