@@ -179,12 +179,12 @@ def stack_setup(parser: argparse.ArgumentParser, args: argparse.Namespace, scrip
     import tokenspeed.kernels.triton_launch  # noqa: F401  (patches the interpreter when it is on)
 
     dev, dtype = ("cpu", torch.float16) if args.smoke else ("cuda", torch.bfloat16)
+    layers = 2 if args.smoke else args.layers
     return StackRun(
-        dev=dev, dtype=dtype, layers=2 if args.smoke else args.layers, shapes=SMOKE_FORMS if args.smoke else FORMS,
+        dev=dev, dtype=dtype, layers=layers, shapes=SMOKE_FORMS if args.smoke else FORMS,
         command=" ".join(["python", f"benchmarks/{script}", *sys.argv[1:]]),
         device=torch.cuda.get_device_name() if dev == "cuda" else "cpu (Triton interpreter, smoke)",
-        metrics={"copy_bandwidth_gb_s": copy_bandwidth(args.smoke), "layers": 2 if args.smoke else args.layers,
-                 "forms": {}},
+        metrics={"copy_bandwidth_gb_s": copy_bandwidth(args.smoke), "layers": layers, "forms": {}},
     )  # fmt: skip
 
 

@@ -19,13 +19,18 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_fp8_benchmark_smoke_writes_all_sections(tmp_path: Path) -> None:
-    out = tmp_path / "fp8.json"
+def _smoke(script: str, out: Path, *args: str) -> dict:
+    """Run `benchmarks/<script> --smoke ... --out <out>` in a fresh process; the JSON it wrote."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "fp8_kernels.py"), "--smoke", "--out", str(out)]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), "--smoke", *args, "--out", str(out)]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_fp8_benchmark_smoke_writes_all_sections(tmp_path: Path) -> None:
+    out = tmp_path / "fp8.json"
+    doc = _smoke("fp8_kernels.py", out)
     assert set(doc) == {"command", "device", "date", "metrics"}
     metrics = doc["metrics"]
     assert {"ceilings", "gemm", "gemv", "decode_attention", "moe"} <= set(metrics)
@@ -38,12 +43,7 @@ def test_fp8_benchmark_smoke_writes_all_sections(tmp_path: Path) -> None:
 
 
 def test_gemv_stack_smoke_times_every_launch_shape_and_bf16(tmp_path: Path) -> None:
-    out = tmp_path / "gemv_stack.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gemv_stack.py"), "--smoke", "--forms", "o,gate_up", "--out", str(out)]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    metrics = json.loads(out.read_text())["metrics"]
+    metrics = _smoke("gemv_stack.py", tmp_path / "gemv_stack.json", "--forms", "o,gate_up")["metrics"]
     from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, launch_shapes
 
     for form in ("o", "gate_up"):
@@ -55,12 +55,7 @@ def test_gemv_stack_smoke_times_every_launch_shape_and_bf16(tmp_path: Path) -> N
 
 
 def test_skinny_stack_smoke_times_every_launch_shape_against_the_gemm_and_bf16(tmp_path: Path) -> None:
-    out = tmp_path / "skinny_stack.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "fp8_skinny_stack.py"), "--smoke", "--tokens", "3", "--out", str(out)]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    metrics = json.loads(out.read_text())["metrics"]
+    metrics = _smoke("fp8_skinny_stack.py", tmp_path / "skinny_stack.json", "--tokens", "3")["metrics"]
     from tokenspeed.kernels.gemm.fp8_skinny_triton import skinny_shapes
 
     for form in ("qkv", "o", "gate_up", "down"):
