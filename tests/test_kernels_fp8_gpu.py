@@ -40,6 +40,7 @@ pytest.importorskip("triton")
 
 from tests.paged_kernels import capture_cuda_graph  # noqa: E402
 from tokenspeed.kernels.autotune import LaunchTuner  # noqa: E402
+from tokenspeed.kernels.gemm import fp8_skinny_triton  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_gemm_triton import fp8_gemm_triton  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton, launch_shapes  # noqa: E402
@@ -174,7 +175,8 @@ def test_every_gemv_launch_shape_is_correct(n: int, k: int) -> None:
 @pytest.mark.parametrize("block_size", [WEIGHT_BLOCK, PER_CHANNEL_BLOCK], ids=["block", "per-channel"])
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336)])
 def test_every_skinny_launch_shape_is_correct(m: int, block_size: tuple[int, int], n: int, k: int) -> None:
-    """2-16 tokens on tensor cores: bf16 activations widen to fp16 exactly, products sum in fp32."""
+    """2-16 tokens on tensor cores: bf16 activations widen to fp16 exactly, products sum in fp32 (split-K: the
+    partials in split order, by the row block's last program, whatever the arrival order)."""
     w8, scale = _weight(n, k, block_size, seed=n + m)
     x = torch.randn(m, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(m))
     x[0, :: k // 7] = 3e4  # large activations stay inside fp16's range
@@ -183,6 +185,7 @@ def test_every_skinny_launch_shape_is_correct(m: int, block_size: tuple[int, int
     for config in skinny_shapes():
         got = fp8_gemv_triton(x, w8, scale, block_size=block_size, config=config, out_dtype=torch.float32)
         assert _rel_err(got, want) < 1e-4, config
+    assert all(not c.any() for c in fp8_skinny_triton._COUNTERS.values())  # split-K launches reset their counters
     graph, out = capture_cuda_graph(lambda: fp8_gemv_triton(x, w8, scale, block_size=block_size))
     graph.replay()
     assert _rel_err(out, want) < GEMM_TOL  # the chosen shape, replayed from a graph, bf16 output

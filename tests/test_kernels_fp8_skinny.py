@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_kernels_fp8_gemm import GEMM_CASES, TOL, _gemm_case, _rel_err
+from tests.test_kernels_fp8_gemm import GEMM_CASES, PER_CHANNEL_BLOCK, TOL, _gemm_case, _rel_err
 from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything imports triton
     fresh_process_test,
     interpreted,
 )
+from tokenspeed.kernels.gemm import fp8_skinny_triton
 from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch
 from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton
 from tokenspeed.kernels.gemm.fp8_reference import fp8_gemm_reference
@@ -22,17 +23,23 @@ test_interpreter_suite_in_fresh_process = fresh_process_test(__file__)
 
 @interpreted
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("m", "n", "k", "block_size"), [*[c for c in GEMM_CASES if 1 < c[0] <= 16], (16, 40, 256, (8, 128))])
+@pytest.mark.parametrize(
+    ("m", "n", "k", "block_size"),
+    [*[c for c in GEMM_CASES if 1 < c[0] <= 16], (16, 40, 256, (8, 128)), (3, 64, 2200, (64, 128)),
+     (2, 32, 2048, PER_CHANNEL_BLOCK)],  # K split over up to 8 programs, the last one short
+)
 def test_fp8_skinny_gemm_matches_reference(
     dtype: torch.dtype, m: int, n: int, k: int, block_size: tuple[int, int]
 ) -> None:
-    """2-16 tokens go to the tensor-core skinny GEMM (activations unquantised), at every launch shape."""
+    """2-16 tokens go to the tensor-core skinny GEMM (activations unquantised), at every launch shape,
+    split-K ones included (the last program of a row block sums the partials and resets its counter)."""
     x, w8, scales, bias = _gemm_case(m, n, k, block_size, dtype)
     want = fp8_gemm_reference(x.float(), w8, scales, block_size=block_size, bias=bias.float())
     for config in [None, *skinny_shapes()]:
         got = fp8_gemv_triton(x, w8, scales, block_size=block_size, bias=bias, config=config)
         assert got.dtype == dtype and got.shape == (m, n)
         assert _rel_err(got, want) < TOL[dtype], config
+    assert all(not counters.any() for counters in fp8_skinny_triton._COUNTERS.values())  # every launch reset them
     logits = fp8_gemv_triton(x.view(1, m, k), w8, scales, block_size=block_size, bias=bias, out_dtype=torch.float32)
     assert logits.shape == (1, m, n) and _rel_err(logits[0], want) < TOL[dtype]
     with pytest.raises(ValueError, match="no fused forms"):

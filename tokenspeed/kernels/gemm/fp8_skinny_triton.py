@@ -49,6 +49,7 @@ reverted because no GPU time was left to check it on a device.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -76,18 +77,20 @@ class SkinnyConfig:
     groups: int
     stages: int
     num_warps: int = 4
+    split_k: int = 1  # programs sharing a row block's K; the last to finish sums their partials
 
 
 def skinny_shapes() -> list[SkinnyConfig]:
     """The launch shapes worth timing (`benchmarks/fp8_skinny_stack.py` sweeps them; the GPU tests run each)."""
-    return [*skinny_candidates(()), SkinnyConfig(32, 4, 4), SkinnyConfig(16, 4, 4), SkinnyConfig(128, 1, 4, 8)]
+    return [*skinny_candidates(()), SkinnyConfig(64, 2, 4), SkinnyConfig(64, 1, 6), SkinnyConfig(16, 4, 4),
+            SkinnyConfig(32, 2, 4, split_k=8)]
 
 
 def skinny_candidates(key: tuple[Any, ...]) -> list[SkinnyConfig]:
-    """The shapes `LaunchTuner` times per weight shape (the first is the default): 32-64 rows x 128-512 of K
-    a step, 3-6 steps deep (two-deep pipelines ran 1.2-1.6x slower in the sweep)."""
-    return [SkinnyConfig(64, 2, 3), SkinnyConfig(32, 4, 3), SkinnyConfig(64, 2, 4), SkinnyConfig(32, 2, 4),
-            SkinnyConfig(64, 1, 6)]
+    """The shapes `LaunchTuner` times per weight shape (the first is the default): 32-64 rows x 256-512 of K
+    a step, 3-4 steps deep (two-deep pipelines ran 1.2-1.6x slower in the sweep), K whole or split in 2-4."""
+    return [SkinnyConfig(64, 2, 3), SkinnyConfig(32, 4, 3), SkinnyConfig(32, 2, 4), SkinnyConfig(64, 2, 3, split_k=2),
+            SkinnyConfig(32, 2, 4, split_k=2), SkinnyConfig(32, 4, 3, split_k=4), SkinnyConfig(64, 2, 3, split_k=4)]
 
 
 # Tuned once per weight shape (the token count barely matters: the weights are the bytes).
@@ -127,6 +130,8 @@ def _fp8_skinny_kernel(
     ws_ptr,
     bias_ptr,
     out_ptr,
+    part_ptr,
+    count_ptr,
     M,
     stride_xm,
     stride_wn,
@@ -142,6 +147,8 @@ def _fp8_skinny_kernel(
     GROUPS: tl.constexpr,
     GROUP_K: tl.constexpr,
     STAGES: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    K_SPLIT: tl.constexpr,
     EVEN: tl.constexpr,
     F16_DOTS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -149,36 +156,81 @@ def _fp8_skinny_kernel(
 ):
     BLOCK_K: tl.constexpr = GROUPS * GROUP_K
     pid_n = tl.program_id(0)
+    k_lo = tl.program_id(1) * K_SPLIT  # this program's K range (a multiple of BLOCK_K wide, but the last)
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, GROUP_K)
     offs_m = tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
     m_mask = offs_m < M
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    w_first = load_rows(rows, offs_k, n_mask, K, EVEN)  # weights never depend on the previous kernel
+    w_first = load_rows(rows, k_lo + offs_k, n_mask, K, EVEN)  # weights never depend on the previous kernel
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
         gdc_wait()
         gdc_launch_dependents()
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     scale_rows = ws_ptr + (offs_n // SCALE_BN) * stride_wsn  # each row's scales (row blocks may be narrow)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc = _skinny_group(acc, w_first, x_rows, scale_rows, 0, offs_k, m_mask, n_mask, K, SCALE_BK, ROW_SCALE, EVEN,
-                        F16_DOTS)
+    acc = _skinny_group(acc, w_first, x_rows, scale_rows, k_lo, offs_k, m_mask, n_mask, K, SCALE_BK, ROW_SCALE,
+                        EVEN, F16_DOTS)
     for g in tl.static_range(1, GROUPS):  # the rest of the first step
-        w = load_rows(rows, g * GROUP_K + offs_k, n_mask, K, EVEN)
-        acc = _skinny_group(acc, w, x_rows, scale_rows, g * GROUP_K, offs_k, m_mask, n_mask, K, SCALE_BK,
+        w = load_rows(rows, k_lo + g * GROUP_K + offs_k, n_mask, K, EVEN)
+        acc = _skinny_group(acc, w, x_rows, scale_rows, k_lo + g * GROUP_K, offs_k, m_mask, n_mask, K, SCALE_BK,
                             ROW_SCALE, EVEN, F16_DOTS)
-    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # the other steps, pipelined by the compiler
+    for k0 in tl.range(k_lo + BLOCK_K, k_hi, BLOCK_K, num_stages=STAGES):  # the rest, pipelined by the compiler
         for g in tl.static_range(GROUPS):
             w = load_rows(rows, k0 + g * GROUP_K + offs_k, n_mask, K, EVEN)
             acc = _skinny_group(acc, w, x_rows, scale_rows, k0 + g * GROUP_K, offs_k, m_mask, n_mask, K, SCALE_BK,
                                 ROW_SCALE, EVEN, F16_DOTS)
     if ROW_SCALE:
         acc *= tl.load(scale_rows, mask=n_mask, other=0.0)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    dst = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    mask = m_mask[:, None] & n_mask[None, :]
+    last = True
+    if SPLIT_K > 1:  # store this split's partial; the row block's last program to arrive sums them all
+        split_rows = (tl.program_id(1) * BLOCK_M + offs_m).to(tl.int64)
+        tl.store(part_ptr + split_rows[:, None] * N + offs_n[None, :], acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is written before the arrival is counted (release)
+        last = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1
+        if last:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for split in tl.static_range(SPLIT_K):  # in split order: the sum does not depend on arrival
+                rows_s = (split * BLOCK_M + offs_m).to(tl.int64)
+                acc += tl.load(part_ptr + rows_s[:, None] * N + offs_n[None, :], mask=mask, other=0.0,
+                               cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
+    if last:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        dst = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def split_plan(k: int, config: SkinnyConfig) -> tuple[int, int]:
+    """(programs a row block's K is split over, K each covers): whole steps each, none empty."""
+    block_k = config.groups * GROUP_SIZE
+    steps = triton.cdiv(k, block_k)
+    k_split = triton.cdiv(steps, min(config.split_k, steps)) * block_k
+    return triton.cdiv(k, k_split), k_split
+
+
+_MAX_ROW_BLOCKS = 1 << 16
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrival_counters(device: torch.device, n_blocks: int) -> torch.Tensor | None:
+    """Zeroed int32 arrival counters, one per row block, that every split-K launch leaves zeroed again.
+
+    One buffer per device, made on the first eager call: not inside a CUDA graph capture (where it would
+    belong to the graph's memory), so a capture before any eager split-K call runs without splitting
+    (None). Launches on one device run one after another (the engine's single compute stream), so they
+    can share it.
+    """
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        counters = _COUNTERS[device] = torch.zeros(_MAX_ROW_BLOCKS, dtype=torch.int32, device=device)
+    return counters if n_blocks <= counters.numel() else None
 
 
 def fp8_skinny_gemm(
@@ -203,12 +255,20 @@ def fp8_skinny_gemm(
         key = (n, k, tuple(block_size), x2.dtype, bias is not None)
         run = partial(fp8_skinny_gemm, x2, weight, scales, out, block_size=block_size, bias=bias)
         config = _SKINNY_TUNER.choose(key, x2.device, lambda chosen: run(config=chosen))
-    for_tensor(_fp8_skinny_kernel, x2)[(triton.cdiv(n, config.block_n),)](
-        x2, weight, scales, bias if bias is not None else out, out, m,
+    block_k = config.groups * GROUP_SIZE
+    n_blocks = triton.cdiv(n, config.block_n)
+    splits, k_split = split_plan(k, config)
+    counters = _arrival_counters(x2.device, n_blocks) if splits > 1 else None
+    if counters is None:  # one program per row block (also where no counters can be had: see _arrival_counters)
+        splits, k_split = split_plan(k, dataclasses.replace(config, split_k=1))
+    parts = torch.empty(splits * SKINNY_BLOCK_M, n, dtype=torch.float32, device=x2.device) if splits > 1 else out
+    for_tensor(_fp8_skinny_kernel, x2)[(n_blocks, splits)](
+        x2, weight, scales, bias if bias is not None else out, out, parts, counters if counters is not None else out,
+        m,
         x2.stride(0), weight.stride(0), scales.stride(0), out.stride(0),
         N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], ROW_SCALE=block_size[1] >= k,
         BLOCK_M=SKINNY_BLOCK_M, BLOCK_N=config.block_n, GROUPS=config.groups, GROUP_K=GROUP_SIZE,
-        STAGES=config.stages, EVEN=n % config.block_n == 0 and k % (config.groups * GROUP_SIZE) == 0,
+        STAGES=config.stages, SPLIT_K=splits, K_SPLIT=k_split, EVEN=n % config.block_n == 0 and k % block_k == 0,
         F16_DOTS=x2.dtype != torch.float32,
         HAS_BIAS=bias is not None, num_warps=config.num_warps, **pdl_launch_options(pdl_enabled(x2.device)),
     )  # fmt: skip

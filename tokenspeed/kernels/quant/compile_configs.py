@@ -64,12 +64,13 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
         for row_scale in (False, True):
             constexprs = dict(N=n, K=k, SCALE_BN=1 if row_scale else 128, SCALE_BK=k if row_scale else 128)
             constexprs |= dict(ROW_SCALE=row_scale, BLOCK_M=fp8_skinny_triton.SKINNY_BLOCK_M, BLOCK_N=cfg.block_n)
+            splits, k_split = fp8_skinny_triton.split_plan(k, cfg)
             constexprs |= dict(GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages, EVEN=True, F16_DOTS=True)
-            constexprs |= dict(HAS_BIAS=False)
+            constexprs |= dict(SPLIT_K=splits, K_SPLIT=k_split, HAS_BIAS=False, USE_PDL=True)
             yield KernelConfig(
                 f"gemm.fp8 skinny n={n} k={k} row_scale={row_scale} {cfg}",
                 fp8_skinny_triton._fp8_skinny_kernel,
-                constexprs | dict(USE_PDL=True),
-                pointers={"w_ptr": FP8, "ws_ptr": "fp32"},
+                constexprs,
+                pointers={"w_ptr": FP8, "ws_ptr": "fp32", "part_ptr": "fp32", "count_ptr": "i32"},
                 num_warps=cfg.num_warps,
             )
