@@ -30,7 +30,6 @@ from tokenspeed.kernels.attention.decode_triton import (
     choose_fold,
     choose_num_splits,
     decode_attention_triton,
-    decode_rope_attention_triton,
     verify_attention_triton,
 )
 from tokenspeed.kernels.attention.extend_triton import extend_attention_triton
@@ -264,12 +263,10 @@ def test_backend_prefill_decode_and_verify_match_reference_backend() -> None:
 
 
 @interpreted
-@pytest.mark.parametrize("decode_rope", [False, True])
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_attention_layer_fused_rope_write_equals_the_separate_kernels(qk_norm: bool, decode_rope: bool) -> None:
-    """`GQAAttention` with `kvstore.rope_write` (the Triton kernel, as on CUDA; with `decode_rope`, decode steps
-    fold it into the Triton decode kernel) against the same layer running q/k norm, RoPE and the store as
-    separate kernels (its REFERENCE, as on the CPU): prefill then decode."""
+def test_attention_layer_fused_rope_write_equals_the_separate_kernels(qk_norm: bool) -> None:
+    """`GQAAttention` with `kvstore.rope_write` (the Triton kernel, as on CUDA) against the same layer running
+    q/k norm, RoPE and the store as separate kernels (its REFERENCE, as on the CPU): prefill then decode."""
     from tokenspeed.layers.attention import GQAAttention
     from tokenspeed.layers.rope_scaling import RopeConfig
     from tokenspeed.layers.rotary_embedding import RotaryEmbedding
@@ -281,7 +278,7 @@ def test_attention_layer_fused_rope_write_equals_the_separate_kernels(qk_norm: b
                          qk_norm_eps=1e-6 if qk_norm else None)
     for name, param in layer.named_parameters():
         param.data.copy_(torch.rand_like(param) + 0.5 if "norm" in name else torch.randn_like(param) * 0.2)
-    assert layer.rope_write is None and layer.decode_rope is None  # CPU: the separate kernels
+    assert layer.rope_write is None  # CPU: the separate kernels
     pages = [[3, 0, 5], [1, 4]]
     caches = [torch.zeros(6, page_size, kv_heads, dim) for _ in range(4)]
     for step_rows in (
@@ -290,10 +287,9 @@ def test_attention_layer_fused_rope_write_equals_the_separate_kernels(qk_norm: b
     ):
         batch = build_forward_batch(step_rows, page_size, logits_indices=[])
         hidden = torch.randn(batch.num_tokens, 32)
-        layer.rope_write = layer.decode_rope = None
+        layer.rope_write = None
         want = layer(batch.positions, hidden, batch.attn, caches[2], caches[3])
         layer.rope_write = rope_write_triton
-        layer.decode_rope = decode_rope_attention_triton if decode_rope else None
         got = layer(batch.positions, hidden, batch.attn, caches[0], caches[1])
         torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
         torch.testing.assert_close(caches[0], caches[2], rtol=2e-6, atol=2e-6)

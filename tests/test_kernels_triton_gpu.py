@@ -31,11 +31,7 @@ from tokenspeed.kernels.sampling.reference import filter_probs_reference  # noqa
 pytest.importorskip("triton")
 
 from tokenspeed.kernels.activation.silu_triton import silu_and_mul_triton  # noqa: E402
-from tokenspeed.kernels.attention.decode_triton import (  # noqa: E402
-    choose_num_splits,
-    decode_attention_triton,
-    decode_rope_attention_triton,
-)
+from tokenspeed.kernels.attention.decode_triton import choose_num_splits, decode_attention_triton  # noqa: E402
 from tokenspeed.kernels.attention.extend_triton import extend_attention_triton  # noqa: E402
 from tokenspeed.kernels.kvstore.rope_write_triton import rope_write_triton  # noqa: E402
 from tokenspeed.kernels.kvstore.write_triton import write_kv_triton  # noqa: E402
@@ -232,67 +228,6 @@ def test_rope_write_bf16_equals_norm_rope_and_store(qk_norm: bool) -> None:
     assert torch.equal(caches[1], caches[3])
 
 
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16-cache", "fp8-cache"])
-@pytest.mark.parametrize("qk_norm", [False, True])
-def test_decode_rope_in_a_cuda_graph_equals_rope_write_then_decode(qk_norm: bool, fp8: bool) -> None:
-    """`attention.decode_rope` (the decode kernel storing the step's K/V and rotating q itself), captured
-    once and replayed over long contexts and padding rows, against `kvstore.rope_write` then the decode kernel."""
-    from tokenspeed.kernels.quant.fp8 import FP8_DTYPE
-    from tokenspeed.layers.rope_scaling import RopeConfig
-    from tokenspeed.layers.rotary_embedding import RotaryEmbedding
-
-    rotary = RotaryEmbedding(RopeConfig(theta=5e5), head_dim=DIM, max_position_embeddings=65536, dtype=BF16,
-                             device="cuda")
-    gen = torch.Generator().manual_seed(11)
-    rows, page_size, max_len = 6, 16, 40000
-    k_cache, v_cache, _ = _paged_kv([max_len] * rows, page_size, gen)
-    scales = {}
-    if fp8:
-        k_cache, v_cache = (c.float().mul(8).to(FP8_DTYPE) for c in (k_cache, v_cache))
-        scales = {"k_scale": torch.full((KV_HEADS,), 0.125, device="cuda"),
-                  "v_scale": torch.full((KV_HEADS,), 0.125, device="cuda")}
-    norms = {}
-    if qk_norm:
-        norms = {"q_norm_weight": (torch.rand(DIM, generator=gen) + 0.5).to(BF16).cuda(),
-                 "k_norm_weight": (torch.rand(DIM, generator=gen) + 0.5).to(BF16).cuda(), "norm_eps": 1e-6}
-    max_pages = max_len // page_size
-    qkv = torch.zeros(rows, (HEADS + 2 * KV_HEADS) * DIM, dtype=BF16, device="cuda")
-    q = qkv[:, : HEADS * DIM].view(rows, HEADS, DIM)
-    k = qkv[:, HEADS * DIM : (HEADS + KV_HEADS) * DIM].view(rows, KV_HEADS, DIM)
-    v = qkv[:, (HEADS + KV_HEADS) * DIM :].view(rows, KV_HEADS, DIM)
-    positions = torch.zeros(rows, dtype=torch.int64, device="cuda")
-    slots = torch.full((rows,), -1, dtype=torch.int64, device="cuda")
-    table = torch.zeros(rows, max_pages, dtype=torch.int32, device="cuda")
-    seq_lens = torch.zeros(rows, dtype=torch.int32, device="cuda")
-    splits = choose_num_splits(rows, KV_HEADS, max_len, q.device)
-    tables = (rotary.cos_cache, rotary.sin_cache)
-
-    graph, out = capture_cuda_graph(lambda: decode_rope_attention_triton(
-        q, k, v, positions, *tables, k_cache, v_cache, slots, table, seq_lens, scale=SCALE, num_splits=splits,
-        **norms, **scales))  # fmt: skip
-    num_pages = k_cache.shape[0]
-    for trial in range(3):
-        live = rows - trial  # the rest is padding: length 0, slot -1
-        lengths = torch.randint(1, max_len + 1, (live,), generator=gen).tolist() + [0] * (rows - live)
-        perm = torch.randperm(num_pages, generator=gen)[: rows * max_pages].view(rows, max_pages)
-        table.copy_(perm.to(torch.int32))
-        seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
-        qkv.copy_(torch.randn(qkv.shape, generator=gen).to(BF16))
-        positions.copy_(torch.tensor([max(n - 1, 0) for n in lengths]))
-        slots.copy_(torch.tensor([int(perm[r, (n - 1) // page_size]) * page_size + (n - 1) % page_size if n else -1
-                                  for r, n in enumerate(lengths)]))
-        k_want, v_want = k_cache.clone(), v_cache.clone()
-        rotated = rope_write_triton(q.clone(), k, v, positions, *tables, k_want, v_want, slots, **norms, **scales)
-        want = decode_attention_triton(rotated, k_want, v_want, table, seq_lens, scale=SCALE, num_splits=splits,
-                                       **scales)
-        graph.replay()
-        assert torch.equal(v_cache.view(torch.uint8), v_want.view(torch.uint8))  # v is stored as it came
-        # k: the same arithmetic, but the compiler may contract it into FMAs differently in the two kernels
-        # (and the norm sums in another order): a last-bit difference may round to the next bf16 / e4m3 value.
-        torch.testing.assert_close(k_cache.float(), k_want.float(), rtol=0.13 if fp8 else 1.6e-2, atol=1e-2)
-        torch.testing.assert_close(out.float(), want.float(), **ATTN_TOL)
-
-
 def test_silu_and_mul_bf16() -> None:
     x = torch.randn(300, 2 * 14336, generator=torch.Generator().manual_seed(5)).to(BF16).cuda()
     torch.testing.assert_close(silu_and_mul_triton(x), silu_and_mul_reference(x))
@@ -371,42 +306,8 @@ def test_layers_select_triton_on_cuda_and_honour_overrides(monkeypatch: pytest.M
                             device="cuda")
 
     assert attention().rope_write is rope_write_triton
-    assert attention().decode_rope is decode_rope_attention_triton
-    monkeypatch.setenv("TOKENSPEED_KERNEL_ATTENTION_DECODE_ROPE", "reference")
-    assert attention().decode_rope is None and attention().rope_write is rope_write_triton  # decode: two kernels
-    monkeypatch.delenv("TOKENSPEED_KERNEL_ATTENTION_DECODE_ROPE")
-    monkeypatch.setenv("TOKENSPEED_KERNEL_ATTENTION_DECODE", "reference")
-    assert attention().decode_rope is None  # a decode override is honoured: no fold into another kernel
-    monkeypatch.delenv("TOKENSPEED_KERNEL_ATTENTION_DECODE")
     monkeypatch.setenv("TOKENSPEED_KERNEL_KVSTORE_ROPE_WRITE", "reference")
-    assert attention().rope_write is None and attention().decode_rope is None  # the separate kernels
+    assert attention().rope_write is None  # the separate kernels
     monkeypatch.delenv("TOKENSPEED_KERNEL_KVSTORE_ROPE_WRITE")
     monkeypatch.setenv("TOKENSPEED_KERNEL_NORM_RMS", "reference")
     assert RMSNorm(64, 1e-6, dtype=BF16, device="cuda")._kernel is rms_norm_reference
-
-
-@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])  # plain, q/k norms, a sliding window
-def test_engine_tokens_identical_with_decode_rope_on_and_off(tmp_path, monkeypatch, family: str) -> None:
-    """fp32, CUDA graphs, six prompts decoding together: the decode kernel doing the q/k norm, RoPE and K/V
-    store itself (`attention.decode_rope`) gives the tokens of `kvstore.rope_write` then the decode kernel."""
-    import gc
-
-    from tests.checkpoints import make_checkpoint, prompts
-    from tokenspeed import LLM, SamplingParams
-
-    folder = make_checkpoint(family, tmp_path, num_hidden_layers=2, vocab_size=4096, initializer_range=0.05)
-    batch = [[t % 4096 for t in p] for p in prompts(6, seed=3, min_len=5, max_len=120)]
-    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    tokens = {}
-    for switch in ("", "reference"):
-        monkeypatch.setenv("TOKENSPEED_KERNEL_ATTENTION_DECODE_ROPE", switch)
-        llm = LLM(str(folder), skip_tokenizer_init=True, dtype="float32", device="cuda", num_kv_pages=512,
-                  max_model_len=512, max_num_seqs=8, show_progress=False)
-        attention = llm.core.executor.model.model.layers[0].self_attn
-        assert (attention.decode_rope is not None) == (switch == "")
-        outs = llm.generate([{"prompt_token_ids": p} for p in batch], greedy, use_tqdm=False)
-        tokens[switch] = [o.outputs[0].token_ids for o in outs]
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
-    assert tokens[""] == tokens["reference"]

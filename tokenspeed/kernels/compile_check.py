@@ -98,21 +98,8 @@ def serving_configs() -> Iterator[KernelConfig]:
             decode_triton._decode_split_kernel,
             dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=splits, G_BLOCKS=1)
             | dict(BLOCK_G=16, BLOCK_D=128, BLOCK_N=decode_triton.positions_per_step(128, 1 if fp8 else 2))
-            | dict(HAS_WINDOW=window, IEEE=False, USE_PDL=True, HAS_SCALE=fp8, SCALE_STRIDE=1, F16_DOTS=fp8)
-            | dict(FUSE_ROPE=False, HALF=1, HAS_QK_NORM=False, FP8_CACHE=fp8),
+            | dict(HAS_WINDOW=window, IEEE=False, USE_PDL=True, HAS_SCALE=fp8, SCALE_STRIDE=1, F16_DOTS=fp8),
             pointers=tables | partials | (_FP8_KV if fp8 else _KV_SCALES),
-        )
-    # attention.decode_rope: the same kernel storing the step's K/V and rotating q (Llama; Qwen3's q/k norms).
-    for fp8, norm in ((False, False), (True, False), (True, True)):
-        yield KernelConfig(
-            f"attention.decode_rope splits=8 fp8={fp8} qk_norm={norm}",
-            decode_triton._decode_split_kernel,
-            dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=8, G_BLOCKS=1)
-            | dict(BLOCK_G=16, BLOCK_D=128, BLOCK_N=decode_triton.positions_per_step(128, 1 if fp8 else 2))
-            | dict(HAS_WINDOW=False, IEEE=False, USE_PDL=True, HAS_SCALE=fp8, SCALE_STRIDE=1, F16_DOTS=fp8)
-            | dict(FUSE_ROPE=True, HALF=64, HAS_QK_NORM=norm, FP8_CACHE=fp8),
-            pointers=tables | partials | (_FP8_KV if fp8 else _KV_SCALES)
-            | {"positions_ptr": "i64", "slot_ptr": "i64", "cos_ptr": "fp32", "sin_ptr": "fp32"},
         )
     for launch in decode_triton.fp8_launch_candidates((128,))[1:]:  # the other launches its tuner may pick
         yield KernelConfig(
@@ -120,8 +107,7 @@ def serving_configs() -> Iterator[KernelConfig]:
             decode_triton._decode_split_kernel,
             dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=8, G_BLOCKS=1, BLOCK_G=16)
             | dict(BLOCK_D=128, BLOCK_N=launch.block_n, HAS_WINDOW=False, IEEE=False, USE_PDL=True)
-            | dict(HAS_SCALE=True, SCALE_STRIDE=1, F16_DOTS=True, FUSE_ROPE=False, HALF=1, HAS_QK_NORM=False)
-            | dict(FP8_CACHE=True),
+            | dict(HAS_SCALE=True, SCALE_STRIDE=1, F16_DOTS=True),
             pointers=tables | partials | _FP8_KV,
             num_stages=launch.num_stages,
         )

@@ -11,9 +11,7 @@ that needs it.
 Where `kvstore.rope_write` has a fast kernel (Triton, on CUDA), the q/k norms,
 RoPE and the K/V store run as that one kernel before the backend attends; its
 REFERENCE (`--kernel kvstore.rope_write=reference`, and the CPU) keeps them
-separate kernels, each with its own switch. At decode (one token a row) the
-attention kernel does that work itself (`attention.decode_rope`): one launch
-a layer fewer; `--kernel attention.decode_rope=reference` switches it off.
+separate kernels, each with its own switch.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ import torch
 from torch import nn
 
 from tokenspeed.kernels.registry import Band, platform_of, select_kernel
-from tokenspeed.layers.attention_backend import PagedAttentionBackend, int_tensor_field, uniform_query_len
+from tokenspeed.layers.attention_backend import PagedAttentionBackend
 from tokenspeed.layers.kv_scales import KVScales
 from tokenspeed.layers.linear import Linear, QKVLinear
 from tokenspeed.layers.norm import RMSNorm
@@ -85,12 +83,6 @@ class GQAAttention(nn.Module):
         )
         rope_write = select_kernel("kvstore", "rope_write", platform=platform_of(device), dtype=dtype)
         self.rope_write = rope_write.impl if rope_write.band > Band.REFERENCE else None
-        # Decode steps fold that kernel's work into the attention kernel where both are the fast ones
-        # (`--kernel attention.decode_rope=reference` turns the fold off; so does any decode override).
-        decode_rope = select_kernel("attention", "decode_rope", platform=platform_of(device), dtype=dtype,
-                                    traits={"sliding_window": sliding_window is not None, "head_dim": head_dim})
-        fold = self.rope_write is not None and decode_rope.band > Band.REFERENCE
-        self.decode_rope = decode_rope.impl if fold and self.attention_backend.decode.name == "triton" else None
 
     @property
     def decode_max_tokens(self) -> int:
@@ -129,19 +121,10 @@ class GQAAttention(nn.Module):
             if self.q_norm is not None and self.k_norm is not None:
                 norms = {"q_norm_weight": self.q_norm.weight, "k_norm_weight": self.k_norm.weight,
                          "norm_eps": self.q_norm.eps}
-            seq_lens = None if self.decode_rope is None else int_tensor_field(attn, "seq_lens", q.device)
-            if seq_lens is not None and uniform_query_len(attn, tokens, seq_lens.shape[0]) == 1:
-                out = self.decode_rope(
-                    q, k, v, positions, self.rotary.cos_cache, self.rotary.sin_cache, k_cache, v_cache,
-                    attn.slot_mapping, attn.page_table, seq_lens, scale=self.scale, sliding_window=self.sliding_window,
-                    num_splits=getattr(attn, "num_kv_splits", None), k_scale=k_scale, v_scale=v_scale, **norms,
-                )  # fmt: skip
-            else:
-                q = self.rope_write(q, k, v, positions, self.rotary.cos_cache, self.rotary.sin_cache, k_cache,
-                                    v_cache, attn.slot_mapping, k_scale=k_scale, v_scale=v_scale, **norms)
-                out = self.attention_backend.attend(q, k_cache, v_cache, attn, scale=self.scale,
-                                                    sliding_window=self.sliding_window, k_scale=k_scale,
-                                                    v_scale=v_scale)
+            q = self.rope_write(q, k, v, positions, self.rotary.cos_cache, self.rotary.sin_cache, k_cache, v_cache,
+                                attn.slot_mapping, k_scale=k_scale, v_scale=v_scale, **norms)
+            out = self.attention_backend.attend(q, k_cache, v_cache, attn, scale=self.scale,
+                                                sliding_window=self.sliding_window, k_scale=k_scale, v_scale=v_scale)
         else:
             if self.q_norm is not None and self.k_norm is not None:
                 q = self.q_norm(q)

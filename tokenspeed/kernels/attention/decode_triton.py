@@ -58,45 +58,16 @@ from tokenspeed.kernels.attention.paged_tiles import (
     store_split_partial,
 )
 from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
-from tokenspeed.kernels.kvstore.reference import check_norm_weights
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
-from tokenspeed.kernels.quant.fp8_cast import quantize_heads, to_f16_saturated, widen_fp8
+from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
 from tokenspeed.kernels.registry import Band, register_kernel
-from tokenspeed.kernels.rope.rope_triton import norm_rope_tile
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2, sm_count_of
 
 LOG2E = 1.4426950408889634
 _MIN_TOKENS_PER_SPLIT = 128
 _MAX_SPLITS = 64
 _MAX_TILE_ROWS = 64  # query rows of one program: a group's heads, times the tokens folded in
-
-
-@triton.jit
-def _store_new_kv(k_row, v_row, k_cache_ptr, v_cache_ptr, slot_ptr, kv_head, pos, offs_d, cos_ptr, sin_ptr,
-                  stride_cos, k_norm_ptr, eps, k_scale_ptr, v_scale_ptr, stride_kp, stride_ks, stride_kh, stride_vp,
-                  stride_vs, stride_vh, owner, HALF: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                  NUM_KV_HEADS: tl.constexpr, HAS_QK_NORM: tl.constexpr, FP8_CACHE: tl.constexpr,
-                  HAS_SCALE: tl.constexpr, SCALE_STRIDE: tl.constexpr):
-    """The program whose keys include the row's new position (`owner`) stores the step's K (normed, rotated)
-    and V of its kv head, as `kvstore.rope_write` would, then reads them back with the rest: no other program
-    reads that position, and the barrier makes the stores visible to every thread of this one."""
-    slot = tl.load(slot_ptr).to(tl.int64)
-    if owner & (slot >= 0):
-        one = tl.full([1], 0, tl.int32)
-        d_mask = (offs_d < HEAD_DIM)[None, :]
-        k = norm_rope_tile(k_row + one, one == 0, offs_d, pos, cos_ptr, sin_ptr, stride_cos, k_norm_ptr, eps, HALF,
-                           HEAD_DIM, HAS_QK_NORM)
-        v = tl.load(v_row + one[:, None] + offs_d[None, :], mask=d_mask, other=0.0)
-        if FP8_CACHE:
-            k = quantize_heads(k, k_scale_ptr, kv_head + one, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE)
-            v = quantize_heads(v, v_scale_ptr, kv_head + one, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE)
-        page, at = slot // PAGE_SIZE, slot % PAGE_SIZE
-        k_dst = k_cache_ptr + page * stride_kp + at * stride_ks + kv_head * stride_kh + offs_d[None, :]
-        v_dst = v_cache_ptr + page * stride_vp + at * stride_vs + kv_head * stride_vh + offs_d[None, :]
-        tl.store(k_dst + one[:, None], k.to(k_cache_ptr.dtype.element_ty), mask=d_mask)
-        tl.store(v_dst + one[:, None], v.to(v_cache_ptr.dtype.element_ty), mask=d_mask)
-    tl.debug_barrier()
 
 
 @triton.jit
@@ -111,16 +82,7 @@ def _decode_split_kernel(
     part_lse_ptr,
     k_scale_ptr,
     v_scale_ptr,
-    new_k_ptr,
-    new_v_ptr,
-    positions_ptr,
-    cos_ptr,
-    sin_ptr,
-    q_norm_ptr,
-    k_norm_ptr,
-    slot_ptr,
     scale_log2e,
-    eps,
     window,
     q_len,
     stride_qb,
@@ -134,11 +96,6 @@ def _decode_split_kernel(
     stride_pt,
     stride_ob,
     stride_oh,
-    stride_nkt,
-    stride_nkh,
-    stride_nvt,
-    stride_nvh,
-    stride_cos,
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -156,10 +113,6 @@ def _decode_split_kernel(
     USE_PDL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     SCALE_STRIDE: tl.constexpr,
-    FUSE_ROPE: tl.constexpr,
-    HALF: tl.constexpr,
-    HAS_QK_NORM: tl.constexpr,
-    FP8_CACHE: tl.constexpr,
 ):
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
         gdc_wait()
@@ -196,22 +149,11 @@ def _decode_split_kernel(
 
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
-    if FUSE_ROPE:  # one token a row: its q/k norm, RoPE and K/V store happen here (`decode_rope_attention_triton`)
-        new_pos = tl.load(positions_ptr + row)
-        q = norm_rope_tile(q_ptr + token * stride_qb + heads * stride_qh, m_mask, offs_d, new_pos, cos_ptr, sin_ptr,
-                           stride_cos, q_norm_ptr, eps, HALF, HEAD_DIM, HAS_QK_NORM)
-        _store_new_kv(new_k_ptr + row.to(tl.int64) * stride_nkt + kv_head * stride_nkh,
-                      new_v_ptr + row.to(tl.int64) * stride_nvt + kv_head * stride_nvh, k_cache_ptr, v_cache_ptr,
-                      slot_ptr + row, kv_head, new_pos, offs_d, cos_ptr, sin_ptr, stride_cos, k_norm_ptr, eps,
-                      k_scale_ptr, v_scale_ptr, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                      (start <= seq_len - 1) & (seq_len - 1 < end), HALF, HEAD_DIM, PAGE_SIZE, NUM_HEADS // GROUP,
-                      HAS_QK_NORM, FP8_CACHE, HAS_SCALE, SCALE_STRIDE)
-    else:
-        q = tl.load(
-            q_ptr + token[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-            mask=m_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
     if F16_DOTS:  # an fp8 cache under a bf16 query: the dots run in fp16 (module docstring)
         q = to_f16_saturated(q)
 
@@ -394,87 +336,6 @@ def verify_attention_triton(
                          v_scale=v_scale)
 
 
-@dataclass(frozen=True, slots=True)
-class StepRope:
-    """A decode step's raw k / v `[rows, kv_heads, head_dim]` and what `kvstore.rope_write` would take, for
-    the decode kernel to do that kernel's work itself (`decode_rope_attention_triton`)."""
-
-    k: torch.Tensor
-    v: torch.Tensor
-    positions: torch.Tensor
-    cos_cache: torch.Tensor
-    sin_cache: torch.Tensor
-    slot_mapping: torch.Tensor
-    q_norm_weight: torch.Tensor | None = None
-    k_norm_weight: torch.Tensor | None = None
-    norm_eps: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class _FusedArgs:
-    pointers: tuple[torch.Tensor, ...]
-    strides: tuple[int, ...]
-    eps: float
-    half: int
-    has_norm: bool
-
-
-def _fused_rope_args(rope: StepRope | None, q: torch.Tensor) -> _FusedArgs:
-    """The split kernel's fused-RoPE arguments (stand-ins where there is no fusion)."""
-    if rope is None:
-        return _FusedArgs((q,) * 8, (0,) * 5, 0.0, 1, False)
-    has_norm = check_norm_weights(rope.q_norm_weight, rope.k_norm_weight)
-    if q.stride(-1) != 1 or rope.cos_cache.stride(-1) != 1 or rope.sin_cache.stride(0) != rope.cos_cache.stride(0):
-        raise ValueError("q and the cos/sin tables must be contiguous along their last axis, the tables alike")
-    k = rope.k if rope.k.stride(-1) == 1 else rope.k.contiguous()
-    v = rope.v if rope.v.stride(-1) == 1 else rope.v.contiguous()
-    q_norm = rope.q_norm_weight if rope.q_norm_weight is not None else q
-    k_norm = rope.k_norm_weight if rope.k_norm_weight is not None else q
-    return _FusedArgs(
-        (k, v, rope.positions, rope.cos_cache, rope.sin_cache, q_norm, k_norm, rope.slot_mapping),
-        (k.stride(0), k.stride(1), v.stride(0), v.stride(1), rope.cos_cache.stride(0)),
-        rope.norm_eps, rope.cos_cache.shape[-1], has_norm,
-    )  # fmt: skip
-
-
-@register_kernel(
-    "attention", "decode_rope", name="triton", band=Band.PORTABLE, platforms=("cuda",), dtypes=FLOAT_DTYPES
-)
-def decode_rope_attention_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    cos_cache: torch.Tensor,
-    sin_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    page_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    *,
-    scale: float,
-    sliding_window: int | None = None,
-    num_splits: int | None = None,
-    q_norm_weight: torch.Tensor | None = None,
-    k_norm_weight: torch.Tensor | None = None,
-    norm_eps: float = 0.0,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """`kvstore.rope_write` then `attention.decode`, one launch fewer: raw q `[rows, heads, head_dim]`,
-    k / v `[rows, kv_heads, head_dim]` (views of the QKV output) of one token a row.
-
-    Every program normalises and rotates its query heads where it loads them, and the program whose key
-    range holds the row's new position stores the step's K and V before it reads its keys (nobody else
-    reads that position). q is not rotated in place and k is not written back (the separate kernel
-    leaves them so; nothing reads them after). Numerics as the two kernels (`decode_rope_reference`).
-    """
-    rope = StepRope(k, v, positions, cos_cache, sin_cache, slot_mapping, q_norm_weight, k_norm_weight, norm_eps)
-    return _paged_decode(q, k_cache, v_cache, page_table, seq_lens, q_len=1, scale=scale, sliding_window=sliding_window,
-                         num_splits=num_splits, k_scale=k_scale, v_scale=v_scale, fold=1, rope=rope)
-
-
 def _paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -490,7 +351,6 @@ def _paged_decode(
     v_scale: torch.Tensor | None,
     fold: int | None = None,
     launch: SplitLaunch | None = None,
-    rope: StepRope | None = None,
 ) -> torch.Tensor:
     tokens, num_heads, head_dim = q.shape
     rows = seq_lens.shape[0]
@@ -520,7 +380,6 @@ def _paged_decode(
         run = partial(
             _paged_decode, q, k_cache, v_cache, page_table, seq_lens, q_len=q_len, scale=scale,
             sliding_window=sliding_window, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale, fold=fold,
-            rope=rope,
         )  # fmt: skip
         key = (head_dim, num_heads, num_kv_heads, page_size, q.dtype, q_len, fold)
         launch = _FP8_TUNER.choose(key, q.device, lambda chosen: run(launch=chosen))
@@ -531,9 +390,6 @@ def _paged_decode(
         part_lse = torch.empty(tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused by the kernel when there is one split
-    if rope is not None and (q_len != 1 or g_blocks != 1):
-        raise ValueError("the fused RoPE serves one token a row, a kv head's query heads in one program")
-    fused = _fused_rope_args(rope, q)
     for_tensor(_decode_split_kernel, q)[(rows, num_kv_heads * g_blocks * t_groups, num_splits)](
         q,
         k_cache,
@@ -545,9 +401,7 @@ def _paged_decode(
         part_lse,
         k_scale_arg,
         v_scale_arg,
-        *fused.pointers,
         scale * LOG2E,
-        fused.eps,
         sliding_window or 0,
         q_len,
         q.stride(0),
@@ -561,7 +415,6 @@ def _paged_decode(
         page_table.stride(0),
         out.stride(0),
         out.stride(1),
-        *fused.strides,
         NUM_HEADS=num_heads,
         GROUP=group,
         HEAD_DIM=head_dim,
@@ -578,10 +431,6 @@ def _paged_decode(
         HAS_SCALE=has_scale,
         SCALE_STRIDE=scale_stride,
         F16_DOTS=k_cache.dtype == FP8_DTYPE and q.dtype == torch.bfloat16,
-        FUSE_ROPE=rope is not None,
-        HALF=fused.half,
-        HAS_QK_NORM=fused.has_norm,
-        FP8_CACHE=k_cache.dtype == FP8_DTYPE,
         num_warps=4,
         num_stages=launch.num_stages,
         **pdl_launch_options(pdl),

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tokenspeed.kernels.kvstore.reference import rope_write_reference, write_kv_reference
+from tokenspeed.kernels.kvstore.reference import write_kv_reference
 from tokenspeed.kernels.quant.fp8 import byte_view, dequantize_kv
 from tokenspeed.kernels.registry import Band, register_kernel
 
@@ -218,37 +218,3 @@ def paged_attention_reference(
         k_scale=k_scale,
         v_scale=v_scale,
     )
-
-
-@register_kernel("attention", "decode_rope", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"))
-def decode_rope_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    cos_cache: torch.Tensor,
-    sin_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    page_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    *,
-    scale: float,
-    sliding_window: int | None = None,
-    num_splits: int | None = None,
-    q_norm_weight: torch.Tensor | None = None,
-    k_norm_weight: torch.Tensor | None = None,
-    norm_eps: float = 0.0,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """`attention.decode_rope` (a decode step's q/k norm, RoPE and K/V store folded into its attention) as
-    the two ops it stands for: `kvstore.rope_write`, then `attention.decode`. Layers use the fused mode only
-    where it has a fast kernel; this is its oracle."""
-    q = rope_write_reference(q.clone(), k, v, positions, cos_cache, sin_cache, k_cache, v_cache, slot_mapping,
-                             q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, norm_eps=norm_eps,
-                             k_scale=k_scale, v_scale=v_scale)
-    return decode_attention_reference(q, k_cache, v_cache, page_table, seq_lens, scale=scale,
-                                      sliding_window=sliding_window, num_splits=num_splits, k_scale=k_scale,
-                                      v_scale=v_scale)

@@ -118,32 +118,3 @@ def apply_rope_triton(
             **pdl_launch_options(pdl_enabled(q.device)),
         )
     return q, k
-
-
-@triton.jit
-def norm_rope_tile(rows, row_mask, offs_d, pos, cos_ptr, sin_ptr, stride_cos, norm_w_ptr, eps,
-                   HALF: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr):
-    """Heads at `rows` (pointers to their first channel) as a whole `[R, BLOCK_D]` tile: per-head RMSNorm
-    (HAS_NORM), then RoPE of the first 2 * HALF channels at position `pos`, rounded as `kvstore.rope_write`
-    rounds them. Each channel is loaded with its rotation partner, so no tile is sliced: a kernel that
-    multiplies the whole head (decode attention) rotates it where it loads it."""
-    d_mask = offs_d < HEAD_DIM
-    mask = row_mask[:, None] & d_mask[None, :]
-    rotated = offs_d < 2 * HALF
-    first = offs_d < HALF
-    partner = tl.where(first, offs_d + HALF, offs_d - HALF)
-    x = tl.load(rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
-    xp = tl.load(rows[:, None] + partner[None, :], mask=mask & rotated[None, :], other=0.0)
-    dtype = x.dtype
-    if HAS_NORM:
-        x32 = x.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x32 * x32, 1) / HEAD_DIM + eps)[:, None]
-        w = tl.load(norm_w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-        wp = tl.load(norm_w_ptr + partner, mask=d_mask & rotated, other=0.0).to(tl.float32)[None, :]
-        x = (w * (x32 * rstd).to(dtype).to(tl.float32)).to(dtype)
-        xp = (wp * (xp.to(tl.float32) * rstd).to(dtype).to(tl.float32)).to(dtype)
-    angle = pos.to(tl.int64) * stride_cos + offs_d % HALF
-    cos = tl.load(cos_ptr + angle, mask=rotated, other=1.0).to(tl.float32)[None, :]
-    sin = tl.load(sin_ptr + angle, mask=rotated, other=0.0).to(tl.float32)[None, :]
-    turned = tl.where(first[None, :], -(xp.to(tl.float32) * sin), xp.to(tl.float32) * sin)
-    return tl.where(rotated[None, :], (x.to(tl.float32) * cos + turned).to(dtype), x)
