@@ -24,27 +24,27 @@ spanning K, multiply the finished sum once). As the GEMV, a program asks
 for its first weight tile before it waits on the previous kernel (PDL), and
 the compiler pipelines the rest through shared memory (STAGES deep).
 
-Grid: one program per BLOCK_N rows, no split-K (no partial sums, no second
-kernel). A step is `groups` K groups of 128 (each its own dot, so block
-scales stay exact), 8-16 KB of weights, 3-6 steps in flight. The launch
-shape is timed per weight shape on first use (`kernels/autotune.py`,
-`skinny_candidates`); `benchmarks/fp8_skinny_stack.py` times every shape
-the way a decode step runs them.
+Grid: BLOCK_N rows by `split_k` K ranges. Where a shape has too few row
+blocks to fill the GPU (o_proj at 4096 rows: 64 programs of 64 rows), its
+K is split: each program stores its fp32 partial, and the row block's last
+program to arrive (an acq_rel atomic counter, reset by that program) sums
+the partials in split order, so the result does not depend on arrival
+order, and writes the output; no second kernel. A step is `groups` K
+groups of 128 (each its own dot, so block scales stay exact), 8-16 KB of
+weights, 3-6 steps in flight. The launch shape is timed per weight shape on
+first use (`kernels/autotune.py`, `skinny_candidates`);
+`benchmarks/fp8_skinny_stack.py` times every shape the way a decode step
+runs them.
 
-Measured (H100, `benchmarks/results/h100/wave2/fp8_2026-12-06e/`): at 4
-tokens, us per launch in a graph against cuBLAS with its quantisation
-kernel: qkv 16.1 / 16.4, o 13.4 / 15.8, gate_up 50.7 / 50.0, down 38.4 /
-31.6 (0.42-0.77 of the copy bandwidth); a 4 x 32K decode step 3-4% faster
-(8.87 against 9.20 ms, one call). A first version, one 128-wide step of
-16-64 rows a program, ran at 0.25-0.5 of the copy bandwidth; two-deep
-pipelines at 1.2-1.6x the time of three-deep ones. down_proj (K 14336, 128
-programs of 32 rows) is the weak shape, yet sending it to cuBLAS (faster
-in that sweep) made the step slower: cuBLAS's down took 47.7 us a launch
-inside the step, and the step 9.17 ms against 9.07 with the skinny GEMM
-off altogether. Split-K is the next thing to try: commit 63572ce has it
-(the row block's last program to arrive sums the partials in split order,
-counted by an acq_rel atomic), built and tested under the interpreter, and
-reverted because no GPU time was left to check it on a device.
+Measured (H100, `benchmarks/results/h100/wave2/fp8_2026-12-06e/` and
+`fp8_2026-12-06f/`): without split-K, at 4 tokens, us per launch in a
+graph against cuBLAS with its quantisation kernel: qkv 16.1 / 16.4, o 13.4
+/ 15.8, gate_up 50.7 / 50.0, down 38.4 / 31.6 (0.42-0.77 of the copy
+bandwidth); a 4 x 32K decode step 3-4% faster than cuBLAS (8.87 against
+9.20 ms). Split-K (the tuner picks 4 splits for qkv, o and down, none for
+gate_up) took that step to 8.06 ms against 8.78 without it, same machine.
+Two-deep pipelines ran at 1.2-1.6x the time of three-deep ones; sending
+down_proj to cuBLAS made the step slower (47.7 us a launch inside it).
 """
 
 from __future__ import annotations
