@@ -38,7 +38,9 @@ Metrics (JSON `metrics`, also printed as markdown tables):
 - `decode_attention`: the paged decode kernel over 32 rows x 32K tokens of
   Llama-3.1-8B attention (32 / 8 heads x 128, pages of 16), fp8 cache with
   per-head scales vs bf16 cache: time and bandwidth fraction (cache bytes /
-  time / copy bandwidth; target >= 0.75 for fp8);
+  time / copy bandwidth; target >= 0.75 for fp8); `split_sweep`: the
+  same fraction at other splits per row (`num_splits`) than the default, at
+  32 and at 4 rows (the 4 x 32K decode of `fp8_e2e.py --sections kv_long`);
 - `moe[T]`: Qwen3-30B-A3B experts (hidden 2048, intermediate 768, 128
   experts, top-8, 128 x 128 blocks) at T = 1, 64, 1024 tokens, uniformly
   random routing: fp8 and bf16 Triton kernels, time, fp8 operand precision
@@ -234,45 +236,75 @@ def bench_gemv(timer: Timer, shapes: dict[str, tuple[int, int]], copy_gb_s: floa
     return {"gemv": results}
 
 
-def bench_decode_attention(timer: Timer, shape: dict[str, int], copy_gb_s: float) -> dict[str, Any]:
+def _decode_case(dev: str, shape: dict[str, int], batch: int) -> dict[str, Any]:
+    """`batch` rows of `shape`'s context: bf16 (fp32 on the CPU) and fp8 caches (per-head scales), pages shuffled."""
     from tokenspeed.kernels.quant.fp8 import FP8_DTYPE
-    from tokenspeed.kernels.registry import select_kernel
 
-    dev = timer.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
-    # The kernel the GPU gets (--smoke runs it under the interpreter).
-    spec = select_kernel(
-        "attention", "decode", platform="cuda", dtype=dtype, traits={"head_dim": shape["dim"]}
-    )
-    batch, context, page = shape["batch"], shape["context"], shape["page"]
-    kv_heads, dim = shape["kv_heads"], shape["dim"]
+    context, page, kv_heads, dim = shape["context"], shape["page"], shape["kv_heads"], shape["dim"]
     pages_per_row = context // page
     num_pages = batch * pages_per_row
     gen = torch.Generator(device=dev).manual_seed(0)
     k_cache = torch.randn(num_pages, page, kv_heads, dim, generator=gen, device=dev).to(dtype)
     v_cache = torch.randn(num_pages, page, kv_heads, dim, generator=gen, device=dev).to(dtype)
-    table = torch.randperm(num_pages, generator=gen, device=dev).view(batch, pages_per_row).to(torch.int32)
-    seq_lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
-    q = torch.randn(batch, shape["heads"], dim, generator=gen, device=dev).to(dtype)
-    scale = dim**-0.5
-    k_scale = torch.full((kv_heads,), 1.0 / 64, device=dev)
-    v_scale = torch.full((kv_heads,), 1.0 / 64, device=dev)
-    k8 = (k_cache.float() * 64).to(FP8_DTYPE)
-    v8 = (v_cache.float() * 64).to(FP8_DTYPE)
-    bf16_us = timer.us(lambda: spec.impl(q, k_cache, v_cache, table, seq_lens, scale=scale))
-    fp8_us = timer.us(
-        lambda: spec.impl(q, k8, v8, table, seq_lens, scale=scale, k_scale=k_scale, v_scale=v_scale)
-    )
-    elements = 2 * batch * context * kv_heads * dim
-    result = {
+    scale = torch.full((kv_heads,), 1.0 / 64, device=dev)
+    return {
+        "q": torch.randn(batch, shape["heads"], dim, generator=gen, device=dev).to(dtype),
+        "bf16": (k_cache, v_cache, {}),
+        "fp8": ((k_cache.float() * 64).to(FP8_DTYPE), (v_cache.float() * 64).to(FP8_DTYPE),
+                {"k_scale": scale, "v_scale": scale}),
+        "table": torch.randperm(num_pages, generator=gen, device=dev).view(batch, pages_per_row).to(torch.int32),
+        "seq_lens": torch.full((batch,), context, dtype=torch.int32, device=dev),
+        "cached_elements": 2 * batch * context * kv_heads * dim,
+    }  # fmt: skip
+
+
+def bench_decode_attention(
+    timer: Timer, shape: dict[str, int], copy_gb_s: float, split_sweep: tuple[int, ...]
+) -> dict[str, Any]:
+    from tokenspeed.kernels.attention.decode_triton import choose_num_splits
+    from tokenspeed.kernels.registry import select_kernel
+
+    dev = timer.device
+    # The kernel the GPU gets (--smoke runs it under the interpreter).
+    spec = select_kernel("attention", "decode", platform="cuda", dtype=torch.bfloat16 if dev == "cuda" else
+                         torch.float32, traits={"head_dim": shape["dim"]})  # fmt: skip
+    scale = shape["dim"] ** -0.5
+
+    def us(case: dict[str, Any], cache: str, **kw: Any) -> float:
+        k, v, scales = case[cache]
+        return timer.us(lambda: spec.impl(case["q"], k, v, case["table"], case["seq_lens"], scale=scale, **scales,
+                                          **kw))  # fmt: skip
+
+    def fraction(case: dict[str, Any], cache: str, t: float) -> float:
+        per_element = 1 if cache == "fp8" else case["bf16"][0].element_size()
+        return round(case["cached_elements"] * per_element / t / 1e3 / copy_gb_s, 3)
+
+    case = _decode_case(dev, shape, shape["batch"])
+    bf16_us, fp8_us = us(case, "bf16"), us(case, "fp8")
+    result: dict[str, Any] = {
         "kernel": spec.name,
         **shape,
         "bf16_ms": round(bf16_us / 1e3, 4),
-        "bf16_bw_fraction": round(elements * k_cache.element_size() / bf16_us / 1e3 / copy_gb_s, 3),
+        "bf16_bw_fraction": fraction(case, "bf16", bf16_us),
         "fp8_ms": round(fp8_us / 1e3, 4),
-        "fp8_bw_fraction": round(elements / fp8_us / 1e3 / copy_gb_s, 3),
+        "fp8_bw_fraction": fraction(case, "fp8", fp8_us),
         "fp8_speedup": round(bf16_us / fp8_us, 2),
     }
+    del case
+    # Splits per row against the default (`choose_num_splits`), at this batch and at the 4 long rows of
+    # fp8_e2e.py's kv_long: bandwidth fraction per cache.
+    sweep: dict[str, Any] = {}
+    for batch in sorted({shape["batch"], min(4, shape["batch"])}):
+        case = _decode_case(dev, shape, batch)
+        default = choose_num_splits(batch, shape["kv_heads"], shape["context"], dev)
+        by_splits = {}
+        for splits in sorted({default, *split_sweep}):
+            by_splits[splits] = {cache: fraction(case, cache, us(case, cache, num_splits=splits))
+                                 for cache in ("bf16", "fp8")}  # fmt: skip
+        sweep[f"batch {batch}"] = {"default_splits": default, "bw_fraction_by_splits": by_splits}
+        del case
+    result["split_sweep"] = sweep
     log(f"decode attention: {result}")
     return {"decode_attention": result}
 
@@ -357,6 +389,12 @@ def markdown(metrics: dict[str, Any]) -> str:
     lines += ["", f"decode attention ({a['kernel']}, {a['batch']} x {a['context']}): fp8 {a['fp8_ms']} ms "
               f"(bw fraction {a['fp8_bw_fraction']}), bf16 {a['bf16_ms']} ms ({a['bf16_bw_fraction']}), "
               f"speedup {a['fp8_speedup']}", "",
+              "| rows | splits per row | bf16 bw fraction | fp8 bw fraction |", "|---|---:|---:|---:|"]  # fmt: skip
+    for rows, sweep in a.get("split_sweep", {}).items():
+        for splits, r in sweep["bw_fraction_by_splits"].items():
+            mark = " (default)" if int(splits) == sweep["default_splits"] else ""
+            lines.append(_row([rows, f"{splits}{mark}", r["bf16"], r["fp8"]]))
+    lines += ["",
               "| moe T | operands | fp8 us | bf16 us | speedup | weight GB/s | bw fraction | TFLOP/s | tiles |",
               "|---:|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for t, r in metrics["moe"]["by_tokens"].items():
@@ -414,7 +452,8 @@ def main() -> int:
     sections: list[Callable[[], dict[str, Any]]] = [
         partial(bench_gemm, timer, shapes, (2, 20) if args.smoke else (4, 16, 256, 4096), args.sweep),
         partial(bench_gemv, timer, shapes, copy),
-        partial(bench_decode_attention, timer, SMOKE_ATTENTION if args.smoke else ATTENTION, copy),
+        partial(bench_decode_attention, timer, SMOKE_ATTENTION if args.smoke else ATTENTION, copy,
+                (2, 4) if args.smoke else (8, 16, 32, 64, 128)),
         partial(
             bench_moe, timer, SMOKE_MOE if args.smoke else MOE, (1, 8) if args.smoke else (1, 64, 1024), copy
         ),
