@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl_gpu/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 NCCL_NVLS_ENABLE=0 TOKENSPEED_GPU_REPORT=/tmp/fp8/gpu_report.jsonl
 R=/tmp/fp8
-mkdir -p $R
+rm -rf $R && mkdir -p $R  # a warm machine keeps /tmp: no earlier call's files in this one's archive
 T0=$(date +%s)
 step() {
   local name=$1 limit=$2

@@ -31,8 +31,8 @@ program to arrive (an acq_rel atomic counter, reset by that program) sums
 the partials in split order, so the result does not depend on arrival
 order, and writes the output; no second kernel. A step is `groups` K
 groups of 128 (each its own dot, so block scales stay exact), 8-16 KB of
-weights, 3-6 steps in flight. The launch shape is timed per weight shape on
-first use (`kernels/autotune.py`, `skinny_candidates`);
+weights, three steps in flight. The launch shape is timed per weight shape
+on first use (`kernels/autotune.py`, `skinny_candidates`);
 `benchmarks/fp8_skinny_stack.py` times every shape the way a decode step
 runs them.
 
@@ -41,10 +41,12 @@ Measured (H100, `benchmarks/results/h100/wave2/fp8_2026-12-06e/` and
 graph against cuBLAS with its quantisation kernel: qkv 16.1 / 16.4, o 13.4
 / 15.8, gate_up 50.7 / 50.0, down 38.4 / 31.6 (0.42-0.77 of the copy
 bandwidth); a 4 x 32K decode step 3-4% faster than cuBLAS (8.87 against
-9.20 ms). Split-K (the tuner picks 4 splits for qkv, o and down, none for
-gate_up) took that step to 8.06 ms against 8.78 without it, same machine.
-Two-deep pipelines ran at 1.2-1.6x the time of three-deep ones; sending
-down_proj to cuBLAS made the step slower (47.7 us a launch inside it).
+9.20 ms). Split-K took that step to 8.06 ms against 8.78 without it (same
+machine), and the four candidates (64 rows, split 1, 2, 4 or 8; the tuner
+takes 8 for o, 4 for qkv and down, 1 for gate_up) to 8.06-8.08 against
+8.20 with the seven before. Two-deep pipelines ran at 1.2-1.6x the time of three-deep ones;
+sending down_proj to cuBLAS made the step slower (47.7 us a launch inside
+it).
 """
 
 from __future__ import annotations
