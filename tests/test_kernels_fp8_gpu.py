@@ -39,8 +39,8 @@ pytestmark = [
 pytest.importorskip("triton")
 
 from tests.paged_kernels import capture_cuda_graph  # noqa: E402
+from tokenspeed.kernels import arrival_counters  # noqa: E402
 from tokenspeed.kernels.autotune import LaunchTuner  # noqa: E402
-from tokenspeed.kernels.gemm import fp8_skinny_triton  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_gemm_triton import fp8_gemm_triton  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton, launch_shapes  # noqa: E402
@@ -185,7 +185,7 @@ def test_every_skinny_launch_shape_is_correct(m: int, block_size: tuple[int, int
     for config in skinny_shapes():
         got = fp8_gemv_triton(x, w8, scale, block_size=block_size, config=config, out_dtype=torch.float32)
         assert _rel_err(got, want) < 1e-4, config
-    assert all(not c.any() for c in fp8_skinny_triton._COUNTERS.values())  # split-K launches reset their counters
+    assert arrival_counters.all_at_rest()  # split-K launches reset their counters
     graph, out = capture_cuda_graph(lambda: fp8_gemv_triton(x, w8, scale, block_size=block_size))
     graph.replay()
     assert _rel_err(out, want) < GEMM_TOL  # the chosen shape, replayed from a graph, bf16 output

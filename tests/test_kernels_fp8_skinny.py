@@ -12,7 +12,7 @@ from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything 
     fresh_process_test,
     interpreted,
 )
-from tokenspeed.kernels.gemm import fp8_skinny_triton
+from tokenspeed.kernels import arrival_counters
 from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch
 from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton
 from tokenspeed.kernels.gemm.fp8_reference import fp8_gemm_reference
@@ -39,7 +39,7 @@ def test_fp8_skinny_gemm_matches_reference(
         got = fp8_gemv_triton(x, w8, scales, block_size=block_size, bias=bias, config=config)
         assert got.dtype == dtype and got.shape == (m, n)
         assert _rel_err(got, want) < TOL[dtype], config
-    assert all(not counters.any() for counters in fp8_skinny_triton._COUNTERS.values())  # every launch reset them
+    assert arrival_counters.all_at_rest()  # every launch reset them
     logits = fp8_gemv_triton(x.view(1, m, k), w8, scales, block_size=block_size, bias=bias, out_dtype=torch.float32)
     assert logits.shape == (1, m, n) and _rel_err(logits[0], want) < TOL[dtype]
     with pytest.raises(ValueError, match="no fused forms"):

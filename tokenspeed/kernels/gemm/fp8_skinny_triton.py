@@ -27,9 +27,8 @@ the compiler pipelines the rest through shared memory (STAGES deep).
 Grid: BLOCK_N rows by `split_k` K ranges. Where a shape has too few row
 blocks to fill the GPU (o_proj at 4096 rows: 64 programs of 64 rows), its
 K is split: each program stores its fp32 partial, and the row block's last
-program to arrive (an acq_rel atomic counter, reset by that program) sums
-the partials in split order, so the result does not depend on arrival
-order, and writes the output; no second kernel. A step is `groups` K
+program to arrive sums the partials in split order and writes the output
+(`kernels/arrival_counters.py`); no second kernel. A step is `groups` K
 groups of 128 (each its own dot, so block scales stay exact), 8-16 KB of
 weights, three steps in flight. The launch shape is timed per weight shape
 on first use (`kernels/autotune.py`, `skinny_candidates`);
@@ -61,6 +60,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tokenspeed.kernels.arrival_counters import arrival_counters
 from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
 from tokenspeed.kernels.gemm.gemv_triton import load_rows
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
@@ -217,26 +217,6 @@ def split_plan(k: int, config: SkinnyConfig) -> tuple[int, int]:
     return triton.cdiv(k, k_split), k_split
 
 
-_MAX_ROW_BLOCKS = 1 << 16
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _arrival_counters(device: torch.device, n_blocks: int) -> torch.Tensor | None:
-    """Zeroed int32 arrival counters, one per row block, that every split-K launch leaves zeroed again.
-
-    One buffer per device, made on the first eager call: not inside a CUDA graph capture (where it would
-    belong to the graph's memory), so a capture before any eager split-K call runs without splitting
-    (None). Launches on one device run one after another (the engine's single compute stream), so they
-    can share it.
-    """
-    counters = _COUNTERS.get(device)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        counters = _COUNTERS[device] = torch.zeros(_MAX_ROW_BLOCKS, dtype=torch.int32, device=device)
-    return counters if n_blocks <= counters.numel() else None
-
-
 def fp8_skinny_gemm(
     x2: torch.Tensor,
     weight: torch.Tensor,
@@ -262,8 +242,8 @@ def fp8_skinny_gemm(
     block_k = config.groups * GROUP_SIZE
     n_blocks = triton.cdiv(n, config.block_n)
     splits, k_split = split_plan(k, config)
-    counters = _arrival_counters(x2.device, n_blocks) if splits > 1 else None
-    if counters is None:  # one program per row block (also where no counters can be had: see _arrival_counters)
+    counters = arrival_counters(x2.device, n_blocks) if splits > 1 else None
+    if counters is None:  # one program per row block (also where no counters can be had: arrival_counters.py)
         splits, k_split = split_plan(k, dataclasses.replace(config, split_k=1))
     parts = torch.empty(splits * SKINNY_BLOCK_M, n, dtype=torch.float32, device=x2.device) if splits > 1 else out
     for_tensor(_fp8_skinny_kernel, x2)[(n_blocks, splits)](
