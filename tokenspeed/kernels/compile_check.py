@@ -90,7 +90,6 @@ def serving_configs() -> Iterator[KernelConfig]:
 
     tables = {"page_table_ptr": "i32", "seq_lens_ptr": "i32", "query_start_ptr": "i32"}
     partials = {"part_out_ptr": "fp32", "part_lse_ptr": "fp32"}
-    merges = {"count_ptr": "i32"}
     for splits, window, fp8 in ((1, False, False), (1, True, False), (8, False, False), (8, True, False))+(
         (1, False, True), (8, False, True)
     ):
@@ -99,9 +98,8 @@ def serving_configs() -> Iterator[KernelConfig]:
             decode_triton._decode_split_kernel,
             dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=splits, G_BLOCKS=1)
             | dict(BLOCK_G=16, BLOCK_D=128, BLOCK_N=decode_triton.positions_per_step(128, 1 if fp8 else 2))
-            | dict(HAS_WINDOW=window, IEEE=False, USE_PDL=True, HAS_SCALE=fp8, SCALE_STRIDE=1, F16_DOTS=fp8)
-            | dict(LAST_MERGES=splits > 1, MERGE_HEADS=4, BLOCK_S=splits),
-            pointers=tables | partials | merges | (_FP8_KV if fp8 else _KV_SCALES),
+            | dict(HAS_WINDOW=window, IEEE=False, USE_PDL=True, HAS_SCALE=fp8, SCALE_STRIDE=1, F16_DOTS=fp8),
+            pointers=tables | partials | (_FP8_KV if fp8 else _KV_SCALES),
         )
     for launch in decode_triton.fp8_launch_candidates((128,))[1:]:  # the other launches its tuner may pick
         yield KernelConfig(
@@ -109,8 +107,8 @@ def serving_configs() -> Iterator[KernelConfig]:
             decode_triton._decode_split_kernel,
             dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=8, G_BLOCKS=1, BLOCK_G=16)
             | dict(BLOCK_D=128, BLOCK_N=launch.block_n, HAS_WINDOW=False, IEEE=False, USE_PDL=True)
-            | dict(HAS_SCALE=True, SCALE_STRIDE=1, F16_DOTS=True, LAST_MERGES=True, MERGE_HEADS=4, BLOCK_S=8),
-            pointers=tables | partials | merges | _FP8_KV,
+            | dict(HAS_SCALE=True, SCALE_STRIDE=1, F16_DOTS=True),
+            pointers=tables | partials | _FP8_KV,
             num_stages=launch.num_stages,
         )
     yield KernelConfig(

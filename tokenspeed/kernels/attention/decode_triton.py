@@ -6,12 +6,8 @@ cached byte once:
   loaded once per kv head rather than once per query head; the group (padded
   to 16, the smallest MMA tile) is the M side of `tl.dot`;
 - one row's context is cut into `num_splits` ranges handled by separate
-  programs, so a batch of a few long rows still fills every SM; the last of a
-  (token, kv head)'s programs to finish merges their partial results through
-  their log-sum-exp (`kernels/arrival_counters.py`), reading only the splits
-  that saw keys, bit for bit what the separate merge kernel writes
-  (`TOKENSPEED_DECODE_LAST_SPLIT_MERGES=0` launches that kernel instead, as
-  verification with folded tokens always does): one launch a layer fewer;
+  programs, so a batch of a few long rows still fills every SM; a second small
+  kernel merges the partial results through their log-sum-exp;
 - everything per row (length, pages) is read from device tensors, and the
   grid depends only on (rows, heads, num_splits): the launch is a fixed shape
   that a CUDA graph can capture once per batch bucket and replay for any
@@ -45,7 +41,6 @@ first use (`kernels/autotune.py`, `fp8_launch_candidates`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -55,7 +50,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tokenspeed.kernels.arrival_counters import arrival_counters
 from tokenspeed.kernels.attention.paged_tiles import (
     dot,
     gather_kv_tile,
@@ -77,32 +71,6 @@ _MAX_TILE_ROWS = 64  # query rows of one program: a group's heads, times the tok
 
 
 @triton.jit
-def _merge_splits(part_out_ptr, part_lse_ptr, out_ptr, q_len, stride_ob, stride_oh, NUM_HEADS: tl.constexpr,
-                  GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, G_BLOCKS: tl.constexpr,
-                  T_GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, MERGE_HEADS: tl.constexpr, BLOCK_S: tl.constexpr,
-                  BLOCK_D: tl.constexpr):
-    """The last split of an unfolded (token, kv head) program merges every split of its heads into the output.
-
-    Everything it needs comes from the program ids and the kernel's arguments: no value of the decode loop
-    stays live past it (at an fp8 cache's 168 registers, a few more cost a resident program per SM).
-    """
-    kv_head = tl.program_id(1) // (G_BLOCKS * T_GROUPS)  # as the decode kernel reads them, at FOLD == 1
-    t_group = tl.program_id(1) % (G_BLOCKS * T_GROUPS) // G_BLOCKS
-    g_block = tl.program_id(1) % G_BLOCKS
-    tok = tl.program_id(0).to(tl.int64) * q_len + t_group
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    for g in range(MERGE_HEADS):  # a loop, not unrolled: few registers
-        if g_block * BLOCK_G + g < GROUP:
-            head = kv_head * GROUP + g_block * BLOCK_G + g
-            merged = merge_split_partials(part_out_ptr, part_lse_ptr, (tok * NUM_HEADS + head) * NUM_SPLITS,
-                                          offs_s, offs_s < NUM_SPLITS, offs_d, d_mask, HEAD_DIM, True)
-            tl.store(out_ptr + tok * stride_ob + head * stride_oh + offs_d, merged.to(out_ptr.dtype.element_ty),
-                     mask=d_mask)
-
-
-@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -112,7 +80,6 @@ def _decode_split_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
-    count_ptr,
     k_scale_ptr,
     v_scale_ptr,
     scale_log2e,
@@ -146,9 +113,6 @@ def _decode_split_kernel(
     USE_PDL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     SCALE_STRIDE: tl.constexpr,
-    LAST_MERGES: tl.constexpr,
-    MERGE_HEADS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
 ):
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
         gdc_wait()
@@ -223,13 +187,6 @@ def _decode_split_kernel(
     else:
         part = (token * NUM_HEADS + heads) * NUM_SPLITS + split
         store_split_partial(part_out_ptr, part_lse_ptr, part, m_mask, acc, m_i, l_i, offs_d, d_mask, HEAD_DIM)
-        if LAST_MERGES:  # the (token, kv head)'s last split to finish merges them all (module docstring)
-            tl.debug_barrier()  # every thread's partial is stored before the arrival is counted (release)
-            counter = count_ptr + row * tl.num_programs(1) + tl.program_id(1)
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-                _merge_splits(part_out_ptr, part_lse_ptr, out_ptr, q_len, stride_ob, stride_oh, NUM_HEADS, GROUP,
-                              NUM_SPLITS, HEAD_DIM, G_BLOCKS, T_GROUPS, BLOCK_G, MERGE_HEADS, BLOCK_S, BLOCK_D)
-                tl.atomic_xchg(counter, 0)  # ready for the next launch
 
 
 @triton.jit
@@ -256,7 +213,7 @@ def _decode_reduce_kernel(
     s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
     base = (token.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS
-    merged = merge_split_partials(part_out_ptr, part_lse_ptr, base, offs_s, s_mask, offs_d, d_mask, HEAD_DIM, False)
+    merged = merge_split_partials(part_out_ptr, part_lse_ptr, base, offs_s, s_mask, offs_d, d_mask, HEAD_DIM)
     dst = out_ptr + token.to(tl.int64) * stride_ob + head * stride_oh + offs_d
     tl.store(dst, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
 
@@ -284,12 +241,6 @@ def choose_num_splits(
     wanted = -(-32 * sm_count_of(torch.device(device)) // programs)
     by_length = max(1, max_seq_len // _MIN_TOKENS_PER_SPLIT)
     return max(1, min(wanted, by_length, _MAX_SPLITS))
-
-
-def last_split_merges() -> bool:
-    """Whether a decode's last split to finish merges the splits (no merge kernel), as it does unless
-    `TOKENSPEED_DECODE_LAST_SPLIT_MERGES=0` (the off switch: the split kernel, then the merge kernel)."""
-    return os.environ.get("TOKENSPEED_DECODE_LAST_SPLIT_MERGES", "1") != "0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,10 +390,7 @@ def _paged_decode(
         part_lse = torch.empty(tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused by the kernel when there is one split
-    programs = num_kv_heads * g_blocks * t_groups
-    merges = num_splits > 1 and fold == 1 and last_split_merges()
-    counters = arrival_counters(q.device, rows * programs) if merges else None
-    for_tensor(_decode_split_kernel, q)[(rows, programs, num_splits)](
+    for_tensor(_decode_split_kernel, q)[(rows, num_kv_heads * g_blocks * t_groups, num_splits)](
         q,
         k_cache,
         v_cache,
@@ -451,7 +399,6 @@ def _paged_decode(
         out,
         part_out,
         part_lse,
-        counters if counters is not None else out,
         k_scale_arg,
         v_scale_arg,
         scale * LOG2E,
@@ -484,14 +431,11 @@ def _paged_decode(
         HAS_SCALE=has_scale,
         SCALE_STRIDE=scale_stride,
         F16_DOTS=k_cache.dtype == FP8_DTYPE and q.dtype == torch.bfloat16,
-        LAST_MERGES=counters is not None,
-        MERGE_HEADS=min(group, block_g),
-        BLOCK_S=next_power_of_2(num_splits),
         num_warps=4,
         num_stages=launch.num_stages,
         **pdl_launch_options(pdl),
     )
-    if num_splits > 1 and counters is None:
+    if num_splits > 1:
         for_tensor(_decode_reduce_kernel, q)[(tokens, num_heads)](
             part_out,
             part_lse,

@@ -59,24 +59,20 @@ def store_split_partial(part_out_ptr, part_lse_ptr, part, row_mask, acc, m_i, l_
 
 
 @triton.jit
-def merge_split_partials(part_out_ptr, part_lse_ptr, base, offs_s, s_mask, offs_d, d_mask, DIM: tl.constexpr,
-                         FROM_L2: tl.constexpr):
+def merge_split_partials(part_out_ptr, part_lse_ptr, base, offs_s, s_mask, offs_d, d_mask, DIM: tl.constexpr):
     """One (token, head)'s split-KV partials merged: each split's output weighted by exp2(lse - max lse).
 
     Splits `base + offs_s` hold a normalised `[DIM]` output and its base-2
     log-sum-exp (-inf: the split saw no key); returns the `offs_d` lanes, fp32.
-    FROM_L2: other programs of the same kernel stored them (loads bypass this SM's L1).
     """
-    cache: tl.constexpr = ".cg" if FROM_L2 else ""
-    lse = tl.load(part_lse_ptr + base + offs_s, mask=s_mask, other=float("-inf"), cache_modifier=cache)
+    lse = tl.load(part_lse_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
     top = tl.max(lse, 0)
     top = tl.where(top == float("-inf"), 0.0, top)
     weight = tl.exp2(lse - top)
-    parts = tl.load(  # a split that saw no key weighs nothing: its output is not read
+    parts = tl.load(
         part_out_ptr + (base + offs_s)[:, None] * DIM + offs_d[None, :],
-        mask=(s_mask & (lse > float("-inf")))[:, None] & d_mask[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
         other=0.0,
-        cache_modifier=cache,
     )
     total = tl.sum(weight, 0)
     return tl.sum(parts * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)

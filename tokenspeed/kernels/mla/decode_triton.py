@@ -183,7 +183,7 @@ def _mla_merge_kernel(
     s_mask = offs_s < num_splits
     d_mask = offs_d < KV_LORA
     base = (token.to(tl.int64) * NUM_HEADS + head) * num_splits
-    merged = merge_split_partials(part_out_ptr, part_lse_ptr, base, offs_s, s_mask, offs_d, d_mask, KV_LORA, False)
+    merged = merge_split_partials(part_out_ptr, part_lse_ptr, base, offs_s, s_mask, offs_d, d_mask, KV_LORA)
     dst = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
     tl.store(dst, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
 
