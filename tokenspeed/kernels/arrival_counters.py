@@ -1,9 +1,10 @@
 """Zeroed int32 arrival counters for kernels whose last program to finish does the final step.
 
-A split-K GEMM (`gemm/fp8_skinny_triton.py`) or a split-KV decode
-(`attention/decode_triton.py`) splits one output over several programs. Rather
-than a second kernel that merges their partials, each program stores its
-partial, then counts its arrival on the output's counter (an acq_rel atomic);
+A split-K GEMM (`gemm/fp8_skinny_triton.py`) splits one output over several
+programs (so may a split-KV decode: commit e26eafa, reverted until measured
+on a GPU). Rather than a second kernel that merges their partials, each
+program stores its partial, then counts its arrival on the output's counter
+(an acq_rel atomic);
 the program that arrives last merges the partials in split order (so the
 result does not depend on which came last), writes the output and sets the
 counter back to zero for the next launch.
