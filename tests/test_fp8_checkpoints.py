@@ -1,4 +1,5 @@
-"""Block-FP8 checkpoints (DeepSeek-V3's format) and online FP8 quantisation, against transformers (CPU).
+"""Block-FP8 checkpoints (DeepSeek-V3's format, also under Kimi-K2's config header) and online FP8
+quantisation, against transformers (CPU).
 
 Each tiny checkpoint is quantised by the test (`tests/fp8_checkpoints.py`)
 and transformers runs the dequantised weights in fp32; the engine loads the
@@ -42,6 +43,17 @@ CASES: dict[str, tuple[str, tuple[int, int], tuple[str, ...]]] = {
     "qwen3_moe": ("qwen3_moe", (16, 128), ()),
     "deepseek_v3": ("deepseek_v3", (128, 128), ()),
     "deepseek_v3_not_convert": ("deepseek_v3", (128, 128), ("shared_experts", "model.layers.0.mlp")),
+    "kimi_k2": ("deepseek_v3", (128, 128), ()),  # DeepSeek-V3's weights under Kimi-K2's config.json header
+}
+# What Kimi-K2's config.json says of itself: its own model_type, DeepSeek-V3's architecture, remote code.
+KIMI_K2_HEADER = {
+    "model_type": "kimi_k2",
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "auto_map": {
+        "AutoConfig": "configuration_deepseek.DeepseekV3Config",
+        "AutoModel": "modeling_deepseek.DeepseekV3Model",
+        "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM",
+    },
 }
 
 
@@ -89,6 +101,9 @@ def test_block_fp8_checkpoint_matches_transformers(
     case: str, sources: dict[str, Path], tmp_path: Path
 ) -> None:
     fp8, reference = _fp8_pair(sources, case, tmp_path)
+    if case == "kimi_k2":
+        config = json.loads((fp8 / "config.json").read_text())
+        (fp8 / "config.json").write_text(json.dumps(config | KIMI_K2_HEADER))
     llm = LLM(str(fp8), skip_tokenizer_init=True, page_size=4, max_num_batched_tokens=24, show_progress=False)
     quantised = _fp8_modules(llm)
     assert quantised, "no fp8 weights were loaded"

@@ -153,7 +153,9 @@ class ModelConfig:
             raise ModelNotSupported(f"config.json of {architecture} lacks {missing.args[0]!r}") from None
         kv_heads = int(raw.get("num_key_value_heads") or heads)
         head_dim = raw.get("head_dim") or traits.default_head_dim or hidden // heads
-        model_type = str(raw.get("model_type") or _ARCHITECTURE_TO_MODEL_TYPE[architecture])
+        # The family the architecture belongs to, not the checkpoint's own name for it: Kimi-K2 says
+        # "kimi_k2" and is DeepseekV3ForCausalLM, parsed (MLA, MoE) as deepseek_v3.
+        model_type = _ARCHITECTURE_TO_MODEL_TYPE[architecture]
         mla = mla_config_from_hf(raw, model_type)
         if mla is not None:
             head_dim = mla.qk_rope_head_dim  # the rotary width; MLA's other dims live in `mla`
