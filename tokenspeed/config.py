@@ -49,6 +49,9 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
     skip_tokenizer_init: bool = False
+    # Run the checkpoint's own tokenizer code (tokenizer_config.json's auto_map, e.g. Kimi-K2's tiktoken
+    # tokenizer). The model itself is always ours: config.json is only read.
+    trust_remote_code: bool = False
     # CUDA graphs for decode-only steps (off: every step runs eagerly).
     enforce_eager: bool = False
     # Largest decode batch captured in a CUDA graph (None: min(max_num_seqs, 512)).

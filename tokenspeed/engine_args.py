@@ -19,6 +19,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                             f"random weights ({presets_help()}; the bare lower-case name works too) "
                             f"(default: the embedded tiny model)")
     group.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
+    group.add_argument("--trust-remote-code", action="store_true",
+                       help="run the checkpoint's own tokenizer code (e.g. Kimi-K2's); the model is always ours")
     group.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16; auto: fp32 on CPU, the checkpoint's half type on GPU "
                             "(default: %(default)s)")
     group.add_argument("--device", default="auto", help="auto | cpu | cuda; auto picks cuda when there is one (default: %(default)s)")
@@ -97,6 +99,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model,
         tokenizer=args.tokenizer,
+        trust_remote_code=args.trust_remote_code,
         dtype=args.dtype,
         device=args.device,
         max_model_len=args.max_model_len,

@@ -107,7 +107,8 @@ class AsyncEngine:
         tokenizer_source = self.config.tokenizer or self.model_folder
         tokenizer = None
         if not self.config.skip_tokenizer_init:  # loads while the child loads the model
-            tokenizer = asyncio.ensure_future(asyncio.to_thread(load_tokenizer, tokenizer_source))
+            loading = asyncio.to_thread(load_tokenizer, tokenizer_source, self.config.trust_remote_code)
+            tokenizer = asyncio.ensure_future(loading)
         try:
             ready = await self._client.start()
             self.tokenizer = await tokenizer if tokenizer is not None else None

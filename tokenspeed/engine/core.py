@@ -197,7 +197,7 @@ class EngineCore:
         from tokenspeed.engine.llm import load_tokenizer
 
         source = self.config.tokenizer or self.model_folder
-        return None if source is None else load_tokenizer(source)
+        return None if source is None else load_tokenizer(source, self.config.trust_remote_code)
 
     @property
     def speculation_stats(self) -> SpeculationStats | None:

@@ -59,6 +59,7 @@ class LLM:
         kv_cache_memory_bytes: int | None = None,
         gpu_memory_utilization: float = 0.9,
         skip_tokenizer_init: bool = False,
+        trust_remote_code: bool = False,
         enforce_eager: bool = False,
         cuda_graph_max_bs: int | None = None,
         disable_overlap: bool = False,
@@ -102,6 +103,7 @@ class LLM:
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             gpu_memory_utilization=gpu_memory_utilization,
             skip_tokenizer_init=skip_tokenizer_init,
+            trust_remote_code=trust_remote_code,
             enforce_eager=enforce_eager,
             cuda_graph_max_bs=cuda_graph_max_bs,
             disable_overlap=disable_overlap,
@@ -128,7 +130,7 @@ class LLM:
         self.core = EngineCore(config, progress=show_progress)
         folder = self.core.model_folder
         assert folder is not None  # the core built its own executor from the model's folder
-        self.tokenizer = None if skip_tokenizer_init else load_tokenizer(tokenizer or folder)
+        self.tokenizer = None if skip_tokenizer_init else load_tokenizer(tokenizer or folder, trust_remote_code)
         self.eos_token_ids = eos_token_ids(folder, ModelConfig.from_pretrained(folder), self.tokenizer)
         self._ids = itertools.count()
         self._chat_guard: ControlTokenGuard | None = None

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tokenspeed.errors import ModelNotFound
+from tokenspeed.errors import ModelNotFound, ModelNotSupported
 
 
 def resolve_model_folder(model: str | None) -> Path:
@@ -96,19 +96,31 @@ if not any(isinstance(f, _TokenizerConfigNoise) for f in _config_logger.filters)
     _config_logger.addFilter(_TokenizerConfigNoise())
 
 
-def load_tokenizer(source: str | Path) -> Any:
+def load_tokenizer(source: str | Path, trust_remote_code: bool = False) -> Any:
     """The checkpoint's tokenizer, with no length limit of its own.
 
     Prompt length is checked against `max_model_len` at admission, with a
     clear error; the tokenizer's `model_max_length` would only add
     transformers' "Token indices sequence length is longer..." warning first.
+    A tokenizer that is the checkpoint's own code (Kimi-K2's) runs only with
+    `trust_remote_code`; the flag is always passed as a bool, because left
+    unset transformers asks on the terminal and waits for an answer.
     """
     from transformers import AutoTokenizer
 
     thread = threading.get_ident()
     _TOKENIZER_THREADS.add(thread)
     try:
-        return AutoTokenizer.from_pretrained(str(source), model_max_length=sys.maxsize)
+        return AutoTokenizer.from_pretrained(
+            str(source), model_max_length=sys.maxsize, trust_remote_code=trust_remote_code
+        )
+    except ValueError as exc:
+        if trust_remote_code or "trust_remote_code" not in str(exc):
+            raise
+        raise ModelNotSupported(
+            f"the tokenizer of {source} is the checkpoint's own code (tokenizer_config.json's auto_map); "
+            "to run it, pass --trust-remote-code (LLM(trust_remote_code=True))"
+        ) from None
     finally:
         _TOKENIZER_THREADS.discard(thread)
 
