@@ -277,8 +277,7 @@ def bench_decode_attention(
                                           **kw))  # fmt: skip
 
     def fraction(case: dict[str, Any], cache: str, t: float) -> float:
-        per_element = 1 if cache == "fp8" else case["bf16"][0].element_size()
-        return round(case["cached_elements"] * per_element / t / 1e3 / copy_gb_s, 3)
+        return round(case["cached_elements"] * case[cache][0].element_size() / t / 1e3 / copy_gb_s, 3)
 
     case = _decode_case(dev, shape, shape["batch"])
     bf16_us, fp8_us = us(case, "bf16"), us(case, "fp8")
