@@ -37,6 +37,8 @@ def test_fp8_benchmark_smoke_writes_all_sections(tmp_path: Path) -> None:
     assert metrics["gemm"]["qkv"]["2"]["selected"] == "triton_gemv"  # 2-16 tokens: the skinny GEMM
     assert metrics["gemm"]["qkv"]["20"]["selected"] == "scaled_mm"
     assert set(metrics["gemv"]) == {"qkv", "down"} and metrics["gemv"]["qkv"]["config"].startswith("Fp8GemvConfig")
+    sweep = metrics["decode_attention"]["split_sweep"]["batch 2"]  # the smoke shape's 2 rows, 1 to 4 splits
+    assert set(sweep["bw_fraction_by_splits"]) == {"1", "2", "4"} and sweep["default_splits"] == 1
     assert metrics["moe"]["by_tokens"]["1"]["operands"] == "w8a16"
     assert metrics["moe"]["by_tokens"]["1"]["tiles"].startswith("TileConfig")
     assert out.with_suffix(".md").exists()
