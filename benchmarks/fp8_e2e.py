@@ -232,6 +232,11 @@ def steady_decode(llm: Any, batch: int, prompt_len: int, steps: int, profile_pat
     return step_s
 
 
+def tuned_picks(chosen: dict[Any, Any], label: str, name: Any = repr) -> dict[str, Any]:
+    """A launch tuner's picks (`LaunchTuner.chosen()`) for the JSON: per key, the pick and every candidate's time."""
+    return {name(key): {label: repr(choice.config), "timed_us": choice.timings_us} for key, choice in chosen.items()}
+
+
 def write_kernel_table(prof: Any, steps: int, title: str, path: Path) -> None:
     on_gpu = torch.cuda.is_available()
     rows = [(e.key, e.count / steps, (e.device_time_total if on_gpu else e.self_cpu_time_total) / steps)
@@ -259,8 +264,7 @@ def qwen3_moe(args: argparse.Namespace, models: dict[str, str]) -> None:
     # The experts' decode tiles are timed on first use, per process (`experts_fp8_triton`): keep the picks.
     from tokenspeed.kernels.moe.experts_fp8_triton import tuned_decode_tiles
 
-    out["decode_tiles"] = {f"tokens={key[0]}": {"tiles": repr(choice.config), "timed_us": choice.timings_us}
-                           for key, choice in tuned_decode_tiles().items()}
+    out["decode_tiles"] = tuned_picks(tuned_decode_tiles(), "tiles", lambda key: f"tokens={key[0]}")
     weights = decode_weight_bytes(llm.core.executor.model)
     roofline = (weights + kv_bytes_per_token(llm) * (prompt_len + new_tokens // 2)) / (
         RESULTS["copy_bandwidth_gb_s"] * 1e9)
@@ -299,10 +303,8 @@ def kv_long(args: argparse.Namespace, models: dict[str, str]) -> None:
     from tokenspeed.kernels.attention.decode_triton import tuned_fp8_launches
     from tokenspeed.kernels.gemm.fp8_skinny_triton import tuned_skinny_shapes
 
-    out["fp8_attention_launches"] = {repr(key): {"launch": repr(choice.config), "timed_us": choice.timings_us}
-                                     for key, choice in tuned_fp8_launches().items()}
-    out["fp8_skinny_launches"] = {repr(key): {"launch": repr(choice.config), "timed_us": choice.timings_us}
-                                  for key, choice in tuned_skinny_shapes().items()}
+    out["fp8_attention_launches"] = tuned_picks(tuned_fp8_launches(), "launch")
+    out["fp8_skinny_launches"] = tuned_picks(tuned_skinny_shapes(), "launch")
     out["bf16_over_fp8_tpot"] = round(out["bf16"]["tpot_ms"] / out["fp8"]["tpot_ms"], 3)
     out["fp8_over_bf16_pages"] = round(out["fp8"]["kv_pages"] / out["bf16"]["kv_pages"], 3)
 

@@ -4,10 +4,9 @@ A split-K GEMM (`gemm/fp8_skinny_triton.py`) splits one output over several
 programs (so may a split-KV decode: commit e26eafa, reverted until measured
 on a GPU). Rather than a second kernel that merges their partials, each
 program stores its partial, then counts its arrival on the output's counter
-(an acq_rel atomic);
-the program that arrives last merges the partials in split order (so the
-result does not depend on which came last), writes the output and sets the
-counter back to zero for the next launch.
+(an acq_rel atomic); the program that arrives last merges the partials in
+split order (so the result does not depend on which came last), writes the
+output and sets the counter back to zero for the next launch.
 
 One buffer per device, shared by every such launch: launches on one device
 run one after another (the engine's single compute stream; with programmatic
