@@ -1,8 +1,7 @@
 """FP8 in the engine on the GPU (issue 16): FP8 weights, the FP8 KV cache, the presets.
 
 * Off switch: FP8 weights through the fast kernels (GEMV at one token, the
-  skinny GEMM at 2-16 with or without the decode layer's fused forms (or,
-  `TOKENSPEED_FP8_SKINNY=0`, the GEMMs), cuBLAS /
+  skinny GEMM at 2-16 (or, `TOKENSPEED_FP8_SKINNY=0`, the GEMMs), cuBLAS /
   Triton block-scaled GEMMs above, Triton fused MoE) and through
   the references (`--kernel gemm.fp8=reference --kernel moe.experts_fp8=reference`,
   weights dequantised on the fly) give the same greedy tokens on the trained
@@ -90,16 +89,11 @@ def _assert_only_near_ties_part(fast: list[list[int]], reference: list[Completio
             f"{what}, prompt {i}: token {got[split]} at {split} is not a near-tie of the reference's {top}")
 
 
-@pytest.mark.parametrize(("skinny", "fused"), [("1", "1"), ("1", "0"), ("0", "1")],
-                         ids=["skinny", "skinny-unfused", "skinny-off"])  # fmt: skip
+@pytest.mark.parametrize("skinny", ["1", "0"], ids=["skinny", "skinny-off"])
 @pytest.mark.parametrize("name", ["embedded", "embedded-moe"])
-def test_online_fp8_fast_kernels_and_references_agree(
-    name: str, skinny: str, fused: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Four prompts decode together: 2-16 token steps take the skinny GEMM with the decode layer's fused
-    forms, or without them (`TOKENSPEED_FP8_SKINNY_FUSED=0`), or (switched off) the FP8 GEMMs."""
+def test_online_fp8_fast_kernels_and_references_agree(name: str, skinny: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four prompts decode together: 2-16 token steps take the skinny GEMM, or (switched off) the FP8 GEMMs."""
     monkeypatch.setenv("TOKENSPEED_FP8_SKINNY", skinny)
-    monkeypatch.setenv("TOKENSPEED_FP8_SKINNY_FUSED", fused)
     folder = embedded_model_path(name)
     prompts = _prompts(folder)
     fast = _tokens(folder, prompts, quantization="fp8")

@@ -27,7 +27,6 @@ them to the Triton GEMM silently, so the test says it).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 import torch
@@ -190,41 +189,6 @@ def test_every_skinny_launch_shape_is_correct(m: int, block_size: tuple[int, int
     graph, out = capture_cuda_graph(lambda: fp8_gemv_triton(x, w8, scale, block_size=block_size))
     graph.replay()
     assert _rel_err(out, want) < GEMM_TOL  # the chosen shape, replayed from a graph, bf16 output
-
-
-@pytest.mark.parametrize("m", [4, 16])
-@pytest.mark.parametrize(
-    ("form", "n", "k"),
-    [("qkv+norm", 6144, 4096), ("gate_up+norm+silu", 28672, 4096), ("o+residual", 4096, 4096),
-     ("down+residual", 4096, 14336)],
-)
-def test_skinny_fused_decode_forms_at_llama_shapes(m: int, form: str, n: int, k: int) -> None:
-    """The decode layer's fused forms in the skinny GEMM, at every candidate its tuner may pick, against
-    the unfused path (RMSNorm, the plain skinny GEMM, SiLU-and-mul, residual add in bf16)."""
-    from tokenspeed.kernels.activation.reference import silu_and_mul_reference
-    from tokenspeed.kernels.gemm.fp8_skinny_triton import skinny_candidates
-    from tokenspeed.kernels.norm.rms_reference import rms_norm_reference
-
-    gen = torch.Generator(device="cuda").manual_seed(n + m)
-    w8, scale = _weight(n, k, WEIGHT_BLOCK, seed=n + k)
-    x = torch.randn(m, k, device="cuda", generator=gen).to(BF16)
-    norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).to(BF16)
-    silu = "silu" in form
-    res = torch.randn(m, n // 2 if silu else n, device="cuda", generator=gen).to(BF16)
-    fused: dict[str, Any] = {"silu_mul": silu}
-    inp = x
-    if "norm" in form:
-        fused |= {"norm_weight": norm_w, "eps": 1e-5}
-        inp = rms_norm_reference(x, norm_w, 1e-5)
-    if "residual" in form:
-        fused["residual"] = res
-    want = fp8_gemv_triton(inp, w8, scale, block_size=WEIGHT_BLOCK, config=skinny_candidates(())[0])
-    want = silu_and_mul_reference(want) if silu else want
-    want = (want.float() + res.float()).to(BF16) if "residual" in form else want
-    for config in skinny_candidates(()):
-        got = fp8_gemv_triton(x, w8, scale, block_size=WEIGHT_BLOCK, config=config, **fused)
-        assert got.shape == want.shape and _rel_err(got, want) < GEMM_TOL, config
-    assert arrival_counters.all_at_rest()
 
 
 def test_launch_tuner_picks_the_fastest_and_never_times_inside_a_capture() -> None:

@@ -7,8 +7,8 @@ extra launch, and more accurate than the tensor-core GEMM). As in
 `[BLOCK_N, 128 * GROUPS]` steps and writes finished outputs (no split-K, no
 second kernel). Each program serves one token (grid axis 1); 2-16 tokens
 take the tensor-core skinny GEMM (`fp8_skinny_triton.py`), which streams the
-weights once for all of them, with the same fused forms, and more tokens the
-FP8 GEMMs (`FP8_GEMV_MAX_TOKENS`).
+weights once for all of them, and more tokens the FP8 GEMMs
+(`FP8_GEMV_MAX_TOKENS`). The fused forms below are the one-token kernel's.
 
 Where the time goes: an fp8 byte is one weight, so this kernel does twice
 the arithmetic per byte of the bf16 GEMV, and at the H200's ~17 bytes per
@@ -88,7 +88,7 @@ from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
 from tokenspeed.kernels.gemm.fp8_skinny_triton import SKINNY_BLOCK_M, SkinnyConfig, fp8_skinny_gemm
-from tokenspeed.kernels.gemm.gemv_triton import load_rows, round_like_unfused
+from tokenspeed.kernels.gemm.gemv_triton import load_rows
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, WEIGHT_BLOCK, BlockSize
 from tokenspeed.kernels.registry import Band, register_kernel
@@ -150,6 +150,19 @@ def _load_x(x_row, offs, mask, norm_w_ptr, rstd, HAS_NORM: tl.constexpr):
         normed = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
         x = (nw * normed).to(x.dtype)
     return x
+
+
+@triton.jit
+def _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL: tl.constexpr):
+    """The GEMM output (and with SILU_MUL, silu(gate) * up) rounded step by step to the activation dtype,
+    as the unfused path rounds it (GEMM output, activation, product), back in fp32 for the residual add."""
+    act_dtype = x_ptr.dtype.element_ty
+    acc = acc.to(act_dtype).to(tl.float32)
+    if SILU_MUL:
+        up = acc_up.to(act_dtype).to(tl.float32)
+        gate = (acc / (1.0 + tl.exp(-acc))).to(act_dtype).to(tl.float32)
+        acc = (gate * up).to(act_dtype).to(tl.float32)
+    return acc
 
 
 @triton.jit
@@ -298,7 +311,7 @@ def _fp8_gemv_kernel(
         if SILU_MUL:
             acc_up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     if SILU_MUL or HAS_RESIDUAL:
-        acc = round_like_unfused(acc, acc_up, x_ptr, SILU_MUL)
+        acc = _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL)
         if HAS_RESIDUAL:
             acc += tl.load(res_ptr + token.to(tl.int64) * stride_rm + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
@@ -339,9 +352,9 @@ def fp8_gemv_triton(
     The decode layer's fused forms, as in the bf16 GEMV (`gemv_triton.py`): `norm_weight` applies
     RMSNorm to x first, `silu_mul` treats the weight as `[2N, K]` gate then up rows and returns
     silu(gate) * up `[..., N]` (`fits_silu_mul` says which block scales allow it), `residual` is
-    added to the result. `config` None: 2-16 tokens take the skinny GEMM (`fp8_skinny_triton.py`),
-    one token the one-token kernel at `choose_config`'s launch shape; a `SkinnyConfig` forces the
-    skinny GEMM, an `Fp8GemvConfig` the one-token kernel (a program per token).
+    added to the result. `config` None: 2-16 tokens without fused forms take the skinny GEMM
+    (`fp8_skinny_triton.py`), anything else the one-token kernel at `choose_config`'s launch shape;
+    a `SkinnyConfig` forces the skinny GEMM, an `Fp8GemvConfig` the one-token kernel.
     """
     n, k = check_fp8_gemm_args(x, weight, weight_scale, block_size)
     if weight.stride(-1) != 1:
@@ -360,9 +373,11 @@ def fp8_gemv_triton(
         return out.view(*x.shape[:-1], n)
     res = None if residual is None else residual.reshape(-1, n)
     scales = weight_scale.contiguous()
-    if isinstance(config, SkinnyConfig) or (config is None and 1 < m <= SKINNY_BLOCK_M):
-        fp8_skinny_gemm(x2, weight, scales, out, block_size=block_size, bias=bias, config=config,
-                        norm_weight=norm_weight, eps=eps, residual=res, silu_mul=silu_mul)  # fmt: skip
+    fused = norm_weight is not None or res is not None or silu_mul
+    if isinstance(config, SkinnyConfig) or (config is None and 1 < m <= SKINNY_BLOCK_M and not fused):
+        if fused:
+            raise ValueError("the skinny GEMM has no fused forms (norm, residual, silu_mul)")
+        fp8_skinny_gemm(x2, weight, scales, out, block_size=block_size, bias=bias, config=config)
         return out.view(*x.shape[:-1], n)
 
     config = config or choose_config(k)

@@ -4,8 +4,7 @@ Llama-3.1-8B's projections (K 4096 and 14336) with 128 x 128 weight blocks:
 the activation quantiser, the tensor-core GEMM at both tile shapes
 `fp8_gemm_triton.choose_tiles` picks, the one-token GEMV at every
 launch shape of `fp8_gemv_triton.launch_shapes`, and the 2-16 token skinny
-GEMM at every shape of `fp8_skinny_triton.skinny_shapes`, and in the decode
-layer's fused forms at its tuner's candidates.
+GEMM at every shape of `fp8_skinny_triton.skinny_shapes`.
 """
 
 from __future__ import annotations
@@ -58,23 +57,20 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
                 pointers={"w_ptr": FP8, "ws_ptr": "fp32"},
                 num_warps=cfg.num_warps,
             )
-    # The skinny GEMM (2-16 tokens): plain at down_proj's shape, block and per-channel scales, every launch
-    # shape; and in the decode layer's forms above at the shapes its tuner may pick.
-    plain = dict(HAS_NORM=False, HAS_RESIDUAL=False, SILU_MUL=False)
-    cases = [("plain", 4096, 14336, plain, cfg, row_scale) for cfg in fp8_skinny_triton.skinny_shapes()
-             for row_scale in (False, True)]  # fmt: skip
-    cases += [(form, n, k, fused, cfg, False) for form, n, k, fused in forms
-              for cfg in fp8_skinny_triton.skinny_candidates(())]  # fmt: skip
-    for form, n, k, fused, cfg, row_scale in cases:
-        constexprs = dict(N=n, K=k, SCALE_BN=1 if row_scale else 128, SCALE_BK=k if row_scale else 128)
-        constexprs |= dict(ROW_SCALE=row_scale, BLOCK_M=fp8_skinny_triton.SKINNY_BLOCK_M, BLOCK_N=cfg.block_n)
-        splits, k_split = fp8_skinny_triton.split_plan(k, cfg)
-        constexprs |= dict(GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages, EVEN=True, F16_DOTS=True)
-        constexprs |= dict(SPLIT_K=splits, K_SPLIT=k_split, HAS_BIAS=False, USE_PDL=True) | fused
-        yield KernelConfig(
-            f"gemm.fp8 skinny {form} n={n} k={k} row_scale={row_scale} {cfg}",
-            fp8_skinny_triton._fp8_skinny_kernel,
-            constexprs,
-            pointers={"w_ptr": FP8, "ws_ptr": "fp32", "part_ptr": "fp32", "count_ptr": "i32"},
-            num_warps=cfg.num_warps,
-        )
+    # The skinny GEMM (2-16 tokens) at down_proj's shape (the others differ only in N and K), block and
+    # per-channel scales; every launch shape.
+    n, k = 4096, 14336
+    for cfg in fp8_skinny_triton.skinny_shapes():
+        for row_scale in (False, True):
+            constexprs = dict(N=n, K=k, SCALE_BN=1 if row_scale else 128, SCALE_BK=k if row_scale else 128)
+            constexprs |= dict(ROW_SCALE=row_scale, BLOCK_M=fp8_skinny_triton.SKINNY_BLOCK_M, BLOCK_N=cfg.block_n)
+            splits, k_split = fp8_skinny_triton.split_plan(k, cfg)
+            constexprs |= dict(GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages, EVEN=True, F16_DOTS=True)
+            constexprs |= dict(SPLIT_K=splits, K_SPLIT=k_split, HAS_BIAS=False, USE_PDL=True)
+            yield KernelConfig(
+                f"gemm.fp8 skinny n={n} k={k} row_scale={row_scale} {cfg}",
+                fp8_skinny_triton._fp8_skinny_kernel,
+                constexprs,
+                pointers={"w_ptr": FP8, "ws_ptr": "fp32", "part_ptr": "fp32", "count_ptr": "i32"},
+                num_warps=cfg.num_warps,
+            )
