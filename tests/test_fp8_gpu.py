@@ -101,36 +101,6 @@ def test_online_fp8_fast_kernels_and_references_agree(name: str, skinny: str, mo
     _assert_only_near_ties_part(fast, reference, f"online {name}")
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_qkv_rope_fold_on_and_off_give_the_same_tokens(
-    kv_cache_dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One sequence at a time (one-token decode steps), online FP8 on a Llama of 128-dim heads: the QKV
-    kernel doing `rope_write`'s work (`kvstore/rope_store.py`) gives the separate kernels' tokens, bit for
-    bit, with it off (`TOKENSPEED_FP8_QKV_ROPE=0`)."""
-    from tests.checkpoints import make_checkpoint
-    from tests.checkpoints import prompts as token_prompts
-    from tokenspeed.layers.attention import GQAAttention
-
-    folder = make_checkpoint("llama", tmp_path / "llama", hidden_size=512, num_attention_heads=4,
-                             num_key_value_heads=2, intermediate_size=256)  # fmt: skip
-    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
-    tokens = {}
-    for switch in ("1", "0"):
-        monkeypatch.setenv("TOKENSPEED_FP8_QKV_ROPE", switch)
-        llm = LLM(str(folder), dtype="bfloat16", device="cuda", skip_tokenizer_init=True, show_progress=False,
-                  max_model_len=256, max_num_seqs=1, quantization="fp8", kv_cache_dtype=kv_cache_dtype)  # fmt: skip
-        model = llm.core.executor.model  # type: ignore[attr-defined]
-        folds = [m._folds_rope(1) for m in model.modules() if isinstance(m, GQAAttention)]
-        assert folds and all(f == (switch == "1") for f in folds)
-        outs = llm.generate([{"prompt_token_ids": p} for p in token_prompts(3)], params)
-        tokens[switch] = [o.outputs[0].token_ids for o in outs]
-        llm.shutdown()
-        del llm
-        free_cuda()
-    assert tokens["1"] == tokens["0"]
-
-
 @pytest.mark.parametrize("name", ["embedded", "embedded-moe"])
 def test_block_fp8_checkpoint_fast_kernels_and_references_agree(name: str, tmp_path: Path) -> None:
     source = embedded_model_path(name)

@@ -191,42 +191,6 @@ def test_every_skinny_launch_shape_is_correct(m: int, block_size: tuple[int, int
     assert _rel_err(out, want) < GEMM_TOL  # the chosen shape, replayed from a graph, bf16 output
 
 
-@pytest.mark.parametrize("cache", ["bf16", "fp8"])
-def test_qkv_rope_store_at_llama_shape_equals_gemv_then_rope_write(cache: str) -> None:
-    """Llama-3.1-8B's QKV (32 + 8 + 8 heads of 128) at one token: the GEMV doing `rope_write`'s work in its
-    epilogue (`kvstore/rope_store.py`) writes q and the K/V caches bit for bit as the GEMV then `rope_write`."""
-    from tokenspeed.kernels.kvstore.rope_store import RopeStore
-    from tokenspeed.kernels.kvstore.rope_write_triton import rope_write_triton
-    from tokenspeed.kernels.quant.fp8 import FP8_DTYPE
-
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    w8, scale = _weight(6144, 4096, WEIGHT_BLOCK, seed=6144)
-    x = torch.randn(1, 4096, device="cuda", generator=gen).to(BF16)
-    norm_w = (1 + 0.1 * torch.randn(4096, device="cuda", generator=gen)).to(BF16)
-    angles = torch.arange(4096, device="cuda")[:, None] * 500000.0 ** (-torch.arange(64, device="cuda") / 64)
-    cos, sin = angles.cos(), angles.sin()
-    positions, slots = torch.tensor([3000], device="cuda"), torch.tensor([777], device="cuda")
-    scales = {"k_scale": torch.full((8,), 0.03, device="cuda"), "v_scale": torch.full((8,), 0.02, device="cuda")}
-    scales = scales if cache == "fp8" else {}
-
-    def caches() -> tuple[torch.Tensor, torch.Tensor]:
-        fill = torch.zeros(64, 16, 8, 128, device="cuda", dtype=BF16)
-        return (fill.to(FP8_DTYPE), fill.to(FP8_DTYPE)) if cache == "fp8" else (fill, fill.clone())
-
-    qkv = fp8_gemv_triton(x, w8, scale, block_size=WEIGHT_BLOCK, norm_weight=norm_w, eps=1e-5)
-    q, k, v = qkv.split([4096, 1024, 1024], dim=-1)
-    k_want, v_want = caches()
-    q_want = rope_write_triton(q.reshape(1, 32, 128).clone(), k.reshape(1, 8, 128), v.reshape(1, 8, 128),
-                               positions, cos, sin, k_want, v_want, slots, **scales)  # fmt: skip
-    k_got, v_got = caches()
-    store = RopeStore(positions, cos, sin, k_got, v_got, slots, 32, 8, **scales)
-    q_got = fp8_gemv_triton(x, w8, scale, block_size=WEIGHT_BLOCK, norm_weight=norm_w, eps=1e-5, rope=store)
-    assert torch.equal(q_got, q_want)
-    assert torch.equal(k_got.view(torch.uint8), k_want.view(torch.uint8))
-    assert torch.equal(v_got.view(torch.uint8), v_want.view(torch.uint8))
-    assert k_got.view(torch.uint8)[777 // 16, 777 % 16].any()
-
-
 def test_launch_tuner_picks_the_fastest_and_never_times_inside_a_capture() -> None:
     a = torch.randn(2048, 2048, device="cuda", dtype=BF16)
 

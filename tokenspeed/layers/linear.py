@@ -30,7 +30,6 @@ from torch import nn
 
 from tokenspeed.kernels.gemm import DECODE_MAX_TOKENS, FP8_FUSED_DECODE_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_dispatch import Fp8GemmByBatch, select_fp8_gemm_by_batch
-from tokenspeed.kernels.kvstore.rope_store import RopeStore
 from tokenspeed.kernels.quant.fp8 import BlockSize
 from tokenspeed.kernels.registry import Band, platform_of, select_kernel
 from tokenspeed.layers.fp8_weights import load_scale_part, make_fp8_storage, quantize_in_place, weight_dtype
@@ -144,14 +143,13 @@ class Linear(nn.Module):
         eps: float = 0.0,
         residual: torch.Tensor | None = None,
         silu_mul: bool = False,
-        rope: RopeStore | None = None,
     ) -> torch.Tensor:
         """The FP8 GEMV with the decode layer's fused forms (see `fp8_gemv_triton`); fp8 layers only."""
         if self._fp8_gemm is None or self._decode_gemm is None:
             raise RuntimeError("no fused FP8 decode kernel was selected for this layer")
         return self._decode_gemm(
             x, self.weight, self.weight_scale_inv, block_size=self.fp8_block, bias=self.bias,
-            norm_weight=norm_weight, eps=eps, residual=residual, silu_mul=silu_mul, rope=rope,
+            norm_weight=norm_weight, eps=eps, residual=residual, silu_mul=silu_mul,
         )  # fmt: skip
 
     def extra_repr(self) -> str:

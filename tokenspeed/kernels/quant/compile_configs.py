@@ -20,12 +20,6 @@ from tokenspeed.kernels.triton_launch import next_power_of_2
 FP8 = "fp8e4nv"
 
 
-def _rope_pointers(fp8_cache: bool) -> dict[str, str]:
-    cache = FP8 if fp8_cache else "bf16"
-    return {"positions_ptr": "i64", "cos_ptr": "fp32", "sin_ptr": "fp32", "slot_ptr": "i64", "k_cache_ptr": cache,
-            "v_cache_ptr": cache, "k_scale_ptr": "fp32", "v_scale_ptr": "fp32"}  # fmt: skip
-
-
 def fp8_compile_configs() -> Iterator[KernelConfig]:
     yield KernelConfig(
         "quant.per_token_group",
@@ -46,19 +40,13 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
             multiple_of_16=("K",),
         )
     # The decode layer's forms at Llama-3.1-8B shapes: qkv (RMSNorm prologue), gate/up (RMSNorm and
-    # SiLU-and-mul over [2N, K]), o and down (residual epilogue); every launch shape. And qkv with RoPE and
-    # the K/V store in its epilogue (`kvstore/rope_store.py`), fp8 and bf16 caches, at its launch shape.
+    # SiLU-and-mul over [2N, K]), o and down (residual epilogue); every launch shape.
     forms = (("qkv", 6144, 4096, dict(HAS_NORM=True, HAS_RESIDUAL=False, SILU_MUL=False)),
              ("gate_up", 14336, 4096, dict(HAS_NORM=True, HAS_RESIDUAL=False, SILU_MUL=True)),
              ("o", 4096, 4096, dict(HAS_NORM=False, HAS_RESIDUAL=True, SILU_MUL=False)),
              ("down", 4096, 14336, dict(HAS_NORM=False, HAS_RESIDUAL=True, SILU_MUL=False)))
-    rope = dict(ROPE_HALF=64, NUM_Q_HEADS=32, NUM_KV_HEADS=8, PAGE_SIZE=16, HAS_KV_SCALE=True, KV_SCALE_STRIDE=1)
-    forms = tuple((form, n, k, fused | fp8_gemv_triton.NO_ROPE_STORE) for form, n, k, fused in forms)
-    qkv_rope = [("qkv+rope fp8_cache", 6144, 4096, forms[0][3] | rope | dict(FP8_CACHE=True)),
-                ("qkv+rope bf16_cache", 6144, 4096, forms[0][3] | rope | dict(FP8_CACHE=False, HAS_KV_SCALE=False))]
-    for form, n, k, fused in forms + tuple(qkv_rope):
-        shapes = fp8_gemv_triton.launch_shapes(k) if "rope" not in form else [fp8_gemv_triton.choose_config(k)]
-        for cfg in shapes:
+    for form, n, k, fused in forms:
+        for cfg in fp8_gemv_triton.launch_shapes(k):
             constexprs = dict(N=n, K=k, SCALE_BN=128, SCALE_BK=128, ROW_SCALE=False, BLOCK_N=cfg.block_n)
             constexprs |= dict(GROUP_K=GROUP_SIZE, STAGES=cfg.stages, HAS_BIAS=False, USE_PDL=True) | fused
             constexprs |= dict(SCALE_COLS=next_power_of_2(k // 128), GROUPS=cfg.groups, F16_MATH=cfg.f16_math, EVEN=True)
@@ -66,7 +54,7 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
                 f"gemm.fp8 triton_gemv {form} n={n} k={k} {cfg}",
                 fp8_gemv_triton._fp8_gemv_kernel,
                 constexprs,
-                pointers={"w_ptr": FP8, "ws_ptr": "fp32"} | (_rope_pointers(fused["FP8_CACHE"]) if "rope" in form else {}),
+                pointers={"w_ptr": FP8, "ws_ptr": "fp32"},
                 num_warps=cfg.num_warps,
             )
     # The skinny GEMM (2-16 tokens) at down_proj's shape (the others differ only in N and K), block and
