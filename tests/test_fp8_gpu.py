@@ -1,8 +1,7 @@
 """FP8 in the engine on the GPU (issue 16): FP8 weights, the FP8 KV cache, the presets.
 
 * Off switch: FP8 weights through the fast kernels (GEMV at one token, the
-  skinny GEMM at 2-16 with or without the decode layer's fused forms (or,
-  `TOKENSPEED_FP8_SKINNY=0`, the GEMMs), cuBLAS /
+  skinny GEMM at 2-16 (or, `TOKENSPEED_FP8_SKINNY=0`, the GEMMs), cuBLAS /
   Triton block-scaled GEMMs above, Triton fused MoE) and through
   the references (`--kernel gemm.fp8=reference --kernel moe.experts_fp8=reference`,
   weights dequantised on the fly) give the same greedy tokens on the trained
@@ -90,51 +89,16 @@ def _assert_only_near_ties_part(fast: list[list[int]], reference: list[Completio
             f"{what}, prompt {i}: token {got[split]} at {split} is not a near-tie of the reference's {top}")
 
 
-@pytest.mark.parametrize(("skinny", "fused"), [("1", "1"), ("1", "0"), ("0", "1")],
-                         ids=["skinny", "skinny-unfused", "skinny-off"])  # fmt: skip
+@pytest.mark.parametrize("skinny", ["1", "0"], ids=["skinny", "skinny-off"])
 @pytest.mark.parametrize("name", ["embedded", "embedded-moe"])
-def test_online_fp8_fast_kernels_and_references_agree(
-    name: str, skinny: str, fused: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Four prompts decode together: 2-16 token steps take the skinny GEMM with the decode layer's fused
-    forms, or without them (`TOKENSPEED_FP8_SKINNY_FUSED=0`), or (switched off) the FP8 GEMMs."""
+def test_online_fp8_fast_kernels_and_references_agree(name: str, skinny: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four prompts decode together: 2-16 token steps take the skinny GEMM, or (switched off) the FP8 GEMMs."""
     monkeypatch.setenv("TOKENSPEED_FP8_SKINNY", skinny)
-    monkeypatch.setenv("TOKENSPEED_FP8_SKINNY_FUSED", fused)
     folder = embedded_model_path(name)
     prompts = _prompts(folder)
     fast = _tokens(folder, prompts, quantization="fp8")
     reference = _outputs(folder, prompts, GREEDY_TOP2, quantization="fp8", kernel_overrides=REFERENCE_KERNELS)
     _assert_only_near_ties_part(fast, reference, f"online {name}")
-
-
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_qkv_rope_fold_on_and_off_give_the_same_tokens(
-    kv_cache_dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One sequence at a time (one-token decode steps), online FP8 on a Llama of 128-dim heads: the QKV
-    kernel doing `rope_write`'s work (`kvstore/rope_store.py`) gives the separate kernels' tokens, bit for
-    bit, with it off (`TOKENSPEED_FP8_QKV_ROPE=0`)."""
-    from tests.checkpoints import make_checkpoint
-    from tests.checkpoints import prompts as token_prompts
-    from tokenspeed.layers.attention import GQAAttention
-
-    folder = make_checkpoint("llama", tmp_path / "llama", hidden_size=512, num_attention_heads=4,
-                             num_key_value_heads=2, intermediate_size=256)  # fmt: skip
-    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
-    tokens = {}
-    for switch in ("1", "0"):
-        monkeypatch.setenv("TOKENSPEED_FP8_QKV_ROPE", switch)
-        llm = LLM(str(folder), dtype="bfloat16", device="cuda", skip_tokenizer_init=True, show_progress=False,
-                  max_model_len=256, max_num_seqs=1, quantization="fp8", kv_cache_dtype=kv_cache_dtype)  # fmt: skip
-        model = llm.core.executor.model  # type: ignore[attr-defined]
-        folds = [m._folds_rope(1) for m in model.modules() if isinstance(m, GQAAttention)]
-        assert folds and all(f == (switch == "1") for f in folds)
-        outs = llm.generate([{"prompt_token_ids": p} for p in token_prompts(3)], params)
-        tokens[switch] = [o.outputs[0].token_ids for o in outs]
-        llm.shutdown()
-        del llm
-        free_cuda()
-    assert tokens["1"] == tokens["0"]
 
 
 @pytest.mark.parametrize("name", ["embedded", "embedded-moe"])

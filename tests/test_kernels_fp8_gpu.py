@@ -27,7 +27,6 @@ them to the Triton GEMM silently, so the test says it).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 import torch
@@ -190,77 +189,6 @@ def test_every_skinny_launch_shape_is_correct(m: int, block_size: tuple[int, int
     graph, out = capture_cuda_graph(lambda: fp8_gemv_triton(x, w8, scale, block_size=block_size))
     graph.replay()
     assert _rel_err(out, want) < GEMM_TOL  # the chosen shape, replayed from a graph, bf16 output
-
-
-@pytest.mark.parametrize("m", [4, 16])
-@pytest.mark.parametrize(
-    ("form", "n", "k"),
-    [("qkv+norm", 6144, 4096), ("gate_up+norm+silu", 28672, 4096), ("o+residual", 4096, 4096),
-     ("down+residual", 4096, 14336)],
-)
-def test_skinny_fused_decode_forms_at_llama_shapes(m: int, form: str, n: int, k: int) -> None:
-    """The decode layer's fused forms in the skinny GEMM, at every candidate its tuner may pick, against
-    the unfused path (RMSNorm, the plain skinny GEMM, SiLU-and-mul, residual add in bf16)."""
-    from tokenspeed.kernels.activation.reference import silu_and_mul_reference
-    from tokenspeed.kernels.gemm.fp8_skinny_triton import skinny_candidates
-    from tokenspeed.kernels.norm.rms_reference import rms_norm_reference
-
-    gen = torch.Generator(device="cuda").manual_seed(n + m)
-    w8, scale = _weight(n, k, WEIGHT_BLOCK, seed=n + k)
-    x = torch.randn(m, k, device="cuda", generator=gen).to(BF16)
-    norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).to(BF16)
-    silu = "silu" in form
-    res = torch.randn(m, n // 2 if silu else n, device="cuda", generator=gen).to(BF16)
-    fused: dict[str, Any] = {"silu_mul": silu}
-    inp = x
-    if "norm" in form:
-        fused |= {"norm_weight": norm_w, "eps": 1e-5}
-        inp = rms_norm_reference(x, norm_w, 1e-5)
-    if "residual" in form:
-        fused["residual"] = res
-    want = fp8_gemv_triton(inp, w8, scale, block_size=WEIGHT_BLOCK, config=skinny_candidates(())[0])
-    want = silu_and_mul_reference(want) if silu else want
-    want = (want.float() + res.float()).to(BF16) if "residual" in form else want
-    for config in skinny_candidates(()):
-        got = fp8_gemv_triton(x, w8, scale, block_size=WEIGHT_BLOCK, config=config, **fused)
-        assert got.shape == want.shape and _rel_err(got, want) < GEMM_TOL, config
-    assert arrival_counters.all_at_rest()
-
-
-@pytest.mark.parametrize("cache", ["bf16", "fp8"])
-def test_qkv_rope_store_at_llama_shape_equals_gemv_then_rope_write(cache: str) -> None:
-    """Llama-3.1-8B's QKV (32 + 8 + 8 heads of 128) at one token: the GEMV doing `rope_write`'s work in its
-    epilogue (`kvstore/rope_store.py`) writes q and the K/V caches bit for bit as the GEMV then `rope_write`."""
-    from tokenspeed.kernels.kvstore.rope_store import RopeStore
-    from tokenspeed.kernels.kvstore.rope_write_triton import rope_write_triton
-    from tokenspeed.kernels.quant.fp8 import FP8_DTYPE
-
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    w8, scale = _weight(6144, 4096, WEIGHT_BLOCK, seed=6144)
-    x = torch.randn(1, 4096, device="cuda", generator=gen).to(BF16)
-    norm_w = (1 + 0.1 * torch.randn(4096, device="cuda", generator=gen)).to(BF16)
-    angles = torch.arange(4096, device="cuda")[:, None] * 500000.0 ** (-torch.arange(64, device="cuda") / 64)
-    cos, sin = angles.cos(), angles.sin()
-    positions, slots = torch.tensor([3000], device="cuda"), torch.tensor([777], device="cuda")
-    scales = {"k_scale": torch.full((8,), 0.03, device="cuda"), "v_scale": torch.full((8,), 0.02, device="cuda")}
-    scales = scales if cache == "fp8" else {}
-
-    def caches() -> tuple[torch.Tensor, torch.Tensor]:
-        fill = torch.zeros(64, 16, 8, 128, device="cuda", dtype=BF16)
-        return (fill.to(FP8_DTYPE), fill.to(FP8_DTYPE)) if cache == "fp8" else (fill, fill.clone())
-
-    qkv = fp8_gemv_triton(x, w8, scale, block_size=WEIGHT_BLOCK, norm_weight=norm_w, eps=1e-5)
-    q, k, v = qkv.split([4096, 1024, 1024], dim=-1)
-    k_want, v_want = caches()
-    q_want = rope_write_triton(q.reshape(1, 32, 128).clone(), k.reshape(1, 8, 128), v.reshape(1, 8, 128),
-                               positions, cos, sin, k_want, v_want, slots, **scales)  # fmt: skip
-    k_got, v_got = caches()
-    store = RopeStore(positions, cos, sin, k_got, v_got, slots, 32, 8, **scales)
-    q_got = fp8_gemv_triton(x, w8, scale, block_size=WEIGHT_BLOCK, norm_weight=norm_w, eps=1e-5, rope=store)
-    assert torch.equal(q_got, q_want)
-    assert torch.equal(k_got.view(torch.uint8), k_want.view(torch.uint8))
-    assert torch.equal(v_got.view(torch.uint8), v_want.view(torch.uint8))
-    assert k_got.view(torch.uint8)[777 // 16, 777 % 16].any()
 
 
 def test_launch_tuner_picks_the_fastest_and_never_times_inside_a_capture() -> None:

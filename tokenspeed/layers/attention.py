@@ -11,10 +11,7 @@ that needs it.
 Where `kvstore.rope_write` has a fast kernel (Triton, on CUDA), the q/k norms,
 RoPE and the K/V store run as that one kernel before the backend attends; its
 REFERENCE (`--kernel kvstore.rope_write=reference`, and the CPU) keeps them
-separate kernels, each with its own switch. At one token with FP8 QKV
-weights, no q/k norms and every channel rotary, that work moves into the
-QKV GEMV's epilogue instead (`kernels/kvstore/rope_store.py`, off switch
-`TOKENSPEED_FP8_QKV_ROPE=0`).
+separate kernels, each with its own switch.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from tokenspeed.kernels.kvstore.rope_store import RopeStore, rope_store_enabled
 from tokenspeed.kernels.registry import Band, platform_of, select_kernel
 from tokenspeed.layers.attention_backend import PagedAttentionBackend
 from tokenspeed.layers.kv_scales import KVScales
@@ -111,14 +107,6 @@ class GQAAttention(nn.Module):
         kernel, so the result is the residual stream and no norm kernel runs.
         """
         tokens = hidden.shape[0]
-        k_scale, v_scale = self.kv_scales.for_cache(k_cache)
-        if input_norm is not None and self._folds_rope(tokens):
-            store = RopeStore(positions, self.rotary.cos_cache, self.rotary.sin_cache, k_cache, v_cache,
-                              attn.slot_mapping, self.num_heads, self.num_kv_heads, k_scale, v_scale)  # fmt: skip
-            q = self.qkv_proj.fp8_decode(hidden, norm_weight=input_norm.weight, eps=input_norm.eps, rope=store)
-            out = self.attention_backend.attend(q, k_cache, v_cache, attn, scale=self.scale,
-                                                sliding_window=self.sliding_window, k_scale=k_scale, v_scale=v_scale)
-            return self._project_out(out, tokens, residual)
         if input_norm is not None:
             qkv = self.qkv_proj.forward_decode(hidden, norm_weight=input_norm.weight, eps=input_norm.eps)
         else:
@@ -127,6 +115,7 @@ class GQAAttention(nn.Module):
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
+        k_scale, v_scale = self.kv_scales.for_cache(k_cache)
         if self.rope_write is not None:
             norms = {}
             if self.q_norm is not None and self.k_norm is not None:
@@ -145,21 +134,7 @@ class GQAAttention(nn.Module):
                 q, k, v, k_cache, v_cache, attn, scale=self.scale, sliding_window=self.sliding_window,
                 k_scale=k_scale, v_scale=v_scale,
             )
-        return self._project_out(out, tokens, residual)
-
-    def _project_out(self, out: torch.Tensor, tokens: int, residual: torch.Tensor | None) -> torch.Tensor:
         flat = out.reshape(tokens, self.num_heads * self.head_dim)
         if residual is not None:
             return self.o_proj.forward_decode(flat, residual=residual)
         return self.o_proj(flat)
-
-    def _folds_rope(self, tokens: int) -> bool:
-        """Whether the QKV kernel does `rope_write`'s work (`kernels/kvstore/rope_store.py`): one token, FP8
-        QKV weights on their fused GEMV, the fast `rope_write` selected, no q/k norms, every channel rotary,
-        and weight scale blocks that hold whole heads."""
-        qkv, block = self.qkv_proj, self.qkv_proj.fp8_block
-        return (
-            tokens == 1 and block is not None and qkv.decode_max_tokens >= 1 and self.rope_write is not None
-            and self.q_norm is None and self.rotary.rotary_dim == self.head_dim
-            and (block[1] >= qkv.in_features or block[0] % self.head_dim == 0) and rope_store_enabled()
-        )  # fmt: skip

@@ -16,9 +16,8 @@ with the most tokens that kernel serves (-1 when only the reference fits, so
 
 FP8 weights (`use_fp8`, see `fp8_weights.py`): the weight is e4m3 with
 `weight_scale_inv` per `fp8_block`, and every call goes through `gemm.fp8`
-(the GEMV side at 1-16 tokens, with the decode layer's fused forms, or the
-tensor-core GEMMs; the reference dequantises on the fly, which is the CPU
-path and the off switch).
+(the one-token GEMV or the tensor-core GEMMs by token count; the reference
+dequantises on the fly, which is the CPU path and the off switch).
 """
 
 from __future__ import annotations
@@ -29,13 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenspeed.kernels.gemm import DECODE_MAX_TOKENS
-from tokenspeed.kernels.gemm.fp8_dispatch import (
-    Fp8GemmByBatch,
-    fused_decode_max_tokens,
-    select_fp8_gemm_by_batch,
-)
-from tokenspeed.kernels.kvstore.rope_store import RopeStore
+from tokenspeed.kernels.gemm import DECODE_MAX_TOKENS, FP8_FUSED_DECODE_MAX_TOKENS
+from tokenspeed.kernels.gemm.fp8_dispatch import Fp8GemmByBatch, select_fp8_gemm_by_batch
 from tokenspeed.kernels.quant.fp8 import BlockSize
 from tokenspeed.kernels.registry import Band, platform_of, select_kernel
 from tokenspeed.layers.fp8_weights import load_scale_part, make_fp8_storage, quantize_in_place, weight_dtype
@@ -103,7 +97,7 @@ class Linear(nn.Module):
         # The fused decode forms go on in the FP8 GEMV, unless they are off (`--kernel gemm.decode=reference`).
         fused = self._fp8_gemm.fused_decode if self._decode_gemm is not None else None
         self._decode_gemm = fused
-        self._decode_max_tokens = fused_decode_max_tokens(self._fp8_gemm.max_small_tokens) if fused is not None else -1
+        self._decode_max_tokens = FP8_FUSED_DECODE_MAX_TOKENS if fused is not None else -1
 
     def drop_fp8(self, weight: torch.Tensor) -> None:
         """Back to a plain weight (a dequantised one, for layers that read the weight itself: MLA's kv_b_proj)."""
@@ -149,14 +143,13 @@ class Linear(nn.Module):
         eps: float = 0.0,
         residual: torch.Tensor | None = None,
         silu_mul: bool = False,
-        rope: RopeStore | None = None,
     ) -> torch.Tensor:
         """The FP8 GEMV with the decode layer's fused forms (see `fp8_gemv_triton`); fp8 layers only."""
         if self._fp8_gemm is None or self._decode_gemm is None:
             raise RuntimeError("no fused FP8 decode kernel was selected for this layer")
         return self._decode_gemm(
             x, self.weight, self.weight_scale_inv, block_size=self.fp8_block, bias=self.bias,
-            norm_weight=norm_weight, eps=eps, residual=residual, silu_mul=silu_mul, rope=rope,
+            norm_weight=norm_weight, eps=eps, residual=residual, silu_mul=silu_mul,
         )  # fmt: skip
 
     def extra_repr(self) -> str:

@@ -16,8 +16,7 @@ tensor-core GEMM (`fp8_skinny_triton.py`, built like the fp8 decode
 attention's loop; a first tensor-core GEMV of 2026-12-02 had run at 0.2 of
 the copy bandwidth, before that loop's lessons), more the block-scaled FP8
 GEMMs. `FP8_FUSED_DECODE_MAX_TOKENS` bounds the decode layer's fused forms
-(RMSNorm prologue, SiLU-and-mul, residual), which both the one-token kernel
-and the skinny GEMM have (`fp8_dispatch.fused_decode_max_tokens`).
+(RMSNorm prologue, SiLU-and-mul, residual), which only the one-token kernel has.
 """
 
 # Token counts the decode GEMV serves; beyond this cuBLAS's tiled GEMMs win.
@@ -26,5 +25,5 @@ DECODE_MAX_TOKENS = 1
 # Token counts the FP8 weight-streaming GEMV (`gemm.fp8` name "triton_gemv") serves; above
 # it the block-scaled FP8 tensor-core GEMMs do (see `gemm/fp8_dispatch.py`).
 FP8_GEMV_MAX_TOKENS = 16
-# Token counts of the decode layer's fused FP8 forms (norm prologue, SiLU-and-mul, residual): the GEMV side's.
-FP8_FUSED_DECODE_MAX_TOKENS = 16
+# Token counts of the decode layer's fused FP8 forms (norm prologue, SiLU-and-mul, residual): the one-token kernel's.
+FP8_FUSED_DECODE_MAX_TOKENS = 1

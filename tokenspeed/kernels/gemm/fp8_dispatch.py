@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenspeed.kernels.gemm import FP8_FUSED_DECODE_MAX_TOKENS, FP8_GEMV_MAX_TOKENS
+from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.quant.fp8 import WEIGHT_BLOCK, BlockSize
 from tokenspeed.kernels.registry import KernelSpec, select_kernel
 
@@ -70,15 +70,6 @@ def gemv_max_tokens() -> int:
     """Tokens the GEMV side serves: `FP8_GEMV_MAX_TOKENS`, or 1 with `TOKENSPEED_FP8_SKINNY=0` (the skinny
     GEMM's off switch: 2-16 tokens then take the FP8 GEMMs, as before it existed)."""
     return 1 if os.environ.get("TOKENSPEED_FP8_SKINNY", "1") == "0" else FP8_GEMV_MAX_TOKENS
-
-
-def fused_decode_max_tokens(max_small_tokens: int) -> int:
-    """Tokens the decode layer's fused FP8 forms serve: all of the small side's (the one-token GEMV and
-    the skinny GEMM both have them), or one with `TOKENSPEED_FP8_SKINNY_FUSED=0`, their off switch at 2-16
-    tokens (the norms, SiLU-and-mul and residual adds then run as kernels of their own)."""
-    if os.environ.get("TOKENSPEED_FP8_SKINNY_FUSED", "1") == "0":
-        return 1
-    return min(max_small_tokens, FP8_FUSED_DECODE_MAX_TOKENS)
 
 
 def select_fp8_gemm_by_batch(*, platform: str, dtype: torch.dtype) -> Fp8GemmByBatch:

@@ -7,8 +7,8 @@ extra launch, and more accurate than the tensor-core GEMM). As in
 `[BLOCK_N, 128 * GROUPS]` steps and writes finished outputs (no split-K, no
 second kernel). Each program serves one token (grid axis 1); 2-16 tokens
 take the tensor-core skinny GEMM (`fp8_skinny_triton.py`), which streams the
-weights once for all of them, with the same fused forms, and more tokens the
-FP8 GEMMs (`FP8_GEMV_MAX_TOKENS`).
+weights once for all of them, and more tokens the FP8 GEMMs
+(`FP8_GEMV_MAX_TOKENS`). The fused forms below are the one-token kernel's.
 
 Where the time goes: an fp8 byte is one weight, so this kernel does twice
 the arithmetic per byte of the bf16 GEMV, and at the H200's ~17 bytes per
@@ -66,15 +66,6 @@ program streams gate rows n and up rows n + N, each with its own row block's
 scales: `fits_silu_mul`) and a residual epilogue, rounded step by step as the
 unfused path.
 
-RoPE and the K/V store (`rope`, the QKV projection at one token,
-`kvstore/rope_store.py`): a program's BLOCK_N rows are then channels j ..
-j + BLOCK_N/2 of one head and their rotate-half partners j + HALF, so its
-epilogue can do `kvstore.rope_write`'s work for them (`rope_write_triton.
-rope_store_pairs`): q rotated into the output, k rotated and v stored in the
-paged caches. A row's sum does not depend on which rows share its program (the
-fp16 loop's scale factor is the row block's, a head's), so the results are
-bit for bit those of this kernel then `rope_write`.
-
 Launched with programmatic dependent launch on Hopper (`kernels/pdl.py`). As in
 `gemv_triton.py`, a program asks for its first weight step before it waits
 for the previous kernel (weights never depend on it); the later steps are
@@ -87,7 +78,6 @@ streams in about four.)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import triton
@@ -98,11 +88,9 @@ from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
 from tokenspeed.kernels.gemm.fp8_skinny_triton import SKINNY_BLOCK_M, SkinnyConfig, fp8_skinny_gemm
-from tokenspeed.kernels.gemm.gemv_triton import load_rows, round_like_unfused
-from tokenspeed.kernels.kvstore.rope_store import RopeStore
-from tokenspeed.kernels.kvstore.rope_write_triton import rope_store_pairs
+from tokenspeed.kernels.gemm.gemv_triton import load_rows
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
-from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, GROUP_SIZE, WEIGHT_BLOCK, BlockSize, kv_scale_args
+from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, WEIGHT_BLOCK, BlockSize
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -165,6 +153,19 @@ def _load_x(x_row, offs, mask, norm_w_ptr, rstd, HAS_NORM: tl.constexpr):
 
 
 @triton.jit
+def _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL: tl.constexpr):
+    """The GEMM output (and with SILU_MUL, silu(gate) * up) rounded step by step to the activation dtype,
+    as the unfused path rounds it (GEMM output, activation, product), back in fp32 for the residual add."""
+    act_dtype = x_ptr.dtype.element_ty
+    acc = acc.to(act_dtype).to(tl.float32)
+    if SILU_MUL:
+        up = acc_up.to(act_dtype).to(tl.float32)
+        gate = (acc / (1.0 + tl.exp(-acc))).to(act_dtype).to(tl.float32)
+        acc = (gate * up).to(act_dtype).to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _step_x(x_row, k0, x_cols, offs_g, norm_w_ptr, rstd, f, scale_row, up_scale_row, K: tl.constexpr,
             GROUP_K: tl.constexpr, SCALE_BK: tl.constexpr, BLOCK_K: tl.constexpr, ROW_SCALE: tl.constexpr,
             HAS_NORM: tl.constexpr, SILU_MUL: tl.constexpr):
@@ -200,24 +201,12 @@ def _fp8_gemv_kernel(
     norm_w_ptr,
     res_ptr,
     out_ptr,
-    positions_ptr,
-    cos_ptr,
-    sin_ptr,
-    slot_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
     eps,
     stride_xm,
     stride_wn,
     stride_wsn,
     stride_rm,
     stride_om,
-    stride_cos,
-    stride_cp,
-    stride_cs,
-    stride_ch,
     N: tl.constexpr,
     K: tl.constexpr,
     SCALE_BN: tl.constexpr,
@@ -234,13 +223,6 @@ def _fp8_gemv_kernel(
     HAS_NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     SILU_MUL: tl.constexpr,
-    ROPE_HALF: tl.constexpr,
-    NUM_Q_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    FP8_CACHE: tl.constexpr,
-    HAS_KV_SCALE: tl.constexpr,
-    KV_SCALE_STRIDE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     BLOCK_K: tl.constexpr = GROUPS * GROUP_K
@@ -248,16 +230,7 @@ def _fp8_gemv_kernel(
     scales_per_row = (K + SCALE_BK - 1) // SCALE_BK
     pid_n = tl.program_id(0)
     token = tl.program_id(1)
-    if ROPE_HALF > 0:  # RoPE and the K/V store in the epilogue: rows j .. j + PAIRS and their partners + HALF
-        PAIRS: tl.constexpr = BLOCK_N // 2
-        head = pid_n // (ROPE_HALF // PAIRS)
-        j0 = (pid_n % (ROPE_HALF // PAIRS)) * PAIRS
-        row0 = head * 2 * ROPE_HALF + j0
-        lane = tl.arange(0, BLOCK_N)
-        offs_n = row0 + lane % PAIRS + (lane // PAIRS) * ROPE_HALF
-    else:
-        row0 = pid_n * BLOCK_N
-        offs_n = row0 + tl.arange(0, BLOCK_N)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     offs_g = tl.arange(0, GROUPS)
     n_mask = offs_n < N
@@ -275,8 +248,8 @@ def _fp8_gemv_kernel(
         gdc_launch_dependents()
     x_row = x_ptr + token.to(tl.int64) * stride_xm
     x_cols = offs_g[:, None] * GROUP_K + tl.arange(0, GROUP_K)[None, :]  # [GROUPS, GROUP_K] of a step
-    scale_row = ws_ptr + (row0 // SCALE_BN) * stride_wsn  # the program's row block
-    up_scale_row = ws_ptr + ((row0 + N) // SCALE_BN) * stride_wsn
+    scale_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn  # the program's row block
+    up_scale_row = ws_ptr + ((pid_n * BLOCK_N + N) // SCALE_BN) * stride_wsn
     rstd = 0.0
     x_peak = 0.0
     if HAS_NORM or F16_MATH:  # one pass over x (K values from L2): the row's RMS and its largest magnitude
@@ -338,16 +311,10 @@ def _fp8_gemv_kernel(
         if SILU_MUL:
             acc_up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     if SILU_MUL or HAS_RESIDUAL:
-        acc = round_like_unfused(acc, acc_up, x_ptr, SILU_MUL)
+        acc = _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL)
         if HAS_RESIDUAL:
             acc += tl.load(res_ptr + token.to(tl.int64) * stride_rm + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    if ROPE_HALF > 0:
-        rope_store_pairs(acc, token, head, j0, out_ptr + token.to(tl.int64) * stride_om, positions_ptr, cos_ptr,
-                         sin_ptr, stride_cos, slot_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, stride_cp,
-                         stride_cs, stride_ch, NUM_Q_HEADS, NUM_KV_HEADS, ROPE_HALF, PAIRS, PAGE_SIZE, FP8_CACHE,
-                         HAS_KV_SCALE, KV_SCALE_STRIDE)  # fmt: skip
-    else:
-        tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+    tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 def _fitting_block_n(block_n: int, scale_bn: int, row_scale: bool) -> int:
@@ -379,19 +346,15 @@ def fp8_gemv_triton(
     eps: float = 0.0,
     residual: torch.Tensor | None = None,
     silu_mul: bool = False,
-    rope: RopeStore | None = None,
 ) -> torch.Tensor:
     """x `[..., K]` @ dequantised(weight)^T (+ bias) -> `[..., N]`; see `fp8_reference.fp8_gemm_reference`.
 
     The decode layer's fused forms, as in the bf16 GEMV (`gemv_triton.py`): `norm_weight` applies
     RMSNorm to x first, `silu_mul` treats the weight as `[2N, K]` gate then up rows and returns
     silu(gate) * up `[..., N]` (`fits_silu_mul` says which block scales allow it), `residual` is
-    added to the result. `rope` (a fused QKV weight, one-token kernel): the epilogue does
-    `kvstore.rope_write`'s work (`kvstore/rope_store.py`) and the result is the rotated q
-    `[tokens, heads, head_dim]`; k and v go only to the caches. `config` None: 2-16 tokens take the
-    skinny GEMM (`fp8_skinny_triton.py`) unless `rope` is given, anything else the one-token kernel at
-    `choose_config`'s launch shape; a `SkinnyConfig` forces the skinny GEMM, an `Fp8GemvConfig` the
-    one-token kernel (a program per token).
+    added to the result. `config` None: 2-16 tokens without fused forms take the skinny GEMM
+    (`fp8_skinny_triton.py`), anything else the one-token kernel at `choose_config`'s launch shape;
+    a `SkinnyConfig` forces the skinny GEMM, an `Fp8GemvConfig` the one-token kernel.
     """
     n, k = check_fp8_gemm_args(x, weight, weight_scale, block_size)
     if weight.stride(-1) != 1:
@@ -405,71 +368,31 @@ def fp8_gemv_triton(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    out_n = n if rope is None else rope.num_q_heads * rope.head_dim
-    out = torch.empty(m, out_n, dtype=out_dtype or x.dtype, device=x.device)
+    out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
     if m == 0 or n == 0:
-        return out.view(*x.shape[:-1], out_n) if rope is None else out.view(m, rope.num_q_heads, rope.head_dim)
+        return out.view(*x.shape[:-1], n)
     res = None if residual is None else residual.reshape(-1, n)
     scales = weight_scale.contiguous()
-    if isinstance(config, SkinnyConfig) or (config is None and 1 < m <= SKINNY_BLOCK_M and rope is None):
-        if rope is not None:
-            raise ValueError("rope goes with the one-token kernel, not the skinny GEMM")
-        fp8_skinny_gemm(x2, weight, scales, out, block_size=block_size, bias=bias, config=config,
-                        norm_weight=norm_weight, eps=eps, residual=res, silu_mul=silu_mul)  # fmt: skip
+    fused = norm_weight is not None or res is not None or silu_mul
+    if isinstance(config, SkinnyConfig) or (config is None and 1 < m <= SKINNY_BLOCK_M and not fused):
+        if fused:
+            raise ValueError("the skinny GEMM has no fused forms (norm, residual, silu_mul)")
+        fp8_skinny_gemm(x2, weight, scales, out, block_size=block_size, bias=bias, config=config)
         return out.view(*x.shape[:-1], n)
 
     config = config or choose_config(k)
     block_n = _fitting_block_n(config.block_n, block_size[0], row_scale)
     block_k = config.groups * GROUP_SIZE
     f16_math = config.f16_math and x.dtype != torch.float32  # fp32 activations: exact products and sums
-    rope_pointers, rope_strides, rope_constexprs = _rope_store_args(
-        rope, out, n, block_n, block_size, row_scale, silu_mul or res is not None
-    )
     for_tensor(_fp8_gemv_kernel, x)[(triton.cdiv(n, block_n), m)](
         x2, weight, scales, bias if bias is not None else out,
-        norm_weight if norm_weight is not None else x2, res if res is not None else out, out,
-        *rope_pointers, eps,
+        norm_weight if norm_weight is not None else x2, res if res is not None else out, out, eps,
         x2.stride(0), weight.stride(0), scales.stride(0), res.stride(0) if res is not None else 0, out.stride(0),
-        *rope_strides,
         N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], SCALE_COLS=next_power_of_2(scales.shape[1]),
         ROW_SCALE=row_scale,
         BLOCK_N=block_n, GROUPS=config.groups, GROUP_K=GROUP_SIZE, STAGES=config.stages, F16_MATH=f16_math,
         EVEN=n % block_n == 0 and k % block_k == 0, HAS_BIAS=bias is not None,
-        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=res is not None, SILU_MUL=silu_mul, **rope_constexprs,
+        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=res is not None, SILU_MUL=silu_mul,
         num_warps=config.num_warps, **pdl_launch_options(pdl_enabled(x.device)),
     )  # fmt: skip
-    if rope is not None:
-        return out.view(m, rope.num_q_heads, rope.head_dim)
     return out.view(*x.shape[:-1], n)
-
-
-NO_ROPE_STORE = dict(ROPE_HALF=0, NUM_Q_HEADS=0, NUM_KV_HEADS=0, PAGE_SIZE=1, FP8_CACHE=False, HAS_KV_SCALE=False,
-                KV_SCALE_STRIDE=0)  # fmt: skip
-
-
-def _rope_store_args(
-    rope: RopeStore | None, out: torch.Tensor, n: int, block_n: int, block_size: BlockSize, row_scale: bool,
-    other_forms: bool,
-) -> tuple[list[Any], list[int], dict[str, Any]]:
-    """The kernel's RoPE-and-store arguments (pointers, strides, constexprs; `out` stands in for unused
-    pointers); raises where the fold does not apply."""
-    if rope is None:
-        return [out] * 8, [0] * 4, NO_ROPE_STORE
-    head_dim, half = rope.head_dim, rope.cos_cache.shape[-1]
-    if other_forms:
-        raise ValueError("rope goes with the QKV projection's form only (norm prologue, no silu_mul or residual)")
-    if 2 * half != head_dim or n != (rope.num_q_heads + 2 * rope.num_kv_heads) * head_dim:
-        raise ValueError(f"rope needs a fused QKV weight of fully rotary heads: {n} rows, head_dim {head_dim}, "
-                         f"rotary dim {2 * half}")  # fmt: skip
-    if half % (block_n // 2) or not (row_scale or block_size[0] % head_dim == 0):
-        raise ValueError(f"rope needs {block_n} rows a program within one head's scale block, got {block_size}")
-    k_cache, v_cache = rope.k_cache, rope.v_cache
-    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1 or rope.cos_cache.stride(-1) != 1:
-        raise ValueError("rope needs k and v caches of one layout, contiguous along head_dim")
-    k_scale, v_scale, has_scale, scale_stride = kv_scale_args(rope.k_scale, rope.v_scale, k_cache, rope.num_kv_heads)
-    pointers = [rope.positions, rope.cos_cache, rope.sin_cache, rope.slot_mapping, k_cache, v_cache, k_scale, v_scale]
-    strides = [rope.cos_cache.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)]
-    return pointers, strides, dict(
-        ROPE_HALF=half, NUM_Q_HEADS=rope.num_q_heads, NUM_KV_HEADS=rope.num_kv_heads, PAGE_SIZE=k_cache.shape[1],
-        FP8_CACHE=k_cache.dtype == FP8_DTYPE, HAS_KV_SCALE=has_scale, KV_SCALE_STRIDE=scale_stride,
-    )  # fmt: skip

@@ -24,22 +24,11 @@ spanning K, multiply the finished sum once). As the GEMV, a program asks
 for its first weight tile before it waits on the previous kernel (PDL), and
 the compiler pipelines the rest through shared memory (STAGES deep).
 
-The decode layer's fused forms, as the one-token GEMV has them (at 2-16
-tokens an FP8 layer otherwise ran two RMSNorm and one SiLU-and-mul kernel
-per layer, and each projection waited on one: 179 us of a 7.3 ms 4 x 32K
-step on an H200, `benchmarks/results/h200/fp8/2026-12-06/`): an RMSNorm
-prologue (each program recomputes its tokens' RMS over all of K, then
-normalises each K group on load), SiLU-and-mul (a program streams gate rows
-n and up rows n + N into two accumulators, each scaled by its own rows'
-scales) and a residual epilogue, rounded step by step as the unfused path
-(`gemv_triton.round_like_unfused`). `TOKENSPEED_FP8_SKINNY_FUSED=0` keeps
-2-16 tokens unfused (`fp8_dispatch.fused_decode_max_tokens`).
-
 Grid: BLOCK_N rows by `split_k` K ranges. Where a shape has too few row
 blocks to fill the GPU (o_proj at 4096 rows: 64 programs of 64 rows), its
 K is split: each program stores its fp32 partial, and the row block's last
-program to arrive sums the partials in split order (gate and up rows
-apart) and writes the output (`kernels/arrival_counters.py`); no second kernel. A step is `groups` K
+program to arrive sums the partials in split order and writes the output
+(`kernels/arrival_counters.py`); no second kernel. A step is `groups` K
 groups of 128 (each its own dot, so block scales stay exact), 8-16 KB of
 weights, three steps in flight. The launch shape is timed per weight shape
 on first use (`kernels/autotune.py`, `skinny_candidates`);
@@ -73,7 +62,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.arrival_counters import arrival_counters
 from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
-from tokenspeed.kernels.gemm.gemv_triton import load_rows, load_x, round_like_unfused
+from tokenspeed.kernels.gemm.gemv_triton import load_rows
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, BlockSize
 from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
@@ -118,44 +107,23 @@ def tuned_skinny_shapes() -> dict[tuple[Any, ...], TunedChoice[SkinnyConfig]]:
 
 
 @triton.jit
-def _skinny_group(acc, xk, w, scale_rows, k, n_mask, SCALE_BK: tl.constexpr, ROW_SCALE: tl.constexpr,
-                  F16_DOTS: tl.constexpr):
-    """acc + xk @ w^T for one K group of 128 (fp32 accumulation), times the rows' scales of the group's
-    K block unless the scales are per row (applied once at the end)."""
+def _skinny_group(acc, w, x_rows, scale_rows, k, offs_k, m_mask, n_mask, K: tl.constexpr, SCALE_BK: tl.constexpr,
+                  ROW_SCALE: tl.constexpr, EVEN: tl.constexpr, F16_DOTS: tl.constexpr):
+    """acc + x[:, k:k+128] @ w^T for one K group of 128 (fp32 accumulation), times the rows' scales of the
+    group's K block unless the scales are per row (applied once at the end)."""
+    if EVEN:
+        x = tl.load(x_rows + k + offs_k[None, :], mask=m_mask[:, None], other=0.0)
+    else:
+        x = tl.load(x_rows + k + offs_k[None, :], mask=m_mask[:, None] & ((k + offs_k) < K)[None, :], other=0.0)
     if not ROW_SCALE:  # this group's product is scaled before it joins the sum
         acc_in = acc
         acc = tl.zeros(acc.shape, dtype=tl.float32)
     if F16_DOTS:
-        acc = tl.dot(xk, tl.trans(widen_fp8(w, tl.float16, False)), acc)
+        acc = tl.dot(to_f16_saturated(x), tl.trans(widen_fp8(w, tl.float16, False)), acc)
     else:
-        acc = tl.dot(xk, tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
     if not ROW_SCALE:
         acc = acc_in + acc * tl.load(scale_rows + k // SCALE_BK, mask=n_mask, other=0.0)[None, :]
-    return acc
-
-
-@triton.jit
-def _skinny_k_group(acc, acc_up, w, wu, x_rows, k, offs_k, m_mask, n_mask, scale_rows, up_scale_rows, norm_w_ptr,
-                    rstd, K: tl.constexpr, SCALE_BK: tl.constexpr, ROW_SCALE: tl.constexpr,
-                    F16_DOTS: tl.constexpr, HAS_NORM: tl.constexpr, SILU_MUL: tl.constexpr):
-    """One K group: the tokens' activations (RMS-normalised on load with HAS_NORM) into the gate rows'
-    accumulator, and with SILU_MUL the same activations into the up rows' one."""
-    x = load_x(x_rows, k + offs_k, m_mask, norm_w_ptr, rstd, K, HAS_NORM)
-    xk = to_f16_saturated(x) if F16_DOTS else x.to(tl.float32)
-    acc = _skinny_group(acc, xk, w, scale_rows, k, n_mask, SCALE_BK, ROW_SCALE, F16_DOTS)
-    if SILU_MUL:
-        acc_up = _skinny_group(acc_up, xk, wu, up_scale_rows, k, n_mask, SCALE_BK, ROW_SCALE, F16_DOTS)
-    return acc, acc_up
-
-
-@triton.jit
-def _sum_split_partials(part_ptr, offs_m, offs_n, mask, N: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
-    """The row block's SPLIT_K partials summed in split order (the sum does not depend on arrival)."""
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for split in tl.static_range(SPLIT_K):
-        rows_s = (split * BLOCK_M + offs_m).to(tl.int64)
-        acc += tl.load(part_ptr + rows_s[:, None] * N + offs_n[None, :], mask=mask, other=0.0, cache_modifier=".cg")
     return acc
 
 
@@ -165,17 +133,13 @@ def _fp8_skinny_kernel(
     w_ptr,
     ws_ptr,
     bias_ptr,
-    norm_w_ptr,
-    res_ptr,
     out_ptr,
     part_ptr,
     count_ptr,
     M,
-    eps,
     stride_xm,
     stride_wn,
     stride_wsn,
-    stride_rm,
     stride_om,
     N: tl.constexpr,
     K: tl.constexpr,
@@ -192,9 +156,6 @@ def _fp8_skinny_kernel(
     EVEN: tl.constexpr,
     F16_DOTS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    HAS_NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    SILU_MUL: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     BLOCK_K: tl.constexpr = GROUPS * GROUP_K
@@ -207,74 +168,43 @@ def _fp8_skinny_kernel(
     n_mask = offs_n < N
     m_mask = offs_m < M
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    up_rows = rows + N * stride_wn  # SILU_MUL: the up rows n + N of a [2N, K] weight
     w_first = load_rows(rows, k_lo + offs_k, n_mask, K, EVEN)  # weights never depend on the previous kernel
-    wu_first = w_first
-    if SILU_MUL:
-        wu_first = load_rows(up_rows, k_lo + offs_k, n_mask, K, EVEN)
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
         gdc_wait()
         gdc_launch_dependents()
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     scale_rows = ws_ptr + (offs_n // SCALE_BN) * stride_wsn  # each row's scales (row blocks may be narrow)
-    up_scale_rows = ws_ptr + ((offs_n + N) // SCALE_BN) * stride_wsn
-    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if HAS_NORM:  # each program recomputes the tokens' RMS over all of K: M x K values from L2
-        squares = tl.zeros([BLOCK_M, GROUP_K], dtype=tl.float32)
-        for k0 in range(0, K, GROUP_K):
-            xv = tl.load(x_rows + k0 + offs_k[None, :], mask=m_mask[:, None] & ((k0 + offs_k) < K)[None, :],
-                         other=0.0).to(tl.float32)  # fmt: skip
-            squares += xv * xv
-        rstd = tl.rsqrt(tl.sum(squares, 1) / K + eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_up = acc
-    acc, acc_up = _skinny_k_group(acc, acc_up, w_first, wu_first, x_rows, k_lo, offs_k, m_mask, n_mask, scale_rows,
-                                  up_scale_rows, norm_w_ptr, rstd, K, SCALE_BK, ROW_SCALE, F16_DOTS, HAS_NORM,
-                                  SILU_MUL)  # fmt: skip
+    acc = _skinny_group(acc, w_first, x_rows, scale_rows, k_lo, offs_k, m_mask, n_mask, K, SCALE_BK, ROW_SCALE,
+                        EVEN, F16_DOTS)
     for g in tl.static_range(1, GROUPS):  # the rest of the first step
-        k = k_lo + g * GROUP_K
-        w = load_rows(rows, k + offs_k, n_mask, K, EVEN)
-        wu = load_rows(up_rows, k + offs_k, n_mask, K, EVEN) if SILU_MUL else w
-        acc, acc_up = _skinny_k_group(acc, acc_up, w, wu, x_rows, k, offs_k, m_mask, n_mask, scale_rows,
-                                      up_scale_rows, norm_w_ptr, rstd, K, SCALE_BK, ROW_SCALE, F16_DOTS, HAS_NORM,
-                                      SILU_MUL)  # fmt: skip
+        w = load_rows(rows, k_lo + g * GROUP_K + offs_k, n_mask, K, EVEN)
+        acc = _skinny_group(acc, w, x_rows, scale_rows, k_lo + g * GROUP_K, offs_k, m_mask, n_mask, K, SCALE_BK,
+                            ROW_SCALE, EVEN, F16_DOTS)
     for k0 in tl.range(k_lo + BLOCK_K, k_hi, BLOCK_K, num_stages=STAGES):  # the rest, pipelined by the compiler
         for g in tl.static_range(GROUPS):
-            k = k0 + g * GROUP_K
-            w = load_rows(rows, k + offs_k, n_mask, K, EVEN)
-            wu = load_rows(up_rows, k + offs_k, n_mask, K, EVEN) if SILU_MUL else w
-            acc, acc_up = _skinny_k_group(acc, acc_up, w, wu, x_rows, k, offs_k, m_mask, n_mask, scale_rows,
-                                          up_scale_rows, norm_w_ptr, rstd, K, SCALE_BK, ROW_SCALE, F16_DOTS,
-                                          HAS_NORM, SILU_MUL)  # fmt: skip
+            w = load_rows(rows, k0 + g * GROUP_K + offs_k, n_mask, K, EVEN)
+            acc = _skinny_group(acc, w, x_rows, scale_rows, k0 + g * GROUP_K, offs_k, m_mask, n_mask, K, SCALE_BK,
+                                ROW_SCALE, EVEN, F16_DOTS)
     if ROW_SCALE:
         acc *= tl.load(scale_rows, mask=n_mask, other=0.0)[None, :]
-        if SILU_MUL:
-            acc_up *= tl.load(up_scale_rows, mask=n_mask, other=0.0)[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     last = True
     if SPLIT_K > 1:  # store this split's partial; the row block's last program to arrive sums them all
         split_rows = (tl.program_id(1) * BLOCK_M + offs_m).to(tl.int64)
-        up_part_ptr = part_ptr + SPLIT_K * BLOCK_M * N  # SILU_MUL: the up rows' partials follow the gate rows'
         tl.store(part_ptr + split_rows[:, None] * N + offs_n[None, :], acc, mask=mask)
-        if SILU_MUL:
-            tl.store(up_part_ptr + split_rows[:, None] * N + offs_n[None, :], acc_up, mask=mask)
         tl.debug_barrier()  # every thread's partial is written before the arrival is counted (release)
         last = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1
         if last:
-            acc = _sum_split_partials(part_ptr, offs_m, offs_n, mask, N, BLOCK_M, BLOCK_N, SPLIT_K)
-            if SILU_MUL:
-                acc_up = _sum_split_partials(up_part_ptr, offs_m, offs_n, mask, N, BLOCK_M, BLOCK_N, SPLIT_K)
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for split in tl.static_range(SPLIT_K):  # in split order: the sum does not depend on arrival
+                rows_s = (split * BLOCK_M + offs_m).to(tl.int64)
+                acc += tl.load(part_ptr + rows_s[:, None] * N + offs_n[None, :], mask=mask, other=0.0,
+                               cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
     if last:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            if SILU_MUL:
-                acc_up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        if SILU_MUL or HAS_RESIDUAL:  # the decode layer's fused forms, rounded as the unfused path rounds
-            acc = round_like_unfused(acc, acc_up, x_ptr, SILU_MUL)
-            if HAS_RESIDUAL:
-                acc += tl.load(res_ptr + offs_m.to(tl.int64)[:, None] * stride_rm + offs_n[None, :], mask=mask,
-                               other=0.0).to(tl.float32)  # fmt: skip
         dst = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -296,25 +226,18 @@ def fp8_skinny_gemm(
     block_size: BlockSize,
     bias: torch.Tensor | None,
     config: SkinnyConfig | None = None,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 0.0,
-    residual: torch.Tensor | None = None,
-    silu_mul: bool = False,
 ) -> torch.Tensor:
-    """out `[M, N]` = x2 `[M, K]` (M <= 16, contiguous along K) @ dequantised(weight)^T (+ bias), with the
-    decode layer's fused forms as `fp8_gemv_triton` documents them (`silu_mul`: weight `[2N, K]`).
+    """out `[M, N]` = x2 `[M, K]` (M <= 16, contiguous along K) @ dequantised(weight)^T (+ bias).
 
-    Arguments checked by the caller (`fp8_gemv_triton`); scales contiguous, residual `[M, N]`.
+    Arguments checked by the caller (`fp8_gemv_triton`); scales contiguous.
     """
     m, k = x2.shape
-    n = out.shape[1]
+    n = weight.shape[0]
     if m > SKINNY_BLOCK_M:
         raise ValueError(f"the skinny GEMM serves at most {SKINNY_BLOCK_M} tokens, got {m}")
-    fused = dict(norm_weight=norm_weight, eps=eps, residual=residual, silu_mul=silu_mul)
     if config is None:
-        key = (weight.shape[0], k, tuple(block_size), x2.dtype, bias is not None, norm_weight is not None,
-               residual is not None, silu_mul)  # fmt: skip
-        run = partial(fp8_skinny_gemm, x2, weight, scales, out, block_size=block_size, bias=bias, **fused)
+        key = (n, k, tuple(block_size), x2.dtype, bias is not None)
+        run = partial(fp8_skinny_gemm, x2, weight, scales, out, block_size=block_size, bias=bias)
         config = _SKINNY_TUNER.choose(key, x2.device, lambda chosen: run(config=chosen))
     block_k = config.groups * GROUP_SIZE
     n_blocks = triton.cdiv(n, config.block_n)
@@ -322,21 +245,15 @@ def fp8_skinny_gemm(
     counters = arrival_counters(x2.device, n_blocks) if splits > 1 else None
     if counters is None:  # one program per row block (also where no counters can be had: arrival_counters.py)
         splits, k_split = split_plan(k, dataclasses.replace(config, split_k=1))
-    parts = out
-    if splits > 1:  # fp32 partials of every split (gate rows, then up rows with silu_mul)
-        parts = torch.empty((2 if silu_mul else 1) * splits * SKINNY_BLOCK_M, n, dtype=torch.float32,
-                            device=x2.device)  # fmt: skip
+    parts = torch.empty(splits * SKINNY_BLOCK_M, n, dtype=torch.float32, device=x2.device) if splits > 1 else out
     for_tensor(_fp8_skinny_kernel, x2)[(n_blocks, splits)](
-        x2, weight, scales, bias if bias is not None else out, norm_weight if norm_weight is not None else x2,
-        residual if residual is not None else out, out, parts, counters if counters is not None else out,
-        m, eps,
-        x2.stride(0), weight.stride(0), scales.stride(0), residual.stride(0) if residual is not None else 0,
-        out.stride(0),
+        x2, weight, scales, bias if bias is not None else out, out, parts, counters if counters is not None else out,
+        m,
+        x2.stride(0), weight.stride(0), scales.stride(0), out.stride(0),
         N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], ROW_SCALE=block_size[1] >= k,
         BLOCK_M=SKINNY_BLOCK_M, BLOCK_N=config.block_n, GROUPS=config.groups, GROUP_K=GROUP_SIZE,
         STAGES=config.stages, SPLIT_K=splits, K_SPLIT=k_split, EVEN=n % config.block_n == 0 and k % block_k == 0,
-        F16_DOTS=x2.dtype != torch.float32, HAS_BIAS=bias is not None, HAS_NORM=norm_weight is not None,
-        HAS_RESIDUAL=residual is not None, SILU_MUL=silu_mul,
-        num_warps=config.num_warps, **pdl_launch_options(pdl_enabled(x2.device)),
+        F16_DOTS=x2.dtype != torch.float32,
+        HAS_BIAS=bias is not None, num_warps=config.num_warps, **pdl_launch_options(pdl_enabled(x2.device)),
     )  # fmt: skip
     return out

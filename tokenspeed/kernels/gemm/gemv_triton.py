@@ -74,7 +74,7 @@ def load_rows(rows, offs_k, n_mask, K: tl.constexpr, EVEN: tl.constexpr):
 
 
 @triton.jit
-def load_x(x_rows, offs_k, m_mask, norm_w_ptr, rstd, K: tl.constexpr, HAS_NORM: tl.constexpr):
+def _load_x(x_rows, offs_k, m_mask, norm_w_ptr, rstd, K: tl.constexpr, HAS_NORM: tl.constexpr):
     """`[BLOCK_M, BLOCK_K]` of the input, RMS-normalised as `rms_norm_reference` rounds it when HAS_NORM."""
     x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
     if HAS_NORM:
@@ -82,19 +82,6 @@ def load_x(x_rows, offs_k, m_mask, norm_w_ptr, rstd, K: tl.constexpr, HAS_NORM: 
         normed = (x.to(tl.float32) * rstd[:, None]).to(x.dtype).to(tl.float32)
         x = (nw[None, :] * normed).to(x.dtype)
     return x
-
-
-@triton.jit
-def round_like_unfused(acc, acc_up, x_ptr, SILU_MUL: tl.constexpr):
-    """The GEMM output (and with SILU_MUL, silu(gate) * up) rounded step by step to the activation dtype,
-    as the unfused path rounds it (GEMM output, activation, product), back in fp32 for the residual add."""
-    act_dtype = x_ptr.dtype.element_ty
-    acc = acc.to(act_dtype).to(tl.float32)
-    if SILU_MUL:
-        up = acc_up.to(act_dtype).to(tl.float32)
-        gate = (acc / (1.0 + tl.exp(-acc))).to(act_dtype).to(tl.float32)
-        acc = (gate * up).to(act_dtype).to(tl.float32)
-    return acc
 
 
 @triton.jit
@@ -164,7 +151,7 @@ def _gemv_kernel(
         acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             offs_k = k0 + offs_kb
-            xt = tl.trans(load_x(x_rows, offs_k, m_mask, norm_w_ptr, rstd, K, HAS_NORM))
+            xt = tl.trans(_load_x(x_rows, offs_k, m_mask, norm_w_ptr, rstd, K, HAS_NORM))
             w = load_rows(gate_rows, offs_k, n_mask, K, even)
             if IEEE:
                 acc = tl.dot(w, xt, acc, input_precision="ieee")
@@ -183,7 +170,7 @@ def _gemv_kernel(
             offs_k = k0 + offs_kb
             nxt = offs_k + BLOCK_K
             w_nxt = tl.load(gate_rows + nxt[None, :], mask=n_mask[:, None] & (nxt[None, :] < K), other=0.0)
-            x = load_x(x_rows, offs_k, m_mask, norm_w_ptr, rstd, K, HAS_NORM).to(tl.float32)
+            x = _load_x(x_rows, offs_k, m_mask, norm_w_ptr, rstd, K, HAS_NORM).to(tl.float32)
             tile += w_cur.to(tl.float32) * x
             w_cur = w_nxt
             if SILU_MUL:
@@ -197,7 +184,12 @@ def _gemv_kernel(
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
         if SILU_MUL:
             acc_up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-    y = round_like_unfused(acc, acc_up, x_ptr, SILU_MUL)
+    # Round to the activation dtype first, as the unfused path's F.linear output is.
+    y = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+    if SILU_MUL:
+        up = acc_up.to(x_ptr.dtype.element_ty).to(tl.float32)
+        act = (y / (1.0 + tl.exp(-y))).to(x_ptr.dtype.element_ty).to(tl.float32)
+        y = (act * up).to(x_ptr.dtype.element_ty).to(tl.float32)
     out_mask = n_mask[:, None] & m_mask[None, :]
     if HAS_RESIDUAL:  # the residual stream: round(round(x W^T) + residual), as the fused add+norm does
         res = tl.load(res_ptr + offs_m.to(tl.int64)[None, :] * stride_rm + offs_n[:, None], mask=out_mask, other=0.0)

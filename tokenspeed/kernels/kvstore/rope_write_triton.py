@@ -19,8 +19,6 @@ the first `rotary_dim` channels and the channels past them (partial rotary),
 so no register tile is sliced.
 
 Slots below zero are skipped (CUDA-graph padding), q is rotated regardless.
-`rope_store_pairs` is the same work for part of one head, for the FP8 QKV
-GEMV's epilogue (`kvstore/rope_store.py`).
 Launched with programmatic dependent launch on Hopper (`kernels/pdl.py`).
 """
 
@@ -172,63 +170,6 @@ def _rope_write_kernel(
             v = quantize_heads(v, v_scale_ptr, kv_heads, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE)
         v_dst = v_cache_ptr + page * stride_vcp + offset * stride_vcs + kv_heads[:, None] * stride_vch + offs_d
         tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=v_mask)
-
-
-@triton.jit
-def rope_store_pairs(acc, token, head, j0, q_row_ptr, positions_ptr, cos_ptr, sin_ptr, stride_cos, slot_ptr,
-                     k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, stride_cp, stride_cs, stride_ch,
-                     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
-                     PAIRS: tl.constexpr, PAGE_SIZE: tl.constexpr, FP8_CACHE: tl.constexpr,
-                     HAS_SCALE: tl.constexpr, SCALE_STRIDE: tl.constexpr):
-    """This kernel's work for 2 x PAIRS channels of one head of a fused QKV output, in a GEMV's epilogue.
-
-    `acc` (fp32, `[2 * PAIRS]`) holds channels j0 .. j0 + PAIRS of head `head` (q heads, then k, then v)
-    and the same channels + HALF, the rotate-half partners. As `_rope_write_kernel` (without q/k norms
-    and with every channel rotary): rounded to q's dtype, q and k rotated in fp32 and rounded once, q
-    stored in `q_row_ptr` (the token's `[NUM_Q_HEADS * 2 * HALF]` row), k and v stored in the paged
-    caches at the token's slot (fp8 caches through their per-head scales) unless the slot is padding.
-    """
-    dtype = q_row_ptr.dtype.element_ty
-    lo, hi = tl.split(tl.permute(tl.reshape(acc.to(dtype), [2, PAIRS]), [1, 0]))
-    offs = j0 + tl.arange(0, PAIRS)
-    pos = tl.load(positions_ptr + token).to(tl.int64)
-    cos = tl.load(cos_ptr + pos * stride_cos + offs).to(tl.float32)
-    sin = tl.load(sin_ptr + pos * stride_cos + offs).to(tl.float32)
-    x1 = lo.to(tl.float32)
-    x2 = hi.to(tl.float32)
-    if head < NUM_Q_HEADS + NUM_KV_HEADS:  # q and k heads rotate; v heads are stored as they are
-        lo = (x1 * cos - x2 * sin).to(dtype)
-        hi = (x2 * cos + x1 * sin).to(dtype)
-    if head < NUM_Q_HEADS:
-        dst = q_row_ptr + head * 2 * HALF + offs
-        tl.store(dst, lo)
-        tl.store(dst + HALF, hi)
-    else:
-        slot = tl.load(slot_ptr + token).to(tl.int64)
-        if slot >= 0:
-            is_v = head >= NUM_Q_HEADS + NUM_KV_HEADS
-            kv_head = head - NUM_Q_HEADS - NUM_KV_HEADS * is_v.to(tl.int32)
-            row = (slot // PAGE_SIZE) * stride_cp + (slot % PAGE_SIZE) * stride_cs + kv_head * stride_ch + offs
-            if is_v:
-                _store_cache_pairs(v_cache_ptr + row, lo, hi, v_scale_ptr, kv_head, NUM_KV_HEADS, HALF, FP8_CACHE,
-                                   HAS_SCALE, SCALE_STRIDE)  # fmt: skip
-            else:
-                _store_cache_pairs(k_cache_ptr + row, lo, hi, k_scale_ptr, kv_head, NUM_KV_HEADS, HALF, FP8_CACHE,
-                                   HAS_SCALE, SCALE_STRIDE)  # fmt: skip
-
-
-@triton.jit
-def _store_cache_pairs(dst, lo, hi, scale_ptr, kv_head, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
-                       FP8_CACHE: tl.constexpr, HAS_SCALE: tl.constexpr, SCALE_STRIDE: tl.constexpr):
-    """Both halves into one cache row (e4m3 through the head's scale, as `quantize_heads`)."""
-    if FP8_CACHE:
-        heads = tl.full([1], 0, tl.int32) + kv_head
-        lo = tl.reshape(quantize_heads(lo[None, :], scale_ptr, heads, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE),
-                        lo.shape)  # fmt: skip
-        hi = tl.reshape(quantize_heads(hi[None, :], scale_ptr, heads, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE),
-                        hi.shape)  # fmt: skip
-    tl.store(dst, lo.to(dst.dtype.element_ty))
-    tl.store(dst + HALF, hi.to(dst.dtype.element_ty))
 
 
 @register_kernel(
