@@ -1,8 +1,8 @@
 """Zeroed int32 arrival counters for kernels whose last program to finish does the final step.
 
 A split-K GEMM (`gemm/fp8_skinny_triton.py`) splits one output over several
-programs (so may a split-KV decode: commit e26eafa, reverted until measured
-on a GPU). Rather than a second kernel that merges their partials, each
+programs (a split-KV decode merging this way, commit e26eafa, was measured
+slower than its merge kernel and stays reverted). Rather than a second kernel that merges their partials, each
 program stores its partial, then counts its arrival on the output's counter
 (an acq_rel atomic); the program that arrives last merges the partials in
 split order (so the result does not depend on which came last), writes the
@@ -15,7 +15,7 @@ previous one), and each leaves the counters zero. The buffer is made on the
 first eager call, never inside a CUDA graph capture (it would belong to the
 graph's memory pool and be zeroed by its replays); the engine's warm-up runs
 every batch size eagerly before capturing it, and a capture that comes first
-gets None, so the kernel takes its unsplit or two-kernel form.
+gets None, so the kernel takes its unsplit form.
 """
 
 from __future__ import annotations

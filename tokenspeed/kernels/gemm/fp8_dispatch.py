@@ -50,6 +50,7 @@ class Fp8GemmByBatch:
         return self.small.impl if self.small.name == FUSED_DECODE_KERNEL else None
 
     def kernel_for(self, num_tokens: int) -> KernelSpec:
+        """The kernel a step of `num_tokens` rows runs."""
         return self.small if num_tokens <= self.max_small_tokens else self.large
 
     def __call__(

@@ -43,9 +43,9 @@ bandwidth); a 4 x 32K decode step 3-4% faster than cuBLAS (8.87 against
 9.20 ms). Split-K took that step to 8.06 ms against 8.78 without it (same
 machine), and the four candidates (64 rows, split 1, 2, 4 or 8; the tuner
 takes 8 for o, 4 for qkv and down, 1 for gate_up) to 8.06-8.08 against
-8.20 with the seven before. Two-deep pipelines ran at 1.2-1.6x the time of three-deep ones;
-sending down_proj to cuBLAS made the step slower (47.7 us a launch inside
-it).
+8.20 with the seven before. Two-deep pipelines ran at 1.2-1.6x the time of
+three-deep ones; sending down_proj to cuBLAS made the step slower (47.7 us
+a launch inside it).
 """
 
 from __future__ import annotations
