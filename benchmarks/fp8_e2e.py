@@ -261,6 +261,9 @@ def qwen3_moe(args: argparse.Namespace, models: dict[str, str]) -> None:
         step = decode_step_s(llm, batch, prompt_len, new_tokens, rng)
         out[f"bs{batch}"] = {"tpot_ms": round(step * 1e3, 3), "tokens_per_s": round(batch / step, 1)}
         log(f"qwen3_moe fp8 bs{batch}: TPOT {step * 1e3:.3f} ms, {batch / step:.0f} tok/s")
+        if args.profile:
+            table = args.out.with_name(f"{args.out.stem}.qwen3_moe_bs{batch}.profile.txt")
+            steady_decode(llm, batch, prompt_len, 32, table)
     # The experts' decode tiles are timed on first use, per process (`experts_fp8_triton`): keep the picks.
     from tokenspeed.kernels.moe.experts_fp8_triton import tuned_decode_tiles
 
@@ -338,7 +341,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/fp8/fp8_e2e.json"))
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma separated, of {', '.join(SECTIONS)}")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, measures nothing")
-    parser.add_argument("--profile", action="store_true", help="llama, kv_long: a kernel table of the decode steps per variant")
+    parser.add_argument("--profile", action="store_true", help="a kernel table of the decode steps of each variant and batch")
     args = parser.parse_args()
     command = " ".join(["python", "benchmarks/fp8_e2e.py", *sys.argv[1:]])
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]

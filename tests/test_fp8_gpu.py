@@ -101,6 +101,20 @@ def test_online_fp8_fast_kernels_and_references_agree(name: str, skinny: str, mo
     _assert_only_near_ties_part(fast, reference, f"online {name}")
 
 
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_moe_router_logits_and_pair_sum_on_and_off_agree(quantization: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MoE layer's one-launch router logits and k-sum against cuBLAS's fp32 router and torch's sum
+    (`--kernel moe.router_logits=reference`, `TOKENSPEED_MOE_TRITON_SUM=0`): the same tokens but at near-ties
+    (summation order only)."""
+    folder = embedded_model_path("embedded-moe")
+    prompts = _prompts(folder)
+    fast = _tokens(folder, prompts, quantization=quantization)
+    monkeypatch.setenv("TOKENSPEED_MOE_TRITON_SUM", "0")
+    off = _outputs(folder, prompts, GREEDY_TOP2, quantization=quantization,
+                   kernel_overrides=("moe.router_logits=reference",))  # fmt: skip
+    _assert_only_near_ties_part(fast, off, f"moe router/sum {quantization}")
+
+
 @pytest.mark.parametrize("name", ["embedded", "embedded-moe"])
 def test_block_fp8_checkpoint_fast_kernels_and_references_agree(name: str, tmp_path: Path) -> None:
     source = embedded_model_path(name)

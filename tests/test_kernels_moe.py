@@ -17,6 +17,7 @@ interpreter mishandles bf16, so those tests use tiny fp32/fp16 shapes.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -34,7 +35,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkR
 from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeTopKRouter
 
-from tokenspeed.kernels.moe import experts_triton
+from tokenspeed.kernels.moe import ROUTER_TRITON_MAX_TOKENS, experts_triton
 from tokenspeed.kernels.moe.align import align_by_expert, max_blocks, sort_by_expert
 from tokenspeed.kernels.moe.align_triton import ALIGN_TRITON_MAX_PAIRS, align_by_expert_triton
 from tokenspeed.kernels.moe.experts_dispatch import select_experts_by_batch
@@ -52,7 +53,8 @@ from tokenspeed.kernels.moe.experts_triton import (
     fused_experts_triton,
     tile_config,
 )
-from tokenspeed.kernels.moe.routing_reference import route_reference
+from tokenspeed.kernels.moe.router_logits_triton import router_logits_triton
+from tokenspeed.kernels.moe.routing_reference import route_reference, router_logits_reference
 from tokenspeed.kernels.moe.routing_triton import route_triton
 from tokenspeed.kernels.registry import select_kernel, set_kernel_override
 
@@ -283,6 +285,7 @@ def test_experts_reference_handles_no_tokens_and_bad_shapes() -> None:
 
 def test_registry_serves_the_references_on_cpu() -> None:
     assert select_kernel("moe", "route", platform="cpu").impl is route_reference
+    assert select_kernel("moe", "router_logits", platform="cpu").impl is router_logits_reference
     assert (
         select_kernel("moe", "experts", platform="cpu", dtype=torch.float32).impl is fused_experts_reference
     )
@@ -456,3 +459,69 @@ def test_registry_picks_the_moe_kernels_on_cuda_by_batch_size() -> None:
     torch.testing.assert_close(
         on_cpu(x, w13, w2, weights, ids), fused_experts_reference(x, w13, w2, weights, ids)
     )
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("tokens", "experts", "hidden"), [(1, 7, 200), (3, 16, 1536), (5, 4, 48)])
+def test_triton_router_logits_match_reference(dtype: torch.dtype, tokens: int, experts: int, hidden: int) -> None:
+    """An odd expert count (a half-filled last program), K not a multiple of the block (masked), K over one
+    block (the loop), rows of x with a stride: fp32 logits equal to `F.linear(x.float(), w)` but for order."""
+    gen = torch.Generator().manual_seed(tokens * 100 + experts)
+    x = torch.randn(tokens, hidden + 8, generator=gen).to(dtype)[:, 4 : hidden + 4]
+    weight = torch.randn(experts, hidden, generator=gen)
+    got = router_logits_triton(x, weight)
+    assert got.dtype == torch.float32 and got.shape == (tokens, experts)
+    torch.testing.assert_close(got, router_logits_reference(x, weight), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="fp32"):
+        router_logits_triton(x, weight.half())
+
+
+def test_router_takes_the_decode_kernel_up_to_its_token_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`layers/moe.Router`: decode batches through `moe.router_logits`'s fast kernel, larger ones (and every
+    batch with the reference forced, the off switch) through `F.linear` on x in fp32."""
+    from tokenspeed.layers import moe as moe_layer
+
+    calls: list[int] = []
+
+    def fake_kernel(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return router_logits_reference(x, weight)
+
+    def cuda_router_logits() -> Any:
+        return select_kernel("moe", "router_logits", platform="cuda", dtype=torch.bfloat16,
+                             workload={"num_tokens": (1, ROUTER_TRITON_MAX_TOKENS)})  # fmt: skip
+
+    def router_with(spec: Any) -> Any:  # a Router as it is built on a GPU, here on the CPU
+        monkeypatch.setattr(moe_layer, "select_kernel", lambda *args, **kwargs: spec)
+        router = moe_layer.Router(32, 8, correction_bias=False, dtype=torch.float32, device="cpu")
+        router.weight.data.normal_()
+        return router
+
+    fast = cuda_router_logits()
+    assert fast.impl is router_logits_triton
+    router = router_with(dataclasses.replace(fast, impl=fake_kernel))
+    for tokens in (1, ROUTER_TRITON_MAX_TOKENS, ROUTER_TRITON_MAX_TOKENS + 1):
+        x = torch.randn(tokens, 32)
+        torch.testing.assert_close(router(x), router_logits_reference(x, router.weight))
+    assert calls == [1, ROUTER_TRITON_MAX_TOKENS]
+    set_kernel_override("moe", "router_logits", "reference")
+    try:
+        forced = cuda_router_logits()
+    finally:
+        set_kernel_override("moe", "router_logits", None)
+    assert forced.impl is router_logits_reference
+    router = router_with(dataclasses.replace(forced, impl=fake_kernel))
+    router(torch.randn(1, 32))
+    assert calls == [1, ROUTER_TRITON_MAX_TOKENS]  # the reference is the off switch: plain F.linear
+
+
+@interpreted
+@pytest.mark.parametrize(("tokens", "top_k", "hidden"), [(1, 8, 1100), (6, 2, 64)])
+def test_triton_pair_sum_equals_torch_sum(tokens: int, top_k: int, hidden: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`experts_triton.sum_pairs` (hidden past one block, masked) against torch's k-sum, and its off switch."""
+    pairs = torch.randn(tokens * top_k, hidden, generator=torch.Generator().manual_seed(tokens)).half()
+    want = pairs.view(tokens, top_k, hidden).float().sum(dim=1).half()
+    torch.testing.assert_close(experts_triton.sum_pairs(pairs, tokens, top_k), want, rtol=1e-3, atol=1e-3)
+    monkeypatch.setenv("TOKENSPEED_MOE_TRITON_SUM", "0")
+    assert torch.equal(experts_triton.sum_pairs(pairs, tokens, top_k), pairs.view(tokens, top_k, hidden).sum(dim=1))

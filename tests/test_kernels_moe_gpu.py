@@ -162,3 +162,29 @@ def test_experts_replay_in_a_cuda_graph_with_new_routing(kernel: str, tokens: in
         torch.cuda.synchronize()
         expected = fused_experts_reference(x, w13, w2, weights, ids)
         torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 64])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_triton_router_logits_match_cublas(shape: str, tokens: int) -> None:
+    """The one-launch router logits (`moe.router_logits`) at serving shapes against `F.linear` on fp32 x."""
+    from tokenspeed.kernels.moe.router_logits_triton import router_logits_triton
+    from tokenspeed.kernels.moe.routing_reference import router_logits_reference
+
+    hidden, _, experts, _ = SHAPES[shape]
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, hidden, generator=gen, device="cuda").to(BF16)
+    weight = torch.randn(experts, hidden, generator=gen, device="cuda") * hidden**-0.5
+    torch.testing.assert_close(router_logits_triton(x, weight), router_logits_reference(x, weight),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("tokens", [1, 64])
+def test_triton_pair_sum_matches_torch(tokens: int) -> None:
+    """`experts_triton.sum_pairs` (fp32 sum in k order, rounded once) against torch's bf16 k-sum."""
+    from tokenspeed.kernels.moe.experts_triton import sum_pairs
+
+    pairs = torch.randn(tokens * 8, 2048, device="cuda").to(BF16)
+    want = pairs.view(tokens, 8, 2048).sum(dim=1)
+    got = sum_pairs(pairs, tokens, 8)
+    torch.testing.assert_close(got.float(), want.float(), rtol=8e-3, atol=1e-2)  # summation order: 1 bf16 ulp

@@ -84,6 +84,7 @@ _TRITON_MODULES = (
     "tokenspeed.kernels.moe.experts_triton",
     "tokenspeed.kernels.moe.experts_fp8_triton",
     "tokenspeed.kernels.moe.routing_triton",
+    "tokenspeed.kernels.moe.router_logits_triton",
     "tokenspeed.kernels.mla.write_triton",
     "tokenspeed.kernels.mla.decode_triton",
     "tokenspeed.kernels.mla.extend_triton",

@@ -41,9 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenspeed.kernels.moe import ROUTER_TRITON_MAX_TOKENS
 from tokenspeed.kernels.moe.experts_dispatch import select_experts_by_batch
 from tokenspeed.kernels.quant.fp8 import BlockSize
-from tokenspeed.kernels.registry import platform_of, select_kernel
+from tokenspeed.kernels.registry import Band, platform_of, select_kernel
 from tokenspeed.layers.fp8_weights import (
     SCALE_SUFFIX,
     load_scale_part,
@@ -74,10 +75,21 @@ _STACKED_NAMES = {"gate_up_proj": "w13", "down_proj": "w2"}
 
 
 class Router(nn.Module):
-    """Router logits in fp32: `weight` [E, H], plus DeepSeek-V3's choice-only correction bias."""
+    """Router logits in fp32: `weight` [E, H], plus DeepSeek-V3's choice-only correction bias.
+
+    Decode-sized batches take `moe.router_logits` in one launch where a fast kernel is registered
+    (`kernels/moe/router_logits_triton.py`); other batches, and the reference (the off switch),
+    `F.linear` on x widened to fp32.
+    """
 
     def __init__(
-        self, hidden_size: int, num_experts: int, *, correction_bias: bool, device: torch.device | str
+        self,
+        hidden_size: int,
+        num_experts: int,
+        *,
+        correction_bias: bool,
+        dtype: torch.dtype,
+        device: torch.device | str,
     ) -> None:
         super().__init__()
         self.weight = nn.Parameter(
@@ -88,8 +100,15 @@ class Router(nn.Module):
             if correction_bias
             else None
         )
+        spec = select_kernel("moe", "router_logits", platform=platform_of(device), dtype=dtype,
+                             workload={"num_tokens": (1, ROUTER_TRITON_MAX_TOKENS)})  # fmt: skip
+        fast = spec.band != Band.REFERENCE
+        self._decode_logits = spec.impl if fast else None
+        self._decode_max_tokens = spec.workload["num_tokens"][1] if fast else -1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._decode_logits is not None and x.shape[0] <= self._decode_max_tokens:
+            return self._decode_logits(x, self.weight)
         return F.linear(x.float(), self.weight)
 
 
@@ -212,7 +231,7 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.moe = moe
         self.gate = Router(
-            hidden_size, moe.num_experts, correction_bias=moe.has_correction_bias, device=device
+            hidden_size, moe.num_experts, correction_bias=moe.has_correction_bias, dtype=dtype, device=device
         )
         # On N ranks (`placement.rank_context`): this EP rank's experts, each over its MoE-TP slice of
         # the intermediate dimension, and its slice of the shared experts; the output is a partial sum.

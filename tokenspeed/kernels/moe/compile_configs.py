@@ -5,7 +5,7 @@ Qwen3-30B-A3B (2048, 768, 128 experts, top-8) in bf16 (Qwen3-30B-A3B
 also with FP8 experts, in the operand precision each tile size uses),
 at every tile configuration `experts_triton.tile_config` can choose and the alignment
 kernel at the batch sizes it serves, plus the router of each (and
-DeepSeek-V3's grouped one), so the sm_90 compile-and-spill check
+DeepSeek-V3's grouped one) with its logits, and the k-sum of the pairs, so the sm_90 compile-and-spill check
 covers what the GPU will run.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tokenspeed.kernels.compile_check import KernelConfig
-from tokenspeed.kernels.moe import align_triton, experts_triton, routing_triton
+from tokenspeed.kernels.moe import align_triton, experts_triton, router_logits_triton, routing_triton
 from tokenspeed.kernels.triton_launch import next_power_of_2
 
 SHAPES = {"moonlight": (2048, 1408, 64, 6), "qwen3_30b_a3b": (2048, 768, 128, 8)}
@@ -52,7 +52,19 @@ def moe_compile_configs() -> Iterator[KernelConfig]:
             pointers={"weights_ptr": "fp32", "ids_ptr": "i32", "bias_ptr": "fp32"},
             num_warps=routing_triton.num_warps_for(experts),
         )
+        hidden = 7168 if name == "deepseek_v3" else 2048
+        yield KernelConfig(
+            f"moe.router_logits {name}",
+            router_logits_triton._router_logits_kernel,
+            dict(E=experts, H=hidden, BLOCK_E=router_logits_triton.BLOCK_E, BLOCK_K=router_logits_triton.BLOCK_K),
+            pointers={"w_ptr": "fp32", "out_ptr": "fp32"},
+        )
     for name, (hidden, inter, experts, top_k) in SHAPES.items():
+        yield KernelConfig(
+            f"moe.sum_pairs {name}",
+            experts_triton._sum_pairs_kernel,
+            dict(H=hidden, TOP_K=top_k, BLOCK_H=experts_triton.SUM_BLOCK_H),
+        )
         for tokens in (1, 64, align_triton.ALIGN_TRITON_MAX_PAIRS // top_k):
             block_p = next_power_of_2(tokens * top_k)
             block_e = next_power_of_2(experts)

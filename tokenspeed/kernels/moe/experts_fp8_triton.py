@@ -32,6 +32,7 @@ from tokenspeed.kernels.moe.experts_triton import (
     TileConfig,
     align_pairs,
     launch_grouped_experts,
+    sum_pairs,
     tile_config,
 )
 from tokenspeed.kernels.quant.fp8 import WEIGHT_BLOCK, BlockSize
@@ -101,4 +102,4 @@ def fused_experts_fp8_triton(
     alignment = align_pairs(topk_ids, experts, tiles.block_m)
     weights = topk_weights.to(torch.float32).contiguous()
     pair_out = launch_grouped_experts(hidden, w13, w2, weights, alignment, top_k, tiles, fp8)
-    return pair_out.view(tokens, top_k, hidden_size).sum(dim=1)
+    return sum_pairs(pair_out, tokens, top_k)

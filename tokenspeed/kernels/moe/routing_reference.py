@@ -42,6 +42,7 @@ config does). The order of the k columns is unspecified (consumers sum over k).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from tokenspeed.kernels.registry import Band, register_kernel
 
@@ -150,3 +151,19 @@ def route_reference(
     if routed_scaling_factor != 1.0:
         weights = weights * routed_scaling_factor
     return weights, ids.to(torch.int32)
+
+
+def check_router_args(x: torch.Tensor, weight: torch.Tensor) -> None:
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"router logits need x [T, H] and weight [E, H], got {tuple(x.shape)}, {tuple(weight.shape)}")
+    if weight.dtype != torch.float32:
+        raise ValueError(f"the router weight is fp32, got {weight.dtype}")
+
+
+@register_kernel("moe", "router_logits", name="reference", band=Band.REFERENCE, platforms=("cpu", "cuda"))
+def router_logits_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """fp32 router logits `[T, E]` of x `[T, H]` (any float dtype) and the fp32 router weight `[E, H]`:
+    x widened to fp32, then `F.linear`, as transformers' routers compute them (`router_logits_triton`
+    is the one-launch form for decode batches)."""
+    check_router_args(x, weight)
+    return F.linear(x.float(), weight)
