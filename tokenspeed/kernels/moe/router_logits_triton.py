@@ -1,4 +1,4 @@
-"""Triton MoE router logits (`moe.router_logits`, name "triton"): fp32 logits of x `[T, H]` and an fp32 weight `[E, H]`.
+"""Triton `moe.router_logits` (name "triton"): fp32 router logits of x `[T, H]` and an fp32 weight `[E, H]`.
 
 Every transformers router computes its logits in fp32, so the engine keeps
 the router weight in fp32 and, as the reference
