@@ -31,6 +31,8 @@ from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2 as pb
 from smg_grpc_proto.generated import tokenspeed_scheduler_pb2_grpc as pb_grpc
 
+from tokenspeed.grpc.tokenizer_bundle import tokenizer_files
+
 PAGE_SIZE = 16
 PROMPT = list(range(100, 140))  # 2 full pages and a partial one
 
@@ -246,6 +248,13 @@ def test_tokenizer_bundle(stub):
 
 def _stored_blocks(batch: common_pb2.KvEventBatch) -> list[common_pb2.KvBlock]:
     return [b for e in batch.events if e.WhichOneof("data") == "stored" for b in e.stored.blocks]
+
+
+def test_tokenizer_files_carry_tiktoken_ranks_but_no_code(tmp_path):
+    """Kimi-K2's folder: `tiktoken.model` (its ranks) goes in the bundle, its remote tokenizer code does not."""
+    for name in ("tokenizer_config.json", "tiktoken.model", "tokenization_kimi.py", "model.safetensors"):
+        (tmp_path / name).write_text("x")
+    assert [p.name for p in tokenizer_files(tmp_path)] == ["tokenizer_config.json", "tiktoken.model"]
 
 
 def test_kv_events_snapshot_then_live(stub):

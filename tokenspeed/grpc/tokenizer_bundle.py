@@ -27,6 +27,7 @@ _NAMES = (
     "vocab.json",
     "merges.txt",
     "tokenizer.model",
+    "tiktoken.model",  # Kimi-K2's BPE ranks (its tokenizer class is remote code, which is not sent)
     "chat_template.json",
 )
 _PATTERNS = ("*.jinja", "*.tiktoken")
