@@ -102,7 +102,9 @@ def test_online_fp8_fast_kernels_and_references_agree(name: str, skinny: str, mo
 
 
 @pytest.mark.parametrize("quantization", [None, "fp8"])
-def test_moe_router_logits_and_pair_sum_on_and_off_agree(quantization: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_moe_router_logits_and_pair_sum_on_and_off_agree(
+    quantization: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The MoE layer's one-launch router logits and k-sum against cuBLAS's fp32 router and torch's sum
     (`--kernel moe.router_logits=reference`, `TOKENSPEED_MOE_TRITON_SUM=0`): the same tokens but at near-ties
     (summation order only)."""

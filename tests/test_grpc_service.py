@@ -251,7 +251,7 @@ def _stored_blocks(batch: common_pb2.KvEventBatch) -> list[common_pb2.KvBlock]:
 
 
 def test_tokenizer_files_carry_tiktoken_ranks_but_no_code(tmp_path):
-    """Kimi-K2's folder: `tiktoken.model` (its ranks) goes in the bundle, its remote tokenizer code does not."""
+    """Kimi-K2's folder: `tiktoken.model` (its ranks) is bundled, its remote tokenizer code is not."""
     for name in ("tokenizer_config.json", "tiktoken.model", "tokenization_kimi.py", "model.safetensors"):
         (tmp_path / name).write_text("x")
     assert [p.name for p in tokenizer_files(tmp_path)] == ["tokenizer_config.json", "tiktoken.model"]

@@ -464,7 +464,9 @@ def test_registry_picks_the_moe_kernels_on_cuda_by_batch_size() -> None:
 @interpreted
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("tokens", "experts", "hidden"), [(1, 7, 200), (3, 16, 1536), (5, 4, 48)])
-def test_triton_router_logits_match_reference(dtype: torch.dtype, tokens: int, experts: int, hidden: int) -> None:
+def test_triton_router_logits_match_reference(
+    dtype: torch.dtype, tokens: int, experts: int, hidden: int
+) -> None:
     """An odd expert count (a half-filled last program), K not a multiple of the block (masked), K over one
     block (the loop), rows of x with a stride: fp32 logits equal to `F.linear(x.float(), w)` but for order."""
     gen = torch.Generator().manual_seed(tokens * 100 + experts)
@@ -518,10 +520,13 @@ def test_router_takes_the_decode_kernel_up_to_its_token_bound(monkeypatch: pytes
 
 @interpreted
 @pytest.mark.parametrize(("tokens", "top_k", "hidden"), [(1, 8, 1100), (6, 2, 64)])
-def test_triton_pair_sum_equals_torch_sum(tokens: int, top_k: int, hidden: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`experts_triton.sum_pairs` (hidden past one block, masked) against torch's k-sum, and its off switch."""
+def test_triton_pair_sum_equals_torch_sum(
+    tokens: int, top_k: int, hidden: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`experts_triton.sum_pairs` (hidden past one block, masked) against torch's k-sum; its off switch."""
     pairs = torch.randn(tokens * top_k, hidden, generator=torch.Generator().manual_seed(tokens)).half()
     want = pairs.view(tokens, top_k, hidden).float().sum(dim=1).half()
     torch.testing.assert_close(experts_triton.sum_pairs(pairs, tokens, top_k), want, rtol=1e-3, atol=1e-3)
     monkeypatch.setenv("TOKENSPEED_MOE_TRITON_SUM", "0")
-    assert torch.equal(experts_triton.sum_pairs(pairs, tokens, top_k), pairs.view(tokens, top_k, hidden).sum(dim=1))
+    torch_sum = pairs.view(tokens, top_k, hidden).sum(dim=1)
+    assert torch.equal(experts_triton.sum_pairs(pairs, tokens, top_k), torch_sum)

@@ -104,7 +104,8 @@ class Router(nn.Module):
                              workload={"num_tokens": (1, ROUTER_TRITON_MAX_TOKENS)})  # fmt: skip
         fast = spec.band != Band.REFERENCE
         self._decode_logits = spec.impl if fast else None
-        self._decode_max_tokens = spec.workload["num_tokens"][1] if fast else -1
+        bound = spec.workload.get("num_tokens", (1, ROUTER_TRITON_MAX_TOKENS))[1]
+        self._decode_max_tokens = bound if fast else -1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._decode_logits is not None and x.shape[0] <= self._decode_max_tokens:
@@ -231,7 +232,11 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.moe = moe
         self.gate = Router(
-            hidden_size, moe.num_experts, correction_bias=moe.has_correction_bias, dtype=dtype, device=device
+            hidden_size,
+            moe.num_experts,
+            correction_bias=moe.has_correction_bias,
+            dtype=dtype,
+            device=device,
         )
         # On N ranks (`placement.rank_context`): this EP rank's experts, each over its MoE-TP slice of
         # the intermediate dimension, and its slice of the shared experts; the output is a partial sum.

@@ -154,8 +154,10 @@ def route_reference(
 
 
 def check_router_args(x: torch.Tensor, weight: torch.Tensor) -> None:
+    """x `[T, H]` against an fp32 router weight `[E, H]` (the engine keeps it in fp32), or ValueError."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"router logits need x [T, H] and weight [E, H], got {tuple(x.shape)}, {tuple(weight.shape)}")
+        shapes = f"{tuple(x.shape)}, {tuple(weight.shape)}"
+        raise ValueError(f"router logits need x [T, H] and weight [E, H], got {shapes}")
     if weight.dtype != torch.float32:
         raise ValueError(f"the router weight is fp32, got {weight.dtype}")
 
