@@ -60,13 +60,11 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.attention.paged_tiles import dot
 from tokenspeed.kernels.moe.align import BlockAlignment, align_by_expert
 from tokenspeed.kernels.moe.align_triton import ALIGN_TRITON_MAX_PAIRS, align_by_expert_triton
 from tokenspeed.kernels.moe.experts_reference import check_experts_args
-from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE
 from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
 from tokenspeed.kernels.quant.quantize_triton import quantize_per_token_group_triton
@@ -174,11 +172,7 @@ def _moe_gate_up_kernel(
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
     GROUP_K: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
-        gdc_wait()
-        gdc_launch_dependents()
     pid_m, pid_n = _block_coordinates(num_m_blocks, INTER, BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
@@ -259,11 +253,7 @@ def _moe_down_kernel(
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
     GROUP_K: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
-        gdc_wait()
-        gdc_launch_dependents()
     pid_m, pid_n = _block_coordinates(num_m_blocks, HIDDEN, BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
@@ -354,7 +344,6 @@ def launch_grouped_experts(
     ieee = hidden.dtype == torch.float32
     common = dict(BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, IEEE=ieee)
     launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-    launch |= pdl_launch_options(pdl_enabled(hidden.device))
     x, scales, flags = _fp8_args(hidden, fp8.w13_scale if fp8 else w13, fp8)
     grid_up = (blocks * triton.cdiv(inter, tiles.block_n_up),)
     for_tensor(_moe_gate_up_kernel, hidden)[grid_up](
@@ -380,11 +369,7 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Block
 
 
 @triton.jit
-def _sum_pairs_kernel(pairs_ptr, out_ptr, H: tl.constexpr, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr,
-                      USE_PDL: tl.constexpr):
-    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
-        gdc_wait()
-        gdc_launch_dependents()
+def _sum_pairs_kernel(pairs_ptr, out_ptr, H: tl.constexpr, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     ok = offs < H
@@ -404,8 +389,7 @@ def sum_pairs(pair_out: torch.Tensor, tokens: int, top_k: int) -> torch.Tensor:
         return pair_out.view(tokens, top_k, hidden).sum(dim=1)
     out = torch.empty(tokens, hidden, dtype=pair_out.dtype, device=pair_out.device)
     for_tensor(_sum_pairs_kernel, pair_out)[(tokens, triton.cdiv(hidden, SUM_BLOCK_H))](
-        pair_out, out, H=hidden, TOP_K=top_k, BLOCK_H=SUM_BLOCK_H, num_warps=4,
-        **pdl_launch_options(pdl_enabled(pair_out.device)),
+        pair_out, out, H=hidden, TOP_K=top_k, BLOCK_H=SUM_BLOCK_H, num_warps=4
     )
     return out
 
