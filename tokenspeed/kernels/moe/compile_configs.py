@@ -60,12 +60,11 @@ def moe_compile_configs() -> Iterator[KernelConfig]:
             pointers={"w_ptr": "fp32", "out_ptr": "fp32"},
         )
     for name, (hidden, inter, experts, top_k) in SHAPES.items():
-        for residual in (False, True):
-            yield KernelConfig(
-                f"moe.sum_pairs {name} residual={residual}",
-                experts_triton._sum_pairs_kernel,
-                dict(H=hidden, TOP_K=top_k, BLOCK_H=experts_triton.SUM_BLOCK_H, HAS_RESIDUAL=residual),
-            )
+        yield KernelConfig(
+            f"moe.sum_pairs {name}",
+            experts_triton._sum_pairs_kernel,
+            dict(H=hidden, TOP_K=top_k, BLOCK_H=experts_triton.SUM_BLOCK_H),
+        )
         for tokens in (1, 64, align_triton.ALIGN_TRITON_MAX_PAIRS // top_k):
             block_p = next_power_of_2(tokens * top_k)
             block_e = next_power_of_2(experts)
