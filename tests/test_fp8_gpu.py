@@ -117,20 +117,6 @@ def test_moe_router_logits_and_pair_sum_on_and_off_agree(
     _assert_only_near_ties_part(fast, off, f"moe router/sum {quantization}")
 
 
-@pytest.mark.parametrize("quantization", [None, "fp8"])
-def test_moe_engine_tokens_identical_with_pdl_on_and_off(
-    quantization: str | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The MoE layer's chain (RMSNorm, router logits, routing, alignment, expert GEMMs, k-sum) and, at the
-    2-16 tokens of four prompts under FP8, the skinny GEMM's RMSNorm and SiLU-and-mul launch with PDL: it
-    moves only when kernels start, so the tokens must be identical with it off (`TOKENSPEED_PDL=0`)."""
-    folder = embedded_model_path("embedded-moe")
-    prompts = _prompts(folder)
-    on = _tokens(folder, prompts, quantization=quantization)
-    monkeypatch.setenv("TOKENSPEED_PDL", "0")
-    assert _tokens(folder, prompts, quantization=quantization) == on
-
-
 @pytest.mark.parametrize("name", ["embedded", "embedded-moe"])
 def test_block_fp8_checkpoint_fast_kernels_and_references_agree(name: str, tmp_path: Path) -> None:
     source = embedded_model_path(name)

@@ -122,8 +122,8 @@ def _llm_tokens(folder: object, batch: list[list[int]], fused: bool) -> list[lis
     from tokenspeed import LLM, SamplingParams
 
     llm = LLM(str(folder), skip_tokenizer_init=True, page_size=4, seed=0)
-    for layer in llm.core.executor.model.model.layers:  # dense and (Qwen3-MoE) sparse layers alike
-        assert (layer._fused_decode_max_tokens > 0) == fused
+    layer = llm.core.executor.model.model.layers[0]
+    assert (layer._fused_decode_max_tokens > 0) == fused
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
     outs += llm.generate([{"prompt_token_ids": batch[0]}], params, use_tqdm=False)  # one-row steps
@@ -151,37 +151,4 @@ def test_fused_decode_layers_give_the_tokens_of_the_plain_path(checkpoints: dict
     finally:
         for mode in ("decode", "decode_silu_mul"):
             unregister_kernel("gemm", mode, "triton-cpu-test")
-    assert fused == plain
-
-
-
-@interpreted
-@pytest.mark.parametrize("experts", ["reference", "triton"])
-def test_fused_decode_moe_layers_give_the_tokens_of_the_plain_path(
-    checkpoints: dict[str, object], tmp_path: object, experts: str
-) -> None:
-    """Qwen3-MoE (sparse layers 0 and 2, dense layer 1) with the decode GEMVs on: the MoE layers' fused
-    form (input norm in the QKV kernel, the residual added in the experts' k-sum) vs the plain path, with
-    the reference experts or the Triton ones (the interpreter), both registered for the CPU here."""
-    from tests.checkpoints import make_checkpoint
-    from tokenspeed.kernels.gemm import DECODE_MAX_TOKENS
-    from tokenspeed.kernels.moe.experts_triton import fused_experts_triton
-    from tokenspeed.kernels.registry import Band, register_kernel, unregister_kernel
-
-    folder = make_checkpoint("qwen3_moe", tmp_path / "qwen3_moe")  # type: ignore[operator]
-    batch = [[5, 17, 99, 3, 250, 8], [41, 2, 77], [300, 12, 6, 6, 1]]
-    plain = _llm_tokens(folder, batch, fused=False)
-    for mode, impl in (("decode", gemv_triton), ("decode_silu_mul", gemv_silu_mul_triton)):
-        register_kernel("gemm", mode, name="triton-cpu-test", band=Band.PORTABLE, platforms=("cpu",),
-                        workload={"num_tokens": (1, DECODE_MAX_TOKENS)}, impl=impl)
-    if experts == "triton":
-        register_kernel("moe", "experts", name="triton-cpu-test", band=Band.PERFORMANT, platforms=("cpu",),
-                        impl=fused_experts_triton)
-    try:
-        fused = _llm_tokens(folder, batch, fused=True)
-    finally:
-        for mode in ("decode", "decode_silu_mul"):
-            unregister_kernel("gemm", mode, "triton-cpu-test")
-        if experts == "triton":
-            unregister_kernel("moe", "experts", "triton-cpu-test")
     assert fused == plain

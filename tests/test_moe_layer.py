@@ -209,23 +209,3 @@ def test_qwen3_30b_a3b_preset_describes_the_published_model() -> None:
     # Same tokenizer and chat template as Qwen3-8B, so benchmarks see real prompt lengths.
     assert replace(pt.SPECS["qwen3-30b-a3b"], preset="qwen3-8b") == pt.SPECS["qwen3-8b"]
     assert pt.chat_template("qwen3-30b-a3b") == pt.chat_template("qwen3-8b")
-
-
-def test_fused_decode_form_adds_the_residual_unless_shared_experts_follow(tmp_path: Path) -> None:
-    """`SparseMoE.forward_decode`: residual + moe(norm(x)) for a block without shared experts (the decoder's
-    fused decode form); a block with shared experts has none (-1) and refuses it."""
-    from tokenspeed.layers.norm import RMSNorm
-
-    moe = MoEConfig(EXPERTS, 2, INTER, "softmax", True, sparse_layers=(True,))
-    block = Block(moe)
-    load_weights(block, _save(_checkpoint(moe), tmp_path / "plain"))
-    norm = RMSNorm(HIDDEN, 1e-6)
-    norm.weight.data.uniform_(0.5, 1.5)
-    x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(2))
-    assert block.mlp.decode_max_tokens > 0
-    with torch.no_grad():
-        torch.testing.assert_close(block.mlp.forward_decode(x, norm=norm, residual=x), block.mlp(norm(x)) + x)
-    shared = Block(DEEPSEEK_LIKE)
-    assert shared.mlp.decode_max_tokens == -1
-    with pytest.raises(RuntimeError, match="shared experts"):
-        shared.mlp.forward_decode(x, norm=norm, residual=x)

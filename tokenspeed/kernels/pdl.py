@@ -11,12 +11,6 @@ memory is visible). So every global write still happens after every earlier
 kernel has finished: the order of effects is the same as without PDL, only
 scheduling and independent loads (a GEMV's weights) move earlier.
 
-Kernels with PDL: the decode GEMVs (bf16 and FP8, one token and the FP8
-skinny GEMM), RoPE and the K/V writes, the decode attention and its merge,
-RMSNorm, SiLU-and-mul, and a MoE layer's whole chain (router logits,
-routing, alignment, the expert GEMMs, the k-sum); what runs between them
-(torch ops, cuBLAS) launches as usual, which PDL waits for as any stream does.
-
 `TOKENSPEED_PDL=0` turns it off everywhere (the switch its tests flip);
 it is off on the CPU, under Triton's interpreter and before sm_90.
 """

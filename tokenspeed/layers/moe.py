@@ -33,7 +33,6 @@ see `fp8_weights.py` for when they are kept per row), run by `moe.experts_fp8`.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -58,7 +57,6 @@ from tokenspeed.placement.rank_context import current_rank_context
 
 if TYPE_CHECKING:
     from tokenspeed.layers.moe_config import MoEConfig
-    from tokenspeed.layers.norm import RMSNorm
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,25 +273,7 @@ class SparseMoE(nn.Module):
         platform = platform_of(self.experts.w13.device)
         self._experts_fp8 = select_kernel("moe", "experts_fp8", platform=platform, dtype=self._dtype).impl
 
-    @property
-    def decode_max_tokens(self) -> int:
-        """Most rows `forward_decode` serves (-1: none): any batch, unless shared experts are added after the
-        routed ones (the residual would then join the sum in another order than the unfused path's)."""
-        return -1 if self.shared_experts is not None else sys.maxsize
-
-    def forward_decode(self, x: torch.Tensor, *, norm: RMSNorm, residual: torch.Tensor) -> torch.Tensor:
-        """residual + moe(norm(x)): the decoder layer's fused decode form (as `GatedMLP.forward_decode`).
-
-        The post-attention norm runs without a residual add, and the residual joins in the experts' k-sum
-        kernel, rounded as the next norm's fused add would; the result is the residual stream itself, so the
-        next layer's QKV kernel can normalise it in its prologue (one RMSNorm launch a layer fewer).
-        """
-        if self.decode_max_tokens < 0:
-            raise RuntimeError("this MoE block has no fused decode form (shared experts)")
-        return self.forward(norm(x), residual=residual)
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """The routed experts' weighted sum (+ the shared experts'), plus `residual` if given (no shared experts)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         moe = self.moe
         weights, ids = self._route(
             self.gate(x),
@@ -313,15 +293,13 @@ class SparseMoE(nn.Module):
             ids = ids.masked_fill(elsewhere, 0)
             weights = weights.masked_fill(elsewhere, 0.0)
         experts = self.experts
-        if residual is not None and self.shared_experts is not None:
-            raise ValueError("the residual joins the routed experts' sum only without shared experts")
         if self._experts_fp8 is not None:
             out: torch.Tensor = self._experts_fp8(
-                x, experts.w13, experts.w2, weights, ids, residual=residual,
+                x, experts.w13, experts.w2, weights, ids,
                 w13_scale=experts.w13_scale_inv, w2_scale=experts.w2_scale_inv, block_size=experts.fp8_block,
             )
         else:
-            out = self._experts(x, experts.w13, experts.w2, weights, ids, residual=residual)
+            out = self._experts(x, experts.w13, experts.w2, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out

@@ -27,7 +27,6 @@ from torch import nn
 from tokenspeed.layers.attention import GQAAttention
 from tokenspeed.layers.linear import select_decode_gemm
 from tokenspeed.layers.mlp import GatedMLP
-from tokenspeed.layers.moe import SparseMoE
 from tokenspeed.layers.norm import RMSNorm
 from tokenspeed.layers.rotary_embedding import RotaryEmbedding
 from tokenspeed.models.config import ModelConfig
@@ -68,14 +67,13 @@ class DecoderLayer(nn.Module):
             config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device
         )
         self.mlp = self.build_mlp(config, index, dtype=dtype, device=device)
-        # Decode-sized steps run the layer with the norms and residual adds fused into its kernels (see
-        # `forward`): four weight kernels with a GatedMLP; with a SparseMoE the input norm and the o_proj
-        # residual as there, the MoE's residual in its k-sum (`SparseMoE.forward_decode`).
+        # Decode-sized steps run the layer as four weight kernels with the norms and residual adds
+        # fused in (see `forward`); only a GatedMLP has the fused form, so MoE layers keep the plain one.
         self._fused_decode_max_tokens = self.fused_decode_limit()
 
     def fused_decode_limit(self) -> int:
         """Most rows the fused decode form serves (-1: none); FP8 weights recompute it (`fp8_model`)."""
-        if not isinstance(self.mlp, GatedMLP | SparseMoE):
+        if not isinstance(self.mlp, GatedMLP):
             return -1
         return min(self.self_attn.decode_max_tokens, self.mlp.decode_max_tokens)
 

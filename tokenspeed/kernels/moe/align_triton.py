@@ -23,10 +23,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.moe.align import BlockAlignment, max_blocks
-from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.triton_launch import for_tensor, next_power_of_2
 
 # Largest T*k aligned by the single-program kernel; larger batches use the torch version.
@@ -54,11 +52,7 @@ def _align_kernel(
     BLOCK_E: tl.constexpr,
     BLOCK_B: tl.constexpr,
     CHUNK: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
-        gdc_wait()
-        gdc_launch_dependents()
     offs = tl.arange(0, BLOCK_P)
     ok = offs < num_pairs
     ids = tl.load(ids_ptr + offs, mask=ok, other=0).to(tl.int32)
@@ -106,6 +100,6 @@ def align_by_expert_triton(topk_ids: torch.Tensor, num_experts: int, block_m: in
         for_tensor(_align_kernel, flat)[(1,)](
             flat.contiguous(), pair_ids, block_expert, scratch, num_pairs, blocks,
             NUM_EXPERTS=num_experts, BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_E=block_e,
-            BLOCK_B=block_b, CHUNK=chunk, num_warps=NUM_WARPS, **pdl_launch_options(pdl_enabled(flat.device)),
+            BLOCK_B=block_b, CHUNK=chunk, num_warps=NUM_WARPS,
         )  # fmt: skip
     return BlockAlignment(pair_ids=pair_ids, block_expert=block_expert, block_m=block_m)

@@ -48,8 +48,7 @@ def moe_compile_configs() -> Iterator[KernelConfig]:
             | dict(NUM_GROUPS=groups, TOPK_GROUPS=kept, GROUP_TOP2=top2, BLOCK_E=next_power_of_2(experts))
             | dict(
                 BLOCK_G=next_power_of_2(groups), BLOCK_K=next_power_of_2(top_k), SCALING=scaling, EPS=1e-20
-            )
-            | dict(USE_PDL=True),
+            ),
             pointers={"weights_ptr": "fp32", "ids_ptr": "i32", "bias_ptr": "fp32"},
             num_warps=routing_triton.num_warps_for(experts),
         )
@@ -57,18 +56,15 @@ def moe_compile_configs() -> Iterator[KernelConfig]:
         yield KernelConfig(
             f"moe.router_logits {name}",
             router_logits_triton._router_logits_kernel,
-            dict(E=experts, H=hidden, BLOCK_E=router_logits_triton.BLOCK_E)
-            | dict(BLOCK_K=router_logits_triton.BLOCK_K, USE_PDL=True),
+            dict(E=experts, H=hidden, BLOCK_E=router_logits_triton.BLOCK_E, BLOCK_K=router_logits_triton.BLOCK_K),
             pointers={"w_ptr": "fp32", "out_ptr": "fp32"},
         )
     for name, (hidden, inter, experts, top_k) in SHAPES.items():
-        for residual in (False, True):
-            yield KernelConfig(
-                f"moe.sum_pairs {name} residual={residual}",
-                experts_triton._sum_pairs_kernel,
-                dict(H=hidden, TOP_K=top_k, BLOCK_H=experts_triton.SUM_BLOCK_H, HAS_RESIDUAL=residual)
-                | dict(USE_PDL=True),
-            )
+        yield KernelConfig(
+            f"moe.sum_pairs {name}",
+            experts_triton._sum_pairs_kernel,
+            dict(H=hidden, TOP_K=top_k, BLOCK_H=experts_triton.SUM_BLOCK_H),
+        )
         for tokens in (1, 64, align_triton.ALIGN_TRITON_MAX_PAIRS // top_k):
             block_p = next_power_of_2(tokens * top_k)
             block_e = next_power_of_2(experts)
@@ -77,7 +73,7 @@ def moe_compile_configs() -> Iterator[KernelConfig]:
                 f"moe.align {name} tokens={tokens}",
                 align_triton._align_kernel,
                 dict(NUM_EXPERTS=experts, BLOCK_M=16, BLOCK_P=block_p, BLOCK_E=block_e, BLOCK_B=block_b)
-                | dict(CHUNK=chunk, USE_PDL=True),
+                | dict(CHUNK=chunk),
                 pointee="i32",
                 num_warps=align_triton.NUM_WARPS,
             )
@@ -85,7 +81,6 @@ def moe_compile_configs() -> Iterator[KernelConfig]:
             variants = {"": _BF16} | ({"fp8 ": _FP8_MODES[tiles]} if name == "qwen3_30b_a3b" else {})
             for label, flags in variants.items():
                 common = dict(BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, IEEE=False)
-                common |= dict(USE_PDL=True)
                 common |= flags
                 weights = {"w_ptr": "fp8e4nv"} if flags["W_FP8"] else {}
                 inputs = {"x_ptr": "fp8e4nv", "act_ptr": "fp8e4nv"} if flags["A_FP8"] else {}

@@ -37,11 +37,8 @@ class ExpertsByBatch:
         w2: torch.Tensor,
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
-        *,
-        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        kernel = self.kernel_for(hidden.shape[0])
-        return kernel(hidden, w13, w2, topk_weights, topk_ids, residual=residual)
+        return self.kernel_for(hidden.shape[0])(hidden, w13, w2, topk_weights, topk_ids)
 
 
 def select_experts_by_batch(*, platform: str, dtype: torch.dtype) -> ExpertsByBatch:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from tokenspeed.kernels.moe.experts_reference import check_experts_args, plus_residual, routed_experts_loop
+from tokenspeed.kernels.moe.experts_reference import check_experts_args, routed_experts_loop
 from tokenspeed.kernels.quant.fp8 import (
     FP8_DTYPE,
     GROUP_SIZE,
@@ -77,9 +77,8 @@ def fused_experts_fp8_reference(
     w2_scale: torch.Tensor,
     block_size: BlockSize = WEIGHT_BLOCK,
     quantize_activations: bool = False,
-    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """sum_k topk_weights[:, k] * Expert_{topk_ids[:, k]}(hidden) with dequantised fp8 experts (+ `residual`)."""
+    """sum_k topk_weights[:, k] * Expert_{topk_ids[:, k]}(hidden) with dequantised fp8 experts."""
     experts = check_fp8_experts_args(
         hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_size
     )[3]
@@ -91,5 +90,4 @@ def fused_experts_fp8_reference(
         )
 
     requantize = _fake_quantize if quantize_activations else None
-    out = routed_experts_loop(hidden, topk_weights, topk_ids, experts, expert_weights, requantize=requantize)
-    return plus_residual(out, residual)
+    return routed_experts_loop(hidden, topk_weights, topk_ids, experts, expert_weights, requantize=requantize)

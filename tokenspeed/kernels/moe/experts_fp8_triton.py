@@ -80,7 +80,6 @@ def fused_experts_fp8_triton(
     block_size: BlockSize = WEIGHT_BLOCK,
     tiles: TileConfig | None = None,
     quantize_activations: bool | None = None,
-    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """sum_k topk_weights[:, k] * Expert_{topk_ids[:, k]}(hidden) with fp8 experts; see the module docstring."""
     tokens, hidden_size, _, experts = check_fp8_experts_args(
@@ -103,4 +102,4 @@ def fused_experts_fp8_triton(
     alignment = align_pairs(topk_ids, experts, tiles.block_m)
     weights = topk_weights.to(torch.float32).contiguous()
     pair_out = launch_grouped_experts(hidden, w13, w2, weights, alignment, top_k, tiles, fp8)
-    return sum_pairs(pair_out, tokens, top_k, residual)
+    return sum_pairs(pair_out, tokens, top_k)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenspeed.kernels.moe.align import sort_by_expert
-from tokenspeed.kernels.moe.experts_reference import check_experts_args, plus_residual
+from tokenspeed.kernels.moe.experts_reference import check_experts_args
 from tokenspeed.kernels.registry import Band, register_kernel
 
 # Smallest batch (tokens) for which `grouped_mm` is eligible: below it an expert sees
@@ -52,10 +52,8 @@ def fused_experts_grouped_mm(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    *,
-    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """sum_k topk_weights[:, k] * Expert_{topk_ids[:, k]}(hidden) (+ `residual`), through two grouped GEMMs."""
+    """sum_k topk_weights[:, k] * Expert_{topk_ids[:, k]}(hidden), through two grouped GEMMs."""
     if _grouped_mm is None:
         raise RuntimeError("this torch has neither torch.nn.functional.grouped_mm nor torch._grouped_mm")
     tokens, hidden_size, inter, experts = check_experts_args(hidden, w13, w2, topk_weights, topk_ids)
@@ -68,7 +66,7 @@ def fused_experts_grouped_mm(
     routed = _grouped_mm(act, w2.transpose(1, 2), offs=offs)
     scaled = (routed.float() * topk_weights.reshape(-1).float()[grouped.order, None]).to(hidden.dtype)
     pair_out = torch.empty_like(scaled).index_copy_(0, grouped.order, scaled)
-    return plus_residual(pair_out.view(tokens, top_k, hidden_size).sum(dim=1), residual)
+    return pair_out.view(tokens, top_k, hidden_size).sum(dim=1)
 
 
 if GROUPED_MM_AVAILABLE:

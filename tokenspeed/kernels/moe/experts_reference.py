@@ -55,21 +55,6 @@ def check_experts_args(
     return tokens, hidden_size, inter, experts
 
 
-def plus_residual(out: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-    """`out + residual` rounded once to out's dtype (the decoder's fused add + norm rounds the stream so),
-    or `out`. The experts' optional `residual` lets a decode layer add its residual stream inside the
-    k-sum kernel instead of the next norm (`layers/moe.SparseMoE.forward_decode`)."""
-    if residual is None:
-        return out
-    check_residual(out.shape, residual)
-    return out + residual
-
-
-def check_residual(shape: torch.Size, residual: torch.Tensor) -> None:
-    if residual.shape != shape:
-        raise ValueError(f"residual {tuple(residual.shape)} must be {tuple(shape)}")
-
-
 def routed_experts_loop(
     hidden: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -116,10 +101,7 @@ def fused_experts_reference(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    *,
-    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """sum_k topk_weights[:, k] * Expert_{topk_ids[:, k]}(hidden), in hidden's dtype (+ `residual`)."""
+    """sum_k topk_weights[:, k] * Expert_{topk_ids[:, k]}(hidden), in hidden's dtype."""
     experts = check_experts_args(hidden, w13, w2, topk_weights, topk_ids)[3]
-    out = routed_experts_loop(hidden, topk_weights, topk_ids, experts, lambda e: (w13[e], w2[e]))
-    return plus_residual(out, residual)
+    return routed_experts_loop(hidden, topk_weights, topk_ids, experts, lambda e: (w13[e], w2[e]))

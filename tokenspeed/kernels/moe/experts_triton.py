@@ -24,9 +24,7 @@ Steps (no host sync anywhere, so the whole op can be captured in a CUDA graph):
    layer at 1 token and 2.2 at 64, where torch's generic reduction of
    `view(T, k, H).sum(1)` took 5.0 and 6.2
    (`benchmarks/results/h100/wave2/moe_router_2026-12-06/`);
-   `TOKENSPEED_MOE_TRITON_SUM=0` keeps torch's. With `residual` (a decode
-   layer's stream, `layers/moe.SparseMoE.forward_decode`) the kernel adds it
-   to the rounded sum, so no norm kernel has to.
+   `TOKENSPEED_MOE_TRITON_SUM=0` keeps torch's.
 
 Rounding mirrors the reference where it is free: gate and up are rounded to
 the activation dtype before the activation, the activation before the product.
@@ -62,13 +60,11 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.attention.paged_tiles import dot
 from tokenspeed.kernels.moe.align import BlockAlignment, align_by_expert
 from tokenspeed.kernels.moe.align_triton import ALIGN_TRITON_MAX_PAIRS, align_by_expert_triton
-from tokenspeed.kernels.moe.experts_reference import check_experts_args, check_residual, plus_residual
-from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
+from tokenspeed.kernels.moe.experts_reference import check_experts_args
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE
 from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
 from tokenspeed.kernels.quant.quantize_triton import quantize_per_token_group_triton
@@ -176,11 +172,7 @@ def _moe_gate_up_kernel(
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
     GROUP_K: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
-        gdc_wait()
-        gdc_launch_dependents()
     pid_m, pid_n = _block_coordinates(num_m_blocks, INTER, BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
@@ -261,11 +253,7 @@ def _moe_down_kernel(
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
     GROUP_K: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
-        gdc_wait()
-        gdc_launch_dependents()
     pid_m, pid_n = _block_coordinates(num_m_blocks, HIDDEN, BLOCK_N, GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
@@ -356,7 +344,6 @@ def launch_grouped_experts(
     ieee = hidden.dtype == torch.float32
     common = dict(BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, IEEE=ieee)
     launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-    launch |= pdl_launch_options(pdl_enabled(hidden.device))
     x, scales, flags = _fp8_args(hidden, fp8.w13_scale if fp8 else w13, fp8)
     grid_up = (blocks * triton.cdiv(inter, tiles.block_n_up),)
     for_tensor(_moe_gate_up_kernel, hidden)[grid_up](
@@ -382,45 +369,28 @@ def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Block
 
 
 @triton.jit
-def _sum_pairs_kernel(
-    pairs_ptr, residual_ptr, out_ptr, H: tl.constexpr, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, USE_PDL: tl.constexpr,
-):  # fmt: skip
-    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
-        gdc_wait()
-        gdc_launch_dependents()
+def _sum_pairs_kernel(pairs_ptr, out_ptr, H: tl.constexpr, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     ok = offs < H
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for k in tl.static_range(TOP_K):
         acc += tl.load(pairs_ptr + (token * TOP_K + k) * H + offs, mask=ok, other=0.0).to(tl.float32)
-    out = acc.to(out_ptr.dtype.element_ty)
-    if HAS_RESIDUAL:  # the stream: round(round(sum) + residual), as the next norm's fused add rounds it
-        residual = tl.load(residual_ptr + token * H + offs, mask=ok, other=0.0).to(tl.float32)
-        out = (out.to(tl.float32) + residual).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + token * H + offs, out, mask=ok)
+    tl.store(out_ptr + token * H + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 SUM_BLOCK_H = 512
 
 
-def sum_pairs(
-    pair_out: torch.Tensor, tokens: int, top_k: int, residual: torch.Tensor | None = None
-) -> torch.Tensor:
-    """`[T, H]`: each token's k weighted pair rows of `pair_out` `[T*k, H]` summed in fp32, rounded once
-    (then `residual` added and rounded again: `experts_reference.plus_residual`)."""
+def sum_pairs(pair_out: torch.Tensor, tokens: int, top_k: int) -> torch.Tensor:
+    """`[T, H]`: each token's k weighted pair rows of `pair_out` `[T*k, H]` summed in fp32, rounded once."""
     hidden = pair_out.shape[1]
     if os.environ.get("TOKENSPEED_MOE_TRITON_SUM", "1") == "0" or tokens == 0:
-        return plus_residual(pair_out.view(tokens, top_k, hidden).sum(dim=1), residual)
+        return pair_out.view(tokens, top_k, hidden).sum(dim=1)
     out = torch.empty(tokens, hidden, dtype=pair_out.dtype, device=pair_out.device)
-    if residual is not None:
-        check_residual(out.shape, residual)
-        residual = residual.contiguous()
     for_tensor(_sum_pairs_kernel, pair_out)[(tokens, triton.cdiv(hidden, SUM_BLOCK_H))](
-        pair_out, residual if residual is not None else out, out, H=hidden, TOP_K=top_k, BLOCK_H=SUM_BLOCK_H,
-        HAS_RESIDUAL=residual is not None, num_warps=4, **pdl_launch_options(pdl_enabled(pair_out.device)),
-    )  # fmt: skip
+        pair_out, out, H=hidden, TOP_K=top_k, BLOCK_H=SUM_BLOCK_H, num_warps=4
+    )
     return out
 
 
@@ -435,10 +405,8 @@ def fused_experts_triton(
     topk_ids: torch.Tensor,
     *,
     tiles: TileConfig | None = None,
-    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """sum_k topk_weights[:, k] * Expert_{topk_ids[:, k]}(hidden) (+ `residual`, added in the k-sum kernel);
-    `tiles` overrides `tile_config` (tests)."""
+    """sum_k topk_weights[:, k] * Expert_{topk_ids[:, k]}(hidden); `tiles` overrides `tile_config` (tests)."""
     tokens, hidden_size, _, experts = check_experts_args(hidden, w13, w2, topk_weights, topk_ids)
     top_k = topk_ids.shape[1]
     hidden, w13, w2 = hidden.contiguous(), w13.contiguous(), w2.contiguous()
@@ -446,4 +414,4 @@ def fused_experts_triton(
     alignment = align_pairs(topk_ids, experts, tiles.block_m)
     weights = topk_weights.to(torch.float32).contiguous()
     pair_out = launch_grouped_experts(hidden, w13, w2, weights, alignment, top_k, tiles)
-    return sum_pairs(pair_out, tokens, top_k, residual)
+    return sum_pairs(pair_out, tokens, top_k)

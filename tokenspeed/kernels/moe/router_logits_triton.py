@@ -24,11 +24,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.moe import ROUTER_TRITON_MAX_TOKENS
 from tokenspeed.kernels.moe.routing_reference import check_router_args
-from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -47,21 +45,14 @@ def _router_logits_kernel(
     H: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
     experts = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     token = tl.program_id(1).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     e_ok = experts < E
     rows = w_ptr + experts.to(tl.int64)[:, None] * H
-    # The first weight step is requested before the wait: the router weight is no previous kernel's output.
-    w = tl.load(rows + offs_k[None, :], mask=e_ok[:, None] & (offs_k < H)[None, :], other=0.0)
-    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x (or writing)
-        gdc_wait()
-        gdc_launch_dependents()
-    x = tl.load(x_ptr + token * stride_x + offs_k, mask=offs_k < H, other=0.0).to(tl.float32)
-    tile = w * x[None, :]
-    for k0 in tl.range(BLOCK_K, H, BLOCK_K, num_stages=2):
+    tile = tl.zeros([BLOCK_E, BLOCK_K], dtype=tl.float32)
+    for k0 in tl.range(0, H, BLOCK_K, num_stages=2):
         k = k0 + offs_k
         k_ok = k < H
         x = tl.load(x_ptr + token * stride_x + k, mask=k_ok, other=0.0).to(tl.float32)
@@ -91,6 +82,6 @@ def router_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         for_tensor(_router_logits_kernel, x)[(triton.cdiv(experts, BLOCK_E), tokens)](
             x, weight.contiguous(), out, x.stride(0), out.stride(0),
             E=experts, H=hidden, BLOCK_E=BLOCK_E, BLOCK_K=min(BLOCK_K, next_power_of_2(hidden)),
-            num_warps=4, **pdl_launch_options(pdl_enabled(x.device)),
+            num_warps=4,
         )  # fmt: skip
     return out

@@ -23,10 +23,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.moe.routing_reference import RENORM_EPS, route_inputs
-from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -51,11 +49,7 @@ def _route_kernel(
     BLOCK_K: tl.constexpr,
     SCALING: tl.constexpr,
     EPS: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
-        gdc_wait()
-        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)
     valid = experts < NUM_EXPERTS
@@ -144,6 +138,6 @@ def route_triton(
             TOPK_GROUPS=kept, GROUP_TOP2=group_scoring == "top2_sum", BLOCK_E=block_e,
             BLOCK_G=next_power_of_2(groups), BLOCK_K=next_power_of_2(top_k),
             SCALING=float(routed_scaling_factor), EPS=RENORM_EPS,
-            num_warps=num_warps_for(num_experts), **pdl_launch_options(pdl_enabled(logits.device)),
+            num_warps=num_warps_for(num_experts),
         )  # fmt: skip
     return weights, ids
