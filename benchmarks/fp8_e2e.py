@@ -27,6 +27,10 @@ Sections (`--sections`, comma separated; the JSON is rewritten after each):
   steps once every row decodes (`steady_decode`): by the difference of two
   `generate` calls, the 128K prompt tokens' prefill (seconds, varying by
   tens of ms) and the decode steps mixed into its chunks swamp 64 steps.
+
+`--profile` writes a kernel table of steady decode steps (`steady_decode`) beside the JSON for each
+variant and batch: `<out>.{fp8,bf16}.profile.txt`, `<out>.qwen3_moe_bs{1,64}.profile.txt`,
+`<out>.kv_long_{bf16,fp8}.profile.txt`.
 """
 
 from __future__ import annotations
