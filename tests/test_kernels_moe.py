@@ -482,6 +482,7 @@ def test_triton_router_logits_match_reference(
 def test_router_takes_the_decode_kernel_up_to_its_token_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """`layers/moe.Router`: decode batches through `moe.router_logits`'s fast kernel, larger ones (and every
     batch with the reference forced, the off switch) through `F.linear` on x in fp32."""
+    from tokenspeed.layers import linear as linear_layer
     from tokenspeed.layers import moe as moe_layer
 
     calls: list[int] = []
@@ -495,7 +496,7 @@ def test_router_takes_the_decode_kernel_up_to_its_token_bound(monkeypatch: pytes
                              workload={"num_tokens": (1, ROUTER_TRITON_MAX_TOKENS)})  # fmt: skip
 
     def router_with(spec: Any) -> Any:  # a Router as it is built on a GPU, here on the CPU
-        monkeypatch.setattr(moe_layer, "select_kernel", lambda *args, **kwargs: spec)
+        monkeypatch.setattr(linear_layer, "select_kernel", lambda *args, **kwargs: spec)
         router = moe_layer.Router(32, 8, correction_bias=False, dtype=torch.float32, device="cpu")
         router.weight.data.normal_()
         return router

@@ -37,24 +37,28 @@ from tokenspeed.layers.fp8_weights import load_scale_part, make_fp8_storage, qua
 DecodeGemm = Callable[..., torch.Tensor]
 
 
-def select_decode_gemm(
-    mode: str, *, device: torch.device | str, dtype: torch.dtype
+def select_decode_kernel(
+    family: str, mode: str, *, device: torch.device | str, dtype: torch.dtype, max_tokens: int
 ) -> tuple[DecodeGemm | None, int]:
-    """(kernel, most tokens it serves) for `gemm.<mode>`, or (None, -1) when only the reference fits.
+    """(kernel, most tokens it serves) for `family.mode` at decode sizes (up to `max_tokens`), or
+    (None, -1) when only the reference fits.
 
     The reference is the oracle and the off switch, never a fast path: a layer
     that gets it keeps its ordinary (cuBLAS / torch) code.
     """
     spec = select_kernel(
-        "gemm",
-        mode,
-        platform=platform_of(device),
-        dtype=dtype,
-        workload={"num_tokens": (1, DECODE_MAX_TOKENS)},
+        family, mode, platform=platform_of(device), dtype=dtype, workload={"num_tokens": (1, max_tokens)}
     )
     if spec.band == Band.REFERENCE:
         return None, -1
-    return spec.impl, spec.workload.get("num_tokens", (1, DECODE_MAX_TOKENS))[1]
+    return spec.impl, spec.workload.get("num_tokens", (1, max_tokens))[1]
+
+
+def select_decode_gemm(
+    mode: str, *, device: torch.device | str, dtype: torch.dtype
+) -> tuple[DecodeGemm | None, int]:
+    """`select_decode_kernel` for `gemm.<mode>`, up to `DECODE_MAX_TOKENS`."""
+    return select_decode_kernel("gemm", mode, device=device, dtype=dtype, max_tokens=DECODE_MAX_TOKENS)
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:

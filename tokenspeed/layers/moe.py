@@ -44,7 +44,7 @@ from torch import nn
 from tokenspeed.kernels.moe import ROUTER_TRITON_MAX_TOKENS
 from tokenspeed.kernels.moe.experts_dispatch import select_experts_by_batch
 from tokenspeed.kernels.quant.fp8 import BlockSize
-from tokenspeed.kernels.registry import Band, platform_of, select_kernel
+from tokenspeed.kernels.registry import platform_of, select_kernel
 from tokenspeed.layers.fp8_weights import (
     SCALE_SUFFIX,
     load_scale_part,
@@ -52,6 +52,7 @@ from tokenspeed.layers.fp8_weights import (
     quantize_in_place,
     weight_dtype,
 )
+from tokenspeed.layers.linear import select_decode_kernel
 from tokenspeed.layers.mlp import GatedMLP
 from tokenspeed.placement.rank_context import current_rank_context
 
@@ -100,12 +101,9 @@ class Router(nn.Module):
             if correction_bias
             else None
         )
-        spec = select_kernel("moe", "router_logits", platform=platform_of(device), dtype=dtype,
-                             workload={"num_tokens": (1, ROUTER_TRITON_MAX_TOKENS)})  # fmt: skip
-        fast = spec.band != Band.REFERENCE
-        self._decode_logits = spec.impl if fast else None
-        bound = spec.workload.get("num_tokens", (1, ROUTER_TRITON_MAX_TOKENS))[1]
-        self._decode_max_tokens = bound if fast else -1
+        self._decode_logits, self._decode_max_tokens = select_decode_kernel(
+            "moe", "router_logits", device=device, dtype=dtype, max_tokens=ROUTER_TRITON_MAX_TOKENS
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._decode_logits is not None and x.shape[0] <= self._decode_max_tokens:
