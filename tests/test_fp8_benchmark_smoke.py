@@ -64,3 +64,13 @@ def test_skinny_stack_smoke_times_every_launch_shape_against_the_gemm_and_bf16(t
         row = metrics["forms"][form]["3"]
         assert set(row["skinny"]) == {repr(c) for c in skinny_shapes()}  # every launch shape ran
         assert row["skinny_chosen_us"] > 0 and row["gemm_us"] > 0 and row["bf16_us"] > 0
+
+
+def test_moe_decode_stack_smoke_times_the_tuned_pick_and_every_tile(tmp_path: Path) -> None:
+    metrics = _smoke("moe_decode_stack.py", tmp_path / "moe_stack.json", "--tokens", "1")["metrics"]
+    from tokenspeed.kernels.moe.experts_fp8_triton import decode_tile_candidates
+
+    row = metrics["by_tokens"]["1"]
+    assert {repr(t) for t in decode_tile_candidates(())} < set(row["us"])  # every candidate ran, and more
+    assert row["us"]["tuned"] > 0 and row["bf16_us"] > 0 and row["tuned_config"].startswith("TileConfig")
+    assert row["best_config"] in row["us"] and row["experts_hit"] == 2.0  # top-2 of one token
