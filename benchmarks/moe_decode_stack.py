@@ -26,14 +26,13 @@ best tile with its fraction of the copy bandwidth.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from fp8_kernels import save  # benchmarks/ is on sys.path when run as a script
-from gemv_stack import copy_bandwidth, timed_us
+from gemv_stack import stack_setup, timed_us
 from gpu_suite import log
 
 SHAPE = (2048, 768, 128, 8)  # Qwen3-30B-A3B: hidden, moe_intermediate, experts, top_k
@@ -151,31 +150,15 @@ def main() -> int:
         "--smoke", action="store_true", help="CPU, Triton interpreter, tiny shape (tests the script)"
     )
     args = parser.parse_args()
-    if args.smoke:
-        os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
-    elif not torch.cuda.is_available():
-        parser.error("needs a CUDA device (or --smoke)")
-    import tokenspeed.kernels.triton_launch  # noqa: F401  (patches the interpreter when it is on)
-
-    dev, dtype = ("cpu", torch.float16) if args.smoke else ("cuda", torch.bfloat16)
-    layers = 2 if args.smoke else args.layers
-    command = " ".join(["python", "benchmarks/moe_decode_stack.py", *sys.argv[1:]])
-    device = torch.cuda.get_device_name() if dev == "cuda" else "cpu (Triton interpreter, smoke)"
-    metrics: dict[str, Any] = {
-        "copy_bandwidth_gb_s": copy_bandwidth(args.smoke),
-        "layers": layers,
-        "by_tokens": {},
-    }
-    stack = ExpertLayers(SMOKE_SHAPE if args.smoke else SHAPE, layers, dtype, dev)
+    run = stack_setup(parser, args, "moe_decode_stack.py")
+    metrics = run.metrics
+    del metrics["forms"]  # gemv_stack's; this script reports by token count
+    metrics["by_tokens"] = {}
+    stack = ExpertLayers(SMOKE_SHAPE if args.smoke else SHAPE, run.layers, run.dtype, run.dev)
     for tokens in map(int, args.tokens.split(",")):
-        metrics["by_tokens"][str(tokens)] = bench_tokens(
-            stack, tokens, metrics["copy_bandwidth_gb_s"], args.smoke
-        )
-        save(args.out, command, device, metrics)  # rewritten after each size: a timeout keeps what finished
-    date = save(args.out, command, device, metrics)
-    table = markdown(metrics)
-    args.out.with_suffix(".md").write_text(f"`{command}` on {device}, {date}\n\n{table}\n")
-    print(table)
+        metrics["by_tokens"][str(tokens)] = bench_tokens(stack, tokens, metrics["copy_bandwidth_gb_s"], args.smoke)
+        save(args.out, run.command, run.device, metrics)  # rewritten after each size: a timeout keeps what finished
+    run.finish(args.out, markdown(metrics))
     return 0
 
 
