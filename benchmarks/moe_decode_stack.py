@@ -14,6 +14,9 @@ a fifth of a wave, at 47% of the DRAM throughput
 the tuner's own pick) runs LAYERS distinct expert sets (more bytes than the
 L2) back to back in one graph, with the alignment and k-sum launches the op
 makes; us per layer = replay time / LAYERS (median of `moe_kernels.graph_ms`).
+On an H100 (2026-12-06) the tuner's pick was the best tile or within 2% of
+it at every size, so the tuner stays
+(`benchmarks/results/h100/wave2/moe_decode_tiles_2026-12-06/`).
 
 Metrics (JSON `metrics`, also printed as a markdown table): `copy_bandwidth_gb_s`
 (`gpu_suite.py`'s), and per token count `by_tokens[T]`: the expert weight
