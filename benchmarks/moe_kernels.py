@@ -18,6 +18,8 @@ Metrics (JSON `metrics`, also printed as a markdown table):
 - `bf16_matmul_tflops`: an 8192^3 product, the device's practical peak
   (`ratio_selected_to_peak` divides by it);
 - `route_us[shape][tokens]`: the shape's routing, Triton kernel and torch reference;
+- `align_us[shape][tokens]`: the pairs' alignment by expert (16-row blocks), the one-program Triton
+  kernel (up to `ALIGN_TRITON_MAX_PAIRS` pairs; null above) and the torch version;
 - `grouped_mm_faster_from_tokens[shape]`: smallest measured T from which grouped_mm
   beats triton at every larger measured T, the measurement behind
   `experts_grouped_mm.GROUPED_MM_MIN_TOKENS`.
@@ -37,6 +39,8 @@ from typing import Any
 import torch
 from gpu_suite import bench_ms, log  # benchmarks/ is on sys.path when run as a script
 
+from tokenspeed.kernels.moe.align import align_by_expert
+from tokenspeed.kernels.moe.align_triton import ALIGN_TRITON_MAX_PAIRS, align_by_expert_triton
 from tokenspeed.kernels.moe.experts_dispatch import select_experts_by_batch
 from tokenspeed.kernels.moe.experts_grouped_mm import (
     GROUPED_MM_AVAILABLE,
@@ -111,6 +115,15 @@ def time_routing(name: str, tokens: int, experts: int, gen: torch.Generator) -> 
     }
 
 
+def time_alignment(ids: torch.Tensor, experts: int) -> dict[str, float | None]:
+    """Microseconds of aligning the pairs by expert in 16-row blocks: Triton (where it serves) and torch."""
+    fits = ids.numel() <= ALIGN_TRITON_MAX_PAIRS
+    return {
+        "triton": round(1000 * graph_ms(functools.partial(align_by_expert_triton, ids, experts, 16)), 1) if fits else None,
+        "torch": round(1000 * graph_ms(functools.partial(align_by_expert, ids, experts, 16)), 1),
+    }
+
+
 def bench_shape(name: str, tokens_list: tuple[int, ...], metrics: dict[str, Any]) -> None:
     hidden, inter, experts, top_k = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -124,6 +137,7 @@ def bench_shape(name: str, tokens_list: tuple[int, ...], metrics: dict[str, Any]
     tflops = metrics["fused_moe_tflops"].setdefault(name, {})
     gb_s = metrics["fused_moe_weight_gb_s"].setdefault(name, {})
     route_us = metrics["route_us"].setdefault(name, {})
+    align_us = metrics["align_us"].setdefault(name, {})
     for tokens in tokens_list:
         x = torch.randn(tokens, hidden, generator=gen, device="cuda").to(BF16)
         weights, ids = uniform_routing(tokens, experts, top_k, seed=tokens)
@@ -148,6 +162,7 @@ def bench_shape(name: str, tokens_list: tuple[int, ...], metrics: dict[str, Any]
         tflops[str(tokens)] = row
         gb_s[str(tokens)] = rates
         route_us[str(tokens)] = time_routing(name, tokens, experts, gen)
+        align_us[str(tokens)] = time_alignment(ids, experts)
         log(f"{name} T={tokens}: {row}")
     if "grouped_mm" in impls:
         measured = sorted(int(t) for t in tflops)
@@ -159,15 +174,16 @@ def bench_shape(name: str, tokens_list: tuple[int, ...], metrics: dict[str, Any]
 def markdown(metrics: dict[str, Any]) -> str:
     lines = [
         "| shape | tokens | triton TFLOP/s | grouped_mm TFLOP/s | selected | dense TFLOP/s | selected/dense"
-        " | selected/peak | route triton us | route reference us |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+        " | selected/peak | route triton us | route reference us | align triton us | align torch us |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, by_tokens in metrics["fused_moe_tflops"].items():
         for tokens, row in by_tokens.items():
-            route = metrics["route_us"][name][tokens]
+            route, align = metrics["route_us"][name][tokens], metrics["align_us"][name][tokens]
             cells = [name, tokens, row.get("triton", "-"), row.get("grouped_mm", "-"), row["selected"]]
             cells += [row["dense_tflops"], row.get("ratio_selected_to_dense", "-")]
             cells += [row.get("ratio_selected_to_peak", "-"), route["triton"], route["reference"]]
+            cells += [align["triton"] if align["triton"] is not None else "-", align["torch"]]
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines.append(f"\n8192^3 bf16 matmul: {metrics['bf16_matmul_tflops']} TFLOP/s")
     lines.append(f"GROUPED_MM_MIN_TOKENS (current): {GROUPED_MM_MIN_TOKENS}")
@@ -188,6 +204,7 @@ def main() -> int:
         "fused_moe_tflops": {},
         "fused_moe_weight_gb_s": {},
         "route_us": {},
+        "align_us": {},
         "grouped_mm_faster_from_tokens": {},
     }
     metrics["bf16_matmul_tflops"] = matmul_peak_tflops()
