@@ -62,7 +62,7 @@ class ExpertLayers:
     def __init__(self, shape: tuple[int, int, int, int], layers: int, dtype: torch.dtype, dev: str) -> None:
         from tokenspeed.kernels.quant.fp8 import dequantize_weight, quantize_weight_block
 
-        hidden, inter, experts, self.top_k = shape
+        hidden, inter, experts, _ = shape
         gen = torch.Generator(device=dev).manual_seed(0)
         w13, s13 = quantize_weight_block(
             torch.randn(experts, 2 * inter, hidden, generator=gen, device=dev) * hidden**-0.5, BLOCK
@@ -79,14 +79,15 @@ class ExpertLayers:
 
     def routings(self, tokens: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """(x, weights, ids) per layer: k distinct experts per token, uniformly at random."""
+        from moe_kernels import uniform_routing  # benchmarks/ is on sys.path when run as a script
+
         hidden, _, experts, top_k = self.shape
         gen = torch.Generator(device=self.dev).manual_seed(tokens)
         out = []
-        for _ in self.fp8:
+        for layer in range(len(self.fp8)):
             x = torch.randn(tokens, hidden, generator=gen, device=self.dev).to(self.dtype)
-            ids = torch.rand(tokens, experts, generator=gen, device=self.dev).topk(top_k, dim=-1).indices
-            weights = torch.randn(tokens, top_k, generator=gen, device=self.dev).softmax(dim=-1)
-            out.append((x, weights, ids.to(torch.int32)))
+            weights, ids = uniform_routing(tokens, experts, top_k, seed=tokens * 1000 + layer, device=self.dev)
+            out.append((x, weights, ids))
         return out
 
 
@@ -119,11 +120,8 @@ def bench_tokens(stack: ExpertLayers, tokens: int, copy_gb_s: float, smoke: bool
             row["us"][name] = round(timed_us(lambda t=tiles: fp8_step(t), smoke) / layers, 2)
         except (ValueError, RuntimeError) as exc:  # a failed build: the others still run
             log(f"T={tokens} {name}: {type(exc).__name__}: {str(exc)[:160]}")
-    hidden, inter, experts, top_k = stack.shape
-    tuned = [
-        c for key, c in tuned_decode_tiles().items() if key[:5] == (tokens, hidden, inter, experts, top_k)
-    ]
-    row["tuned_config"] = repr(tuned[0].config) if tuned else None
+    tuned = tuned_decode_tiles().get((tokens, *stack.shape, stack.dtype, BLOCK))  # the op's tuner key
+    row["tuned_config"] = repr(tuned.config) if tuned else None
     best = min((k for k in row["us"] if k != "tuned"), key=row["us"].__getitem__)
     row |= {"best_config": best, "best_us": row["us"][best],
             "best_fraction": round(nbytes / row["us"][best] / 1e3 / copy_gb_s, 3),

@@ -95,11 +95,13 @@ def matmul_peak_tflops(m: int = 8192) -> float:
     return round(2 * m**3 / bench_ms(lambda: a @ b, reps=20) / 1e9, 1)
 
 
-def uniform_routing(tokens: int, experts: int, top_k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def uniform_routing(
+    tokens: int, experts: int, top_k: int, seed: int, device: str = "cuda"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """k distinct experts per token, uniformly at random; softmax weights over random logits."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    ids = torch.rand(tokens, experts, generator=gen, device="cuda").topk(top_k, dim=-1).indices
-    weights = torch.randn(tokens, top_k, generator=gen, device="cuda").softmax(dim=-1)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    ids = torch.rand(tokens, experts, generator=gen, device=device).topk(top_k, dim=-1).indices
+    weights = torch.randn(tokens, top_k, generator=gen, device=device).softmax(dim=-1)
     return weights, ids.to(torch.int32)
 
 
