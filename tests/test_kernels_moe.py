@@ -344,7 +344,7 @@ def test_triton_experts_match_reference(dtype: torch.dtype, tokens: int, top_k: 
 @interpreted
 @pytest.mark.parametrize(
     ("tokens", "top_k", "experts", "block_m"),
-    [(1, 8, 128, 16), (7, 2, 6, 4), (64, 6, 64, 16), (128, 8, 16, 64)],
+    [(1, 8, 128, 16), (7, 2, 6, 4), (64, 6, 64, 16), (128, 8, 16, 64), (1, 1, 4, 16), (33, 1, 3, 16), (300, 8, 64, 16)],
 )
 def test_triton_align_equals_torch_align(tokens: int, top_k: int, experts: int, block_m: int) -> None:
     gen = torch.Generator().manual_seed(tokens)

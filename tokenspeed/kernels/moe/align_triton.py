@@ -6,13 +6,25 @@ tokens they cost as much as the expert GEMMs themselves (which then only
 stream a few experts' weights). Here one program does it all:
 
 1. histogram of expert ids -> per-expert counts, padded to BLOCK_M, prefix sums
-   -> each expert's first padded row (kept in a small scratch buffer);
+   -> each expert's first padded row, less its first position among the pairs
+   sorted by expert (kept in a small scratch buffer);
 2. fill the pair ids with the padding value, and write each block's expert
    (the number of experts whose blocks end at or before it, -1 past the end);
-3. rank of each pair among the earlier pairs of its expert (a chunked
-   all-pairs comparison: O((T*k)^2), cheap below `ALIGN_TRITON_MAX_PAIRS`),
-   so the placement is the stable order the torch version produces;
-4. scatter each pair id to its expert's first row + rank.
+3. sort the keys expert * BLOCK_P + pair in registers (`tl.sort`, bitonic:
+   O(P log^2 P) compare-swaps spread over the program's threads); a pair's
+   sorted position less its expert's first position is its rank among the
+   earlier pairs of its expert, so the placement is the stable order the
+   torch version produces;
+4. scatter each pair id to its sorted position + the scratch shift.
+The first version ranked the pairs by comparing all of them with all
+(O(P^2) in chunks, one dependent load and reduction per chunk): 32 us a
+layer at 64 tokens x top-8 on an H100, 9% of a Qwen3-30B-A3B FP8 bs64
+step (`benchmarks/results/h100/wave2/moe_decode_tiles_2026-12-06/call1/`,
+`e2e_base.qwen3_moe_bs64.profile.txt`). The sort takes 6.6 us there (the
+step's steady wall 16.46 -> 15.23 ms) and stays under the torch version's
+time up to 4096 pairs, 79 against 100 us
+(`benchmarks/results/h100/wave2/moe_align_sort_2026-12-06/`), where the
+single program's bound now lies (the all-pairs rank stopped at 1024).
 
 Outputs are identical to `align.align_by_expert` (the tests compare them).
 Programs of one CTA order their global writes with `tl.debug_barrier()`.
@@ -27,15 +39,21 @@ import triton.language as tl
 from tokenspeed.kernels.moe.align import BlockAlignment, max_blocks
 from tokenspeed.kernels.triton_launch import for_tensor, next_power_of_2
 
-# Largest T*k aligned by the single-program kernel; larger batches use the torch version.
-ALIGN_TRITON_MAX_PAIRS = 1024
+# Largest T*k aligned by the single-program kernel (4096 pairs: 151 registers a thread, no spills, still faster
+# than the torch version on an H100, module docstring); larger batches use the torch version (~20 launches).
+ALIGN_TRITON_MAX_PAIRS = 4096
 NUM_WARPS = 8
-_REDUCTION_TILE = 8192  # elements of the block x expert and pair x chunk comparison tiles
+_REDUCTION_TILE = 8192  # elements of the block x expert comparison tile
 
 
-def reduction_tiles(block_p: int, block_e: int) -> tuple[int, int]:
-    """(BLOCK_B, CHUNK): blocks per block-expert pass and pairs per rank pass, ~8K elements each."""
-    return max(1, min(64, _REDUCTION_TILE // block_e)), min(block_p, max(1, _REDUCTION_TILE // block_p))
+def blocks_per_pass(block_e: int) -> int:
+    """Blocks per pass of the block -> expert step: a [BLOCK_B, BLOCK_E] tile of ~8K elements."""
+    return max(1, min(64, _REDUCTION_TILE // block_e))
+
+
+def pairs_block(num_pairs: int) -> int:
+    """BLOCK_P: the pairs as a power of two, at least 2 (`tl.sort` needs one compare-swap stage)."""
+    return max(2, next_power_of_2(num_pairs))
 
 
 @triton.jit
@@ -51,7 +69,6 @@ def _align_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_B: tl.constexpr,
-    CHUNK: tl.constexpr,
 ):
     offs = tl.arange(0, BLOCK_P)
     ok = offs < num_pairs
@@ -60,7 +77,7 @@ def _align_kernel(
     counts = tl.histogram(ids, BLOCK_E, mask=ok)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, 0)
-    tl.store(scratch_ptr + experts, ends - padded)
+    tl.store(scratch_ptr + experts, (ends - padded) - (tl.cumsum(counts, 0) - counts))
     rows = num_blocks * BLOCK_M
     for start in range(0, rows, BLOCK_P):
         tl.store(pair_ids_ptr + start + offs, num_pairs, mask=start + offs < rows)
@@ -72,14 +89,9 @@ def _align_kernel(
         expert = tl.where(expert < NUM_EXPERTS, expert, -1)
         tl.store(block_expert_ptr + blocks, expert, mask=blocks < num_blocks)
     tl.debug_barrier()
-    rank = tl.zeros((BLOCK_P,), dtype=tl.int32)
-    for j0 in range(0, num_pairs, CHUNK):
-        j = j0 + tl.arange(0, CHUNK)
-        other = tl.load(ids_ptr + j, mask=j < num_pairs, other=-1).to(tl.int32)
-        earlier = (other[None, :] == ids[:, None]) & (j[None, :] < offs[:, None])
-        rank += tl.sum(earlier.to(tl.int32), axis=1)
-    first_row = tl.load(scratch_ptr + ids, mask=ok, other=0)
-    tl.store(pair_ids_ptr + first_row + rank, offs, mask=ok)
+    keys = tl.sort(tl.where(ok, ids * BLOCK_P + offs, NUM_EXPERTS * BLOCK_P))  # padding lanes sort last
+    shift = tl.load(scratch_ptr + keys // BLOCK_P, mask=ok, other=0)  # ok: the first num_pairs sorted lanes
+    tl.store(pair_ids_ptr + offs + shift, keys % BLOCK_P, mask=ok)
 
 
 def align_by_expert_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> BlockAlignment:
@@ -93,13 +105,11 @@ def align_by_expert_triton(topk_ids: torch.Tensor, num_experts: int, block_m: in
     pair_ids = torch.empty(blocks * block_m, dtype=torch.int32, device=device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=device)
     if num_pairs:
-        block_p = next_power_of_2(num_pairs)
         block_e = next_power_of_2(num_experts)
-        block_b, chunk = reduction_tiles(block_p, block_e)
         scratch = torch.empty(block_e, dtype=torch.int32, device=device)
         for_tensor(_align_kernel, flat)[(1,)](
             flat.contiguous(), pair_ids, block_expert, scratch, num_pairs, blocks,
-            NUM_EXPERTS=num_experts, BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_E=block_e,
-            BLOCK_B=block_b, CHUNK=chunk, num_warps=NUM_WARPS,
+            NUM_EXPERTS=num_experts, BLOCK_M=block_m, BLOCK_P=pairs_block(num_pairs), BLOCK_E=block_e,
+            BLOCK_B=blocks_per_pass(block_e), num_warps=NUM_WARPS,
         )  # fmt: skip
     return BlockAlignment(pair_ids=pair_ids, block_expert=block_expert, block_m=block_m)

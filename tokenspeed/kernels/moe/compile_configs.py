@@ -66,14 +66,12 @@ def moe_compile_configs() -> Iterator[KernelConfig]:
             dict(H=hidden, TOP_K=top_k, BLOCK_H=experts_triton.SUM_BLOCK_H),
         )
         for tokens in (1, 64, align_triton.ALIGN_TRITON_MAX_PAIRS // top_k):
-            block_p = next_power_of_2(tokens * top_k)
             block_e = next_power_of_2(experts)
-            block_b, chunk = align_triton.reduction_tiles(block_p, block_e)
+            block_p, block_b = align_triton.pairs_block(tokens * top_k), align_triton.blocks_per_pass(block_e)
             yield KernelConfig(
                 f"moe.align {name} tokens={tokens}",
                 align_triton._align_kernel,
-                dict(NUM_EXPERTS=experts, BLOCK_M=16, BLOCK_P=block_p, BLOCK_E=block_e, BLOCK_B=block_b)
-                | dict(CHUNK=chunk),
+                dict(NUM_EXPERTS=experts, BLOCK_M=16, BLOCK_P=block_p, BLOCK_E=block_e, BLOCK_B=block_b),
                 pointee="i32",
                 num_warps=align_triton.NUM_WARPS,
             )
