@@ -13,14 +13,6 @@ scheduling and independent loads (a GEMV's weights) move earlier.
 
 `TOKENSPEED_PDL=0` turns it off everywhere (the switch its tests flip);
 it is off on the CPU, under Triton's interpreter and before sm_90.
-
-`pdl_wait` is the kernels' side. `TOKENSPEED_PDL_EARLY_TRIGGER` (read at
-import; EXPERIMENT) moves `launch_dependents` before the wait, so the next
-kernel may be scheduled as soon as all our programs have started rather than
-once our predecessor has finished: 1 in the latency-bound kernels (RoPE, K/V
-store, decode attention and its merge), 2 in the weight-streaming GEMVs too.
-The wait still returns only once the previous grid has completed, so the
-order of effects is unchanged.
 """
 
 from __future__ import annotations
@@ -30,11 +22,6 @@ import os
 from typing import Any
 
 import torch
-import triton
-import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-_EARLY_TRIGGER = tl.constexpr(int(os.environ.get("TOKENSPEED_PDL_EARLY_TRIGGER", "0")))
 
 
 @functools.cache
@@ -52,15 +39,3 @@ def pdl_enabled(device: torch.device) -> bool:
 def pdl_launch_options(enabled: bool) -> dict[str, Any]:
     """Extra launch keywords for a Triton kernel with a `USE_PDL` constexpr."""
     return {"USE_PDL": enabled, "launch_pdl": True} if enabled else {"USE_PDL": False}
-
-
-@triton.jit
-def pdl_wait(USE_PDL: tl.constexpr, STREAMS_WEIGHTS: tl.constexpr = False):
-    """Wait for the previous kernel (its writes are then visible) and let the next one be scheduled."""
-    if USE_PDL:
-        if _EARLY_TRIGGER > STREAMS_WEIGHTS:  # 1: latency-bound kernels only (False == 0), 2: all
-            gdc_launch_dependents()
-            gdc_wait()
-        else:
-            gdc_wait()
-            gdc_launch_dependents()

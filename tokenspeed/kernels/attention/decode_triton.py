@@ -54,6 +54,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.attention.paged_tiles import (
     dot,
@@ -63,7 +64,7 @@ from tokenspeed.kernels.attention.paged_tiles import (
     store_split_partial,
 )
 from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
-from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options, pdl_wait
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
 from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
 from tokenspeed.kernels.registry import Band, register_kernel
@@ -119,8 +120,9 @@ def _decode_split_kernel(
     HAS_SCALE: tl.constexpr,
     SCALE_STRIDE: tl.constexpr,
 ):
-    # see kernels/pdl.py: wait for the previous kernel before any access
-    pdl_wait(USE_PDL)
+    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0)
     kv_head = tl.program_id(1) // (G_BLOCKS * T_GROUPS)
     t_group = tl.program_id(1) % (G_BLOCKS * T_GROUPS) // G_BLOCKS
@@ -207,8 +209,9 @@ def _decode_reduce_kernel(
     BLOCK_D: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    # see kernels/pdl.py: wait for the previous kernel before any access
-    pdl_wait(USE_PDL)
+    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
+        gdc_wait()
+        gdc_launch_dependents()
     token = tl.program_id(0)  # a row's query token (the row itself at one token per row)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)

@@ -82,13 +82,14 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
 from tokenspeed.kernels.gemm.fp8_skinny_triton import SKINNY_BLOCK_M, SkinnyConfig, fp8_skinny_gemm
 from tokenspeed.kernels.gemm.gemv_triton import load_rows
-from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options, pdl_wait
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, WEIGHT_BLOCK, BlockSize
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
@@ -242,8 +243,9 @@ def _fp8_gemv_kernel(
     wu_first = w_first
     if SILU_MUL:
         wu_first = load_rows(up_rows, offs_k, n_mask, K, EVEN)
-    # see kernels/pdl.py: wait for the previous kernel before reading x
-    pdl_wait(USE_PDL, True)
+    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
+        gdc_wait()
+        gdc_launch_dependents()
     x_row = x_ptr + token.to(tl.int64) * stride_xm
     x_cols = offs_g[:, None] * GROUP_K + tl.arange(0, GROUP_K)[None, :]  # [GROUPS, GROUP_K] of a step
     scale_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn  # the program's row block

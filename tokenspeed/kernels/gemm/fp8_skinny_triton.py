@@ -58,11 +58,12 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.arrival_counters import arrival_counters
 from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
 from tokenspeed.kernels.gemm.gemv_triton import load_rows
-from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options, pdl_wait
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, BlockSize
 from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
 from tokenspeed.kernels.triton_launch import for_tensor
@@ -168,8 +169,9 @@ def _fp8_skinny_kernel(
     m_mask = offs_m < M
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     w_first = load_rows(rows, k_lo + offs_k, n_mask, K, EVEN)  # weights never depend on the previous kernel
-    # see kernels/pdl.py: wait for the previous kernel before reading x
-    pdl_wait(USE_PDL, True)
+    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
+        gdc_wait()
+        gdc_launch_dependents()
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     scale_rows = ws_ptr + (offs_n // SCALE_BN) * stride_wsn  # each row's scales (row blocks may be narrow)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)

@@ -40,9 +40,10 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.gemm import DECODE_MAX_TOKENS
-from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options, pdl_wait
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor
 
@@ -130,10 +131,12 @@ def _gemv_kernel(
     u_cur = w_cur
     if SILU_MUL:
         u_cur = load_rows(up_rows, offs_kb, n_mask, K, even)
-    # Programmatic dependent launch: wait for the previous kernel only now, before the first read
-    # of its output (x, residual) and any write of ours; then let the next kernel's programs take
-    # SMs as ours retire (they request their own first weight tiles meanwhile).
-    pdl_wait(USE_PDL, True)
+    if USE_PDL:
+        # Programmatic dependent launch: wait for the previous kernel only now, before the first read
+        # of its output (x, residual) and any write of ours; then let the next kernel's programs take
+        # SMs as ours retire (they request their own first weight tiles meanwhile).
+        gdc_wait()
+        gdc_launch_dependents()
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_NORM:  # each program recomputes the rows' RMS: K values from L2, cheaper than a kernel
         squares = tl.zeros([BLOCK_M], dtype=tl.float32)

@@ -27,9 +27,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.kvstore.reference import check_norm_weights
-from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options, pdl_wait
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
 from tokenspeed.kernels.quant.fp8_cast import quantize_heads
 from tokenspeed.kernels.registry import Band, register_kernel
@@ -133,8 +134,9 @@ def _rope_write_kernel(
     SCALE_STRIDE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    # see kernels/pdl.py: wait for the previous kernel before any access
-    pdl_wait(USE_PDL)
+    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
+        gdc_wait()
+        gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     cos, sin = position_cos_sin(positions_ptr, token, cos_ptr, sin_ptr, stride_cos, HALF, BLOCK_HALF)
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options, pdl_wait
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
 from tokenspeed.kernels.quant.fp8_cast import quantize_heads
 from tokenspeed.kernels.registry import Band, register_kernel
@@ -53,8 +54,9 @@ def _write_kv_kernel(
     HAS_SCALE: tl.constexpr,
     SCALE_STRIDE: tl.constexpr,
 ):
-    # see kernels/pdl.py: wait for the previous kernel before any access
-    pdl_wait(USE_PDL)
+    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
+        gdc_wait()
+        gdc_launch_dependents()
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot >= 0:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options, pdl_wait
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -52,8 +53,9 @@ def _rope_kernel(
     BLOCK_HALF: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    # see kernels/pdl.py: wait for the previous kernel before any access
-    pdl_wait(USE_PDL)
+    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
+        gdc_wait()
+        gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     cos, sin = position_cos_sin(positions_ptr, token, cos_ptr, sin_ptr, stride_cos, HALF, BLOCK_HALF)
     offs = tl.arange(0, BLOCK_HALF)
