@@ -164,6 +164,7 @@ def test_verify_fold_is_the_largest_divisor_within_the_tile() -> None:
 
 
 @interpreted
+@interpreted
 def test_decode_long_rows_take_fewer_longer_splits(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a one-SM device a wave is four programs and the 6 programs of a split index already fill it, so
     a row whose span is >= 512 positions takes splits of min(span, 2048) (1100: one split, 5000: three of
@@ -182,7 +183,6 @@ def test_decode_long_rows_take_fewer_longer_splits(monkeypatch: pytest.MonkeyPat
     torch.testing.assert_close(out, expected, rtol=2e-5, atol=2e-5)
 
 
-@interpreted
 def test_decode_accepts_int64_tables_and_strided_queries() -> None:
     """The executor's tables are int64 today, and q is a view of the fused QKV output."""
     gen = torch.Generator().manual_seed(5)
