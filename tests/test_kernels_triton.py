@@ -26,7 +26,6 @@ from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything 
 from tokenspeed.executor.batch_builder import RowSpec, build_forward_batch
 from tokenspeed.kernels.activation.reference import silu_and_mul_reference
 from tokenspeed.kernels.activation.silu_triton import silu_and_mul_triton
-from tokenspeed.kernels.attention import decode_triton
 from tokenspeed.kernels.attention.decode_triton import (
     choose_fold,
     choose_num_splits,
@@ -164,25 +163,6 @@ def test_verify_fold_is_the_largest_divisor_within_the_tile() -> None:
 
 
 @interpreted
-@interpreted
-def test_decode_long_rows_take_fewer_longer_splits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a one-SM device a wave is four programs and the 6 programs of a split index already fill it, so
-    a row whose span is >= 512 positions takes splits of min(span, 2048) (1100: one split, 5000: three of
-    2048, 2048, 904) instead of the 8 asked for, the rest left empty; a 300-position row keeps the 8. Every
-    position must still be attended exactly once (vs the reference)."""
-    monkeypatch.setattr(decode_triton, "sm_count_of", lambda device: 1)
-    gen = torch.Generator().manual_seed(11)
-    dim, heads, kv_heads = 16, 4, 2
-    lengths = [1100, 300, 5000]
-    k_cache, v_cache, table = _paged_kv(lengths, 16, kv_heads, dim, torch.float32, gen)
-    q = torch.randn(len(lengths), heads, dim, generator=gen)
-    seq_lens = torch.tensor(lengths, dtype=torch.int32)
-    args = (q, k_cache, v_cache, table, seq_lens)
-    out = decode_attention_triton(*args, scale=0.2, num_splits=8)
-    expected = decode_attention_reference(*args, scale=0.2)
-    torch.testing.assert_close(out, expected, rtol=2e-5, atol=2e-5)
-
-
 def test_decode_accepts_int64_tables_and_strided_queries() -> None:
     """The executor's tables are int64 today, and q is a view of the fused QKV output."""
     gen = torch.Generator().manual_seed(5)

@@ -7,11 +7,7 @@ cached byte once:
   to 16, the smallest MMA tile) is the M side of `tl.dot`;
 - one row's context is cut into `num_splits` ranges handled by separate
   programs, so a batch of a few long rows still fills every SM; a second small
-  kernel merges the partial results through their log-sum-exp. `num_splits`
-  is an upper bound: where a row is long enough that fewer splits of at
-  least 512 positions still give a wave of programs (`_WAVE_PROGRAMS_PER_SM`
-  a SM), its splits cover min(2048, span / that count) positions and the
-  rest are empty (a 4 x 32K batch of 8 kv heads: 17 splits rather than 64);
+  kernel merges the partial results through their log-sum-exp;
 - everything per row (length, pages) is read from device tensors, and the
   grid depends only on (rows, heads, num_splits): the launch is a fixed shape
   that a CUDA graph can capture once per batch bucket and replay for any
@@ -77,11 +73,6 @@ from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_powe
 LOG2E = 1.4426950408889634
 _MIN_TOKENS_PER_SPLIT = 128
 _MAX_SPLITS = 64
-# A long row's splits cover at least min(_LONG_SPLIT, span / wave_splits) positions once that is
-# >= _LONG_SPLIT_FROM (`_paged_decode`): fewer, longer splits where they still fill a wave of programs.
-_WAVE_PROGRAMS_PER_SM = 4
-_LONG_SPLIT = tl.constexpr(2048)
-_LONG_SPLIT_FROM = tl.constexpr(512)
 _MAX_TILE_ROWS = 64  # query rows of one program: a group's heads, times the tokens folded in
 
 
@@ -100,7 +91,6 @@ def _decode_split_kernel(
     scale_log2e,
     window,
     q_len,
-    wave_splits,
     stride_qb,
     stride_qh,
     stride_kp,
@@ -159,11 +149,7 @@ def _decode_split_kernel(
     if HAS_WINDOW:
         lo = tl.maximum(first_pos + 1 - window, 0)
     kv_end = tl.maximum(tl.minimum(first_pos + FOLD, seq_len), lo)  # keys past the tile's last token: unseen
-    split_len = tl.cdiv(kv_end - lo, NUM_SPLITS)
-    filling = tl.cdiv(kv_end - lo, wave_splits)  # the split length at which the row's programs fill a wave
-    if filling >= _LONG_SPLIT_FROM:
-        split_len = tl.maximum(split_len, tl.minimum(filling, _LONG_SPLIT))
-    split_len = tl.cdiv(split_len, BLOCK_N) * BLOCK_N
+    split_len = tl.cdiv(tl.cdiv(kv_end - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = lo + split * split_len
     end = tl.minimum(start + split_len, kv_end)
 
@@ -409,8 +395,6 @@ def _paged_decode(
         launch = _FP8_TUNER.choose(key, q.device, lambda chosen: run(launch=chosen))
     launch = launch or SplitLaunch(positions_per_step(block_d, k_cache.element_size()), 2)
     pdl = pdl_enabled(q.device)
-    split_programs = rows * num_kv_heads * g_blocks * t_groups  # programs per split index
-    wave_splits = max(1, -(-_WAVE_PROGRAMS_PER_SM * sm_count_of(q.device) // split_programs))
     if num_splits > 1:
         part_out = torch.empty(tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
@@ -430,7 +414,6 @@ def _paged_decode(
         scale * LOG2E,
         sliding_window or 0,
         q_len,
-        wave_splits,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
