@@ -16,6 +16,9 @@ split over the ranks. Then: a killed worker gives `EngineDead` within 10 s
 and leaves no process; bad combinations are refused before any process
 starts; each rank reads exactly its share of the checkpoint.
 
+An fp8 KV cache (`kv_cache_dtype="fp8"`) on two ranks against one, for a GQA, a one-kv-head, an MoE
+and an MLA family (and MLA under DP attention), on the same workloads.
+
 DP attention (`enable_dp_attention`, 2 attention ranks): DeepSeek-V3 (EP=2),
 DeepSeek-V2 and Qwen3-MoE (GQA, EP=2) against TP=1 on the same workloads, plus a lone request (one
 rank idle for whole steps) and the placement checked from rank 0's runner:
@@ -66,7 +69,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return made
 
 
-def _engine(folder: Path, tp: int, ep: bool, dp_attention: bool = False) -> LLM:
+def _engine(folder: Path, tp: int, ep: bool, dp_attention: bool = False, kv_cache_dtype: str = "auto") -> LLM:
     return LLM(
         str(folder),
         skip_tokenizer_init=True,
@@ -80,6 +83,7 @@ def _engine(folder: Path, tp: int, ep: bool, dp_attention: bool = False) -> LLM:
         tensor_parallel_size=tp,
         enable_expert_parallel=ep and tp > 1,
         enable_dp_attention=dp_attention and tp > 1,
+        kv_cache_dtype=kv_cache_dtype,
     )
 
 
@@ -137,6 +141,26 @@ def test_two_ranks_match_one(folders, family):
         finally:
             llm.shutdown()
     _assert_same(family, results[1], results[2])
+
+
+@pytest.mark.parametrize(("family", "dp_attention"), [("llama", False), ("qwen2", False), ("qwen3_moe", False),
+                                                      ("deepseek_v3", False), ("deepseek_v3", True)])
+def test_fp8_kv_cache_on_two_ranks_matches_one(folders, family, dp_attention):
+    """An e4m3 KV cache split over two ranks (each rank stores its own heads, or MLA's whole latent,
+    in fp8) gives what one rank's fp8 cache gives, through the same prefix hits, chunked prefill and
+    preemption; and the fp8 cache is really in use on the ranks: the log-probabilities move away
+    from the fp32 cache's."""
+    ep = FAMILIES[family]
+    results = {}
+    for tp, kv_cache_dtype in ((1, "fp8"), (2, "fp8"), (2, "auto")):
+        llm = _engine(folders[family], tp, ep, dp_attention, kv_cache_dtype=kv_cache_dtype)
+        try:
+            results[tp, kv_cache_dtype] = _run(llm)
+        finally:
+            llm.shutdown()
+    _assert_same(family, results[1, "fp8"], results[2, "fp8"])
+    fp8, full = (_positions(results[2, kind]["sync"][0]) for kind in ("fp8", "auto"))  # type: ignore[index]
+    assert max(abs(lp - b[t]) for a, b in zip(fp8, full) for t, lp in a.items() if t in b) > 1e-3
 
 
 def _assert_same(family: str, one: dict[str, object], two: dict[str, object]) -> None:
@@ -260,10 +284,9 @@ def test_bad_combinations_are_refused_before_any_rank_starts(folders, changes, m
     [
         dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
         dict(quantization="fp8"),
-        dict(kv_cache_dtype="fp8"),
         dict(host_kv_cache_bytes=1 << 20),
     ],
-    ids=["speculative_config", "quantization", "kv_cache_dtype", "host_kv_cache_bytes"],
+    ids=["speculative_config", "quantization", "host_kv_cache_bytes"],
 )
 def test_single_rank_features_with_several_ranks_are_refused_by_the_config(single_rank_option):
     with pytest.raises(InvalidRequest, match="one rank only"):

@@ -38,7 +38,7 @@ from tokenspeed.config import (
     resolve_dtype,
     resolve_kv_cache_dtype,
 )
-from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest, ModelNotSupported
+from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest
 from tokenspeed.executor.attention_ranks import AttentionRanks
 from tokenspeed.executor.cpu_decode import CPUDecodeForward
 from tokenspeed.executor.cpu_threads import apply_cpu_threads
@@ -134,8 +134,6 @@ class Executor:
             self.local_config = local_model_config(self.model_config, topology)
         self.fp8 = resolve_quantization(self.model_config.raw, config.quantization)
         self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
-        if rank is not None and (self.fp8 is not None or self.kv_dtype != self.dtype):
-            raise ModelNotSupported("FP8 weights or an FP8 KV cache with tensor_parallel_size > 1 are not supported yet.")
 
         check_override_environment()
         with scoped_kernel_overrides(parse_kernel_override(item) for item in config.kernel_overrides):

@@ -44,12 +44,13 @@ import torch
 import torch.multiprocessing as mp
 
 from tokenspeed.config import EngineConfig, resolve_device
-from tokenspeed.errors import EngineDead
+from tokenspeed.errors import EngineDead, ModelNotSupported
 from tokenspeed.executor.executor import Executor
 from tokenspeed.executor.model_runner import StepHandle
 from tokenspeed.executor.rank_setup import STARTUP_TIMEOUT_S, join_world, leave_world
 from tokenspeed.models.config import ModelConfig
 from tokenspeed.models.parallel.sharded_reader import ReadStats
+from tokenspeed.models.quant_config import resolve_quantization
 from tokenspeed.placement.parallel_config import ParallelConfigError, Topology
 from tokenspeed.scheduler.plan import ExecutionPlan, ExecutionResult, ExecutorLimits
 
@@ -90,6 +91,11 @@ def check_topology(config: EngineConfig, model_config: ModelConfig) -> Topology:
         )
     if topology.dp_attention:
         check_dp_attention(model_config, topology)
+    if resolve_quantization(model_config.raw, config.quantization) is not None:
+        raise ModelNotSupported(
+            "FP8 weights (a quantization_config in the checkpoint, or quantization='fp8') run on one rank only "
+            f"for now; they cannot be combined with tensor_parallel_size={config.tensor_parallel_size}"
+        )
     return topology
 
 
