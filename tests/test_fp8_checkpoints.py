@@ -194,14 +194,6 @@ def test_unsupported_quantization_config_is_refused(
         LLM(str(folder), skip_tokenizer_init=True, show_progress=False)
 
 
-def test_fp8_checkpoint_over_several_ranks_is_refused_before_any_rank_starts(
-    sources: dict[str, Path], tmp_path: Path
-) -> None:
-    fp8, _ = _fp8_pair(sources, "llama", tmp_path)
-    with pytest.raises(ModelNotSupported, match="FP8 weights .* run on one rank only"):
-        LLM(str(fp8), skip_tokenizer_init=True, show_progress=False, device="cpu", tensor_parallel_size=2)
-
-
 def test_unknown_quantization_option_is_refused(sources: dict[str, Path]) -> None:
     with pytest.raises(InvalidRequest, match="quantization must be one of fp8"):
         LLM(str(sources["llama"]), skip_tokenizer_init=True, quantization="int4", show_progress=False)

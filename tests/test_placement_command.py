@@ -20,6 +20,7 @@ CASES = {
     "llama-3.1-8b-tp2": ["llama-3.1-8b", "--tp", "2"],
     "llama-3.1-8b-tp1": ["llama-3.1-8b", "--tp", "1"],
     "qwen3-30b-a3b-tp4-ep4": ["qwen3-30b-a3b", "--tp", "4", "--ep", "4"],
+    "qwen3-30b-a3b-fp8-tp4-ep4": ["qwen3-30b-a3b-fp8", "--tp", "4", "--ep", "4"],  # projections at one byte
     "deepseek-v2-lite-tp4-dp-attention": ["deepseek-v2-lite", "--tp", "4", "--dp-attention"],
     "moonlight-tp8-dp-attention-alltoall": [
         "moonlight-16b-a3b", "--tp", "8", "--dp-attention", "--enable-expert-parallel", "--all2all-backend", "alltoall",
@@ -58,5 +59,7 @@ def test_bad_parallel_options_and_models_are_clear_errors(capsys: pytest.Capture
     assert "error: LlamaForCausalLM cannot run with tensor_parallel_size=3: ATTN_TP=3" in capsys.readouterr().err
     assert main(["placement", "llama-3.1-8b", "--tp", "2", "--ep", "2"]) == 2
     assert "expert parallelism needs a mixture-of-experts model" in capsys.readouterr().err
+    assert main(["placement", "qwen3-30b-a3b-fp8", "--tp", "4"]) == 2  # 192 expert rows a rank: cuts 128-row blocks
+    assert "rows [192, 384) start inside a 128-row FP8 block" in capsys.readouterr().err
     assert main(["placement", str(tmp_path / "nowhere")]) == 2
     assert "neither a preset" in capsys.readouterr().err

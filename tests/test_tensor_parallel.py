@@ -1,14 +1,9 @@
 """Multi-rank execution on the CPU (gloo, 2 ranks, fp32): every family at TP=2 against TP=1.
 
-For each family one TP=1 and one TP=2 engine run the same two workloads:
-
-- synchronous steps with log-probabilities of every prompt and generated
-  position: greedy tokens identical, log-probabilities (log-softmaxed logits)
-  within 1e-5;
-- an overlapped run built to hit the scheduler's paths: prompts that share
-  pages with the first run (prefix-cache hits), a per-step token budget below
-  the prompt lengths (chunked prefill) and a KV pool too small for the batch
-  (preemption, counted): greedy tokens identical.
+For each family one TP=1 and one TP=2 engine run the same two workloads
+(`tests/multi_rank_runs.py`: log-probabilities of every position within
+1e-5, greedy tokens identical through prefix-cache hits, chunked prefill
+and preemption).
 
 MoE families run with expert parallelism (EP=2) where marked, the others with
 their experts split by intermediate size; DeepSeek runs MLA with its heads
@@ -38,6 +33,7 @@ import pytest
 from safetensors import safe_open
 
 from tests.checkpoints import make_checkpoint, make_deepseek_checkpoint, prompts
+from tests.multi_rank_runs import assert_same, engine, positions, run_workloads
 from tokenspeed import LLM, SamplingParams
 from tokenspeed.config import EngineConfig
 from tokenspeed.errors import EngineDead, InvalidRequest, TokenSpeedError
@@ -56,7 +52,6 @@ FAMILIES = {
     "deepseek_v3": True,
     "deepseek_v2_greedy": False,
 }
-LOGPROB_TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -67,24 +62,6 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         make = make_deepseek_checkpoint if family.startswith("deepseek") else make_checkpoint
         made[family] = make(family, root / family)
     return made
-
-
-def _engine(folder: Path, tp: int, ep: bool, dp_attention: bool = False, kv_cache_dtype: str = "auto") -> LLM:
-    return LLM(
-        str(folder),
-        skip_tokenizer_init=True,
-        show_progress=False,
-        device="cpu",
-        dtype="float32",
-        max_model_len=128,
-        page_size=16,
-        num_kv_pages=14,  # 8 pages for one max-length request; the overlapped batch needs more: preemption
-        max_num_batched_tokens=40,  # below the longest prompts: chunked prefill
-        tensor_parallel_size=tp,
-        enable_expert_parallel=ep and tp > 1,
-        enable_dp_attention=dp_attention and tp > 1,
-        kv_cache_dtype=kv_cache_dtype,
-    )
 
 
 def _checkpoint_share(folder: Path, llm: LLM) -> None:
@@ -106,41 +83,19 @@ def _checkpoint_share(folder: Path, llm: LLM) -> None:
         assert (share.sharded_bytes, share.replicated_bytes) == (sharded // topology.world_size, replicated)
 
 
-def _run(llm: LLM) -> dict[str, object]:
-    first = prompts(3, seed=5, min_len=20, max_len=40)
-    exact = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=3, prompt_logprobs=3)
-    sync = llm.generate([{"prompt_token_ids": p} for p in first], exact, use_tqdm=False)
-    # prefixes of the first prompts (cache hits) and fresh prompts, more than the pool holds at once
-    batch = [p + [7, 8, 9] for p in first] + prompts(5, seed=9, min_len=30, max_len=60)
-    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    overlapped = llm.generate([{"prompt_token_ids": p} for p in batch], greedy, use_tqdm=False)
-    return {
-        "sync": sync,
-        "tokens": [o.outputs[0].token_ids for o in overlapped],
-        "cached": sum(o.num_cached_tokens for o in overlapped),
-        "preemptions": llm.core.scheduler.num_preemptions,
-    }
-
-
-def _positions(output) -> list[dict[int, float]]:  # type: ignore[no-untyped-def]
-    positions = [p for p in (output.prompt_logprobs or []) if p is not None]
-    positions += output.outputs[0].logprobs
-    return [{token: lp.logprob for token, lp in position.items()} for position in positions]
-
-
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_two_ranks_match_one(folders, family):
     ep = FAMILIES[family]
     results = {}
     for tp in (1, 2):
-        llm = _engine(folders[family], tp, ep)
+        llm = engine(folders[family], tp, ep)
         try:
-            results[tp] = _run(llm)
+            results[tp] = run_workloads(llm)
             if tp > 1 and family in ("qwen3_moe", "llama"):  # EP experts; a tied vocab-parallel head
                 _checkpoint_share(folders[family], llm)
         finally:
             llm.shutdown()
-    _assert_same(family, results[1], results[2])
+    assert_same(family, results[1], results[2])
 
 
 @pytest.mark.parametrize(("family", "dp_attention"), [("llama", False), ("qwen2", False), ("qwen3_moe", False),
@@ -153,26 +108,14 @@ def test_fp8_kv_cache_on_two_ranks_matches_one(folders, family, dp_attention):
     ep = FAMILIES[family]
     results = {}
     for tp, kv_cache_dtype in ((1, "fp8"), (2, "fp8"), (2, "auto")):
-        llm = _engine(folders[family], tp, ep, dp_attention, kv_cache_dtype=kv_cache_dtype)
+        llm = engine(folders[family], tp, ep, dp_attention, kv_cache_dtype=kv_cache_dtype)
         try:
-            results[tp, kv_cache_dtype] = _run(llm)
+            results[tp, kv_cache_dtype] = run_workloads(llm)
         finally:
             llm.shutdown()
-    _assert_same(family, results[1, "fp8"], results[2, "fp8"])
-    fp8, full = (_positions(results[2, kind]["sync"][0]) for kind in ("fp8", "auto"))  # type: ignore[index]
+    assert_same(family, results[1, "fp8"], results[2, "fp8"])
+    fp8, full = (positions(results[2, kind]["sync"][0]) for kind in ("fp8", "auto"))  # type: ignore[index]
     assert max(abs(lp - b[t]) for a, b in zip(fp8, full) for t, lp in a.items() if t in b) > 1e-3
-
-
-def _assert_same(family: str, one: dict[str, object], two: dict[str, object]) -> None:
-    for a, b in zip(one["sync"], two["sync"], strict=True):  # type: ignore[call-overload]
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        for step, (pa, pb) in enumerate(zip(_positions(a), _positions(b), strict=True)):
-            assert pa.keys() == pb.keys(), f"{family}: top tokens differ at position {step}"
-            for token, logprob in pa.items():
-                assert abs(logprob - pb[token]) < LOGPROB_TOLERANCE, (family, step, token, logprob, pb[token])
-    assert one["tokens"] == two["tokens"], family
-    assert two["cached"] > 0, "the run must hit the prefix cache"
-    assert two["preemptions"] > 0, "the run must preempt a request"
 
 
 def _lone_request(llm: LLM) -> list[int]:
@@ -191,9 +134,9 @@ def test_dp_attention_matches_one_rank(folders, family):
     ep = FAMILIES[family]
     results, lone = {}, {}
     for tp in (1, 2):
-        llm = _engine(folders[family], tp, ep, dp_attention=True)
+        llm = engine(folders[family], tp, ep, dp_attention=True)
         try:
-            results[tp] = _run(llm)
+            results[tp] = run_workloads(llm)
             lone[tp] = _lone_request(llm)
             if tp > 1:
                 runner = llm.core.executor.local.runner  # type: ignore[attr-defined]
@@ -203,7 +146,7 @@ def test_dp_attention_matches_one_rank(folders, family):
                 assert runner.graphs is None
         finally:
             llm.shutdown()
-    _assert_same(family, results[1], results[2])
+    assert_same(family, results[1], results[2])
     assert lone[1] == lone[2]
 
 
@@ -216,7 +159,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_killed_worker_gives_engine_dead_within_10_s_and_no_process_is_left(folders):
-    llm = _engine(folders["llama"], 2, False)
+    llm = engine(folders["llama"], 2, False)
     executor = llm.core.executor
     pids = executor.worker_pids  # type: ignore[attr-defined]
     assert pids and all(_alive(pid) for pid in pids)
@@ -247,7 +190,7 @@ def test_a_hung_worker_gives_engine_dead_after_the_collective_timeout(folders, m
     """A rank that stops answering (SIGSTOP: alive, silent) fails its peers' next collective after the
     timeout (3 s here, 10 s by default on the CPU); shutdown then ends the stopped process too."""
     monkeypatch.setenv("TOKENSPEED_RANK_TIMEOUT_S", "3")
-    llm = _engine(folders["llama"], 2, False)
+    llm = engine(folders["llama"], 2, False)
     pid = llm.core.executor.worker_pids[0]  # type: ignore[attr-defined]
     batch = prompts(2, seed=12, min_len=10, max_len=20)
     greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
@@ -283,10 +226,9 @@ def test_bad_combinations_are_refused_before_any_rank_starts(folders, changes, m
     "single_rank_option",
     [
         dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
-        dict(quantization="fp8"),
         dict(host_kv_cache_bytes=1 << 20),
     ],
-    ids=["speculative_config", "quantization", "host_kv_cache_bytes"],
+    ids=["speculative_config", "host_kv_cache_bytes"],
 )
 def test_single_rank_features_with_several_ranks_are_refused_by_the_config(single_rank_option):
     with pytest.raises(InvalidRequest, match="one rank only"):
@@ -321,7 +263,7 @@ def test_the_plan_executor_at_world_size_one_is_the_family_forward(folders):
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3)
     outputs = []
     for planned in (False, True):
-        llm = _engine(folder, 1, False)
+        llm = engine(folder, 1, False)
         try:
             if planned:
                 executor = llm.core.executor
@@ -332,7 +274,7 @@ def test_the_plan_executor_at_world_size_one_is_the_family_forward(folders):
                 model = PlannedModel(executor.model, plan, create_parallel_groups(topology, 0))  # type: ignore[attr-defined]
                 executor.runner.model = model  # type: ignore[attr-defined]
             outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-            outputs.append([(o.outputs[0].token_ids, _positions(o)) for o in outs])
+            outputs.append([(o.outputs[0].token_ids, positions(o)) for o in outs])
         finally:
             llm.shutdown()
     assert outputs[0] == outputs[1]

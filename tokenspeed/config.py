@@ -150,10 +150,10 @@ class EngineConfig:
                 "speculative decoding (speculative_config) runs on one rank only; "
                 f"it cannot be combined with tensor_parallel_size={self.tensor_parallel_size}."
             )
-        if self.tensor_parallel_size > 1 and (self.quantization or self.host_kv_cache_bytes):
+        if self.tensor_parallel_size > 1 and self.host_kv_cache_bytes:
             raise InvalidRequest(
-                "quantization and the KV host tier (host_kv_cache_bytes) run on one rank only "
-                f"for now; they cannot be combined with tensor_parallel_size={self.tensor_parallel_size}."
+                "the KV host tier (host_kv_cache_bytes) runs on one rank only for now; it cannot be "
+                f"combined with tensor_parallel_size={self.tensor_parallel_size}."
             )
         self._validate_kv_tiers()
 

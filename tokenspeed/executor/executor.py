@@ -87,11 +87,6 @@ def load_model(
     load_weights(model, weights, load_format=load_format, seed=seed, progress=progress)
     finish_fp8(model, fp8)
     model.eval()
-    if fp8 is not None and device.type == "cuda":
-        # the unquantised weights the fp8 ones replaced sit in the allocator's cache: give them back,
-        # or the KV pool (sized from the free memory) would not get them
-        gc.collect()
-        torch.cuda.empty_cache()
     return model
 
 
@@ -175,6 +170,7 @@ class Executor:
                 dtype=self.dtype,
                 device=self.device,
                 seed=config.seed,
+                fp8=self.fp8,
             )
         else:
             self.model = load_model(
@@ -400,7 +396,9 @@ class Executor:
         if self.rank is None:
             return weight_bytes(self.model_config, self.dtype, fp8=self.fp8)
         topology = self.rank.groups.topology
-        share = weights_per_rank(self.model_config, topology, torch.empty((), dtype=self.dtype).element_size())
+        share = weights_per_rank(
+            self.model_config, topology, torch.empty((), dtype=self.dtype).element_size(), fp8=self.fp8
+        )
         return share[self.rank.groups.rank].total_bytes
 
     def _pages_for_one_request(self) -> int:

@@ -47,13 +47,7 @@ def weight_bytes(model_config: ModelConfig, dtype: torch.dtype, *, fp8: Fp8Confi
     element = torch.empty((), dtype=dtype).element_size()
     total = 0
     for t in checkpoint_tensors(model_config):
-        module, _, _ = t.name.rpartition(".")
-        leaf = module.rpartition(".")[2]
-        quantized = (
-            fp8 is not None and fp8.serialized and len(t.shape) == 2 and leaf not in ("kv_b_proj", "eh_proj")
-            and ("_proj" in leaf or leaf in ("w1", "w2", "w3")) and not fp8.skips(module)
-        )
-        total += t.numel * (1 if quantized else element)
+        total += t.numel * (1 if fp8 is not None and fp8.keeps_fp8(t.name) else element)
     return total
 
 

@@ -44,11 +44,12 @@ import torch
 import torch.multiprocessing as mp
 
 from tokenspeed.config import EngineConfig, resolve_device
-from tokenspeed.errors import EngineDead, ModelNotSupported
+from tokenspeed.errors import EngineDead
 from tokenspeed.executor.executor import Executor
 from tokenspeed.executor.model_runner import StepHandle
 from tokenspeed.executor.rank_setup import STARTUP_TIMEOUT_S, join_world, leave_world
 from tokenspeed.models.config import ModelConfig
+from tokenspeed.models.parallel.fp8_sharding import check_fp8_sharding
 from tokenspeed.models.parallel.sharded_reader import ReadStats
 from tokenspeed.models.quant_config import resolve_quantization
 from tokenspeed.placement.parallel_config import ParallelConfigError, Topology
@@ -91,11 +92,7 @@ def check_topology(config: EngineConfig, model_config: ModelConfig) -> Topology:
         )
     if topology.dp_attention:
         check_dp_attention(model_config, topology)
-    if resolve_quantization(model_config.raw, config.quantization) is not None:
-        raise ModelNotSupported(
-            "FP8 weights (a quantization_config in the checkpoint, or quantization='fp8') run on one rank only "
-            f"for now; they cannot be combined with tensor_parallel_size={config.tensor_parallel_size}"
-        )
+    check_fp8_sharding(model_config, resolve_quantization(model_config.raw, config.quantization), topology)
     return topology
 
 

@@ -16,7 +16,7 @@ models, 576-row MLA parts in the middle) the scales are stored per output row
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -29,9 +29,14 @@ from tokenspeed.kernels.quant.fp8 import (
     BlockSize,
     dequantize_weight,
     quantize_weight_block,
+    weight_block_amax,
 )
 
 SCALE_SUFFIX = "_scale_inv"
+
+# Online quantisation over ranks: this rank's per-block amax of a weight whose input features are split
+# (o_proj, down_proj, experts' w2) -> the whole rows' amax (models/parallel/fp8_sharding.py).
+AmaxReduce = Callable[[torch.Tensor], torch.Tensor]
 
 # While a model for a serialized FP8 checkpoint is built, its projection weights are allocated in fp8:
 # a bf16 copy first would need twice the weights' memory at once (122 GB for deepseek-v3-fp8-8l).
@@ -86,15 +91,19 @@ def make_fp8_storage(module: nn.Module, attr: str, block: BlockSize) -> None:
     module.register_parameter(attr + SCALE_SUFFIX, _param(scales))
 
 
-def quantize_in_place(module: nn.Module, attr: str, block: BlockSize) -> None:
-    """Quantise the loaded `module.attr` to fp8 with scales per `block` (one expert at a time: bounded memory)."""
+def quantize_in_place(module: nn.Module, attr: str, block: BlockSize, reduce_amax: AmaxReduce | None = None) -> None:
+    """Quantise the loaded `module.attr` to fp8 with scales per `block` (one expert at a time: bounded memory);
+    `reduce_amax` completes the amax of a rank's part of each row (one collective for all experts)."""
     weight = getattr(module, attr).data
     rows = weight.view(-1, *weight.shape[-2:])
+    amax = None
+    if reduce_amax is not None:
+        amax = reduce_amax(torch.stack([weight_block_amax(rows[i], block) for i in range(rows.shape[0])]))
     q = torch.empty(rows.shape, dtype=FP8_DTYPE, device=weight.device)
     scales = torch.empty((rows.shape[0], *scale_shape(tuple(rows.shape[1:]), block)), dtype=torch.float32,
                          device=weight.device)
     for i in range(rows.shape[0]):
-        q[i], scales[i] = quantize_weight_block(rows[i], block)
+        q[i], scales[i] = quantize_weight_block(rows[i], block, amax=None if amax is None else amax[i])
     module.register_parameter(attr, _param(q.view(weight.shape)))
     module.register_parameter(attr + SCALE_SUFFIX, _param(scales.view(scale_shape(tuple(weight.shape), block))))
 

@@ -32,7 +32,13 @@ from tokenspeed.kernels.gemm import DECODE_MAX_TOKENS, FP8_FUSED_DECODE_MAX_TOKE
 from tokenspeed.kernels.gemm.fp8_dispatch import Fp8GemmByBatch, select_fp8_gemm_by_batch
 from tokenspeed.kernels.quant.fp8 import BlockSize
 from tokenspeed.kernels.registry import Band, platform_of, select_kernel
-from tokenspeed.layers.fp8_weights import load_scale_part, make_fp8_storage, quantize_in_place, weight_dtype
+from tokenspeed.layers.fp8_weights import (
+    AmaxReduce,
+    load_scale_part,
+    make_fp8_storage,
+    quantize_in_place,
+    weight_dtype,
+)
 
 DecodeGemm = Callable[..., torch.Tensor]
 
@@ -89,11 +95,14 @@ class Linear(nn.Module):
         self._fp8_gemm: Fp8GemmByBatch | None = None
         self._dtype = dtype
 
-    def use_fp8(self, block: BlockSize, *, checkpoint_block: BlockSize | None) -> None:
+    def use_fp8(
+        self, block: BlockSize, *, checkpoint_block: BlockSize | None, reduce_amax: AmaxReduce | None = None
+    ) -> None:
         """Make the weight fp8: empty storage to load into (`checkpoint_block` given: a serialized
-        checkpoint's blocks), or the loaded weight quantised now (None: online quantisation)."""
+        checkpoint's blocks), or the loaded weight quantised now (None: online quantisation; a rank
+        holding part of each row passes `reduce_amax`, see `fp8_weights.AmaxReduce`)."""
         if checkpoint_block is None:
-            quantize_in_place(self, "weight", block)
+            quantize_in_place(self, "weight", block, reduce_amax)
         else:
             make_fp8_storage(self, "weight", block)
         self.fp8_block, self.checkpoint_block = block, checkpoint_block

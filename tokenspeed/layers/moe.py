@@ -47,6 +47,7 @@ from tokenspeed.kernels.quant.fp8 import BlockSize
 from tokenspeed.kernels.registry import platform_of, select_kernel
 from tokenspeed.layers.fp8_weights import (
     SCALE_SUFFIX,
+    AmaxReduce,
     load_scale_part,
     make_fp8_storage,
     quantize_in_place,
@@ -151,11 +152,14 @@ class StackedExperts(nn.Module):
         self.fp8_block: BlockSize | None = None
         self.checkpoint_block: BlockSize | None = None
 
-    def use_fp8(self, block: BlockSize, *, checkpoint_block: BlockSize | None) -> None:
-        """fp8 `w13`/`w2`: empty storage for a serialized checkpoint, or the loaded weights quantised (None)."""
+    def use_fp8(
+        self, block: BlockSize, *, checkpoint_block: BlockSize | None, reduce_amax: AmaxReduce | None = None
+    ) -> None:
+        """fp8 `w13`/`w2`: empty storage for a serialized checkpoint, or the loaded weights quantised (None;
+        `reduce_amax` for `w2` when its input features are split over ranks, see `fp8_weights.AmaxReduce`)."""
         for attr in ("w13", "w2"):
             if checkpoint_block is None:
-                quantize_in_place(self, attr, block)
+                quantize_in_place(self, attr, block, reduce_amax if attr == "w2" else None)
             else:
                 make_fp8_storage(self, attr, block)
         self.fp8_block, self.checkpoint_block = block, checkpoint_block
@@ -265,9 +269,11 @@ class SparseMoE(nn.Module):
         self._experts_fp8: Callable[..., torch.Tensor] | None = None
         self._dtype = dtype
 
-    def use_fp8(self, block: BlockSize, *, checkpoint_block: BlockSize | None) -> None:
+    def use_fp8(
+        self, block: BlockSize, *, checkpoint_block: BlockSize | None, reduce_amax: AmaxReduce | None = None
+    ) -> None:
         """Routed experts in fp8 (`StackedExperts.use_fp8`), run by `moe.experts_fp8`."""
-        self.experts.use_fp8(block, checkpoint_block=checkpoint_block)
+        self.experts.use_fp8(block, checkpoint_block=checkpoint_block, reduce_amax=reduce_amax)
         platform = platform_of(self.experts.w13.device)
         self._experts_fp8 = select_kernel("moe", "experts_fp8", platform=platform, dtype=self._dtype).impl
 

@@ -20,17 +20,30 @@ fused projection must be skipped whole or not at all), and, online, `kv_b_proj`.
 The decode layer's fused forms (norms in the GEMV prologues, SiLU-and-mul,
 residual adds) run on the FP8 GEMV where it is the small-batch kernel, as on
 bf16 weights; elsewhere (the CPU's reference) the layers take the plain path.
+
+On several ranks each rank runs both moments on its own layers (local sizes,
+its slices loaded by `models/parallel/rank_model.py`); online quantisation
+then completes the amax of weights split by their input features across the
+ranks (`reduce_amax_of`, see `models/parallel/fp8_sharding.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import gc
+from collections.abc import Callable, Iterator
 
+import torch
 from torch import nn
 
 from tokenspeed.errors import ModelNotSupported
 from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
-from tokenspeed.layers.fp8_weights import dequantize_in_place, online_block, restore_dtype, stored_block
+from tokenspeed.layers.fp8_weights import (
+    AmaxReduce,
+    dequantize_in_place,
+    online_block,
+    restore_dtype,
+    stored_block,
+)
 from tokenspeed.layers.linear import Linear, MergedLinear
 from tokenspeed.layers.mlp import GatedMLP
 from tokenspeed.layers.moe import SparseMoE
@@ -54,7 +67,8 @@ def _hf_names(model: nn.Module, path: str, module: nn.Module) -> list[str]:
         return [f"{parent}.{unpacked.get((leaf, shard), leaf)}" for shard in module.shard_names]
     if isinstance(module, SparseMoE):
         names = module.experts.names
-        return [f"{hf_path}.experts.{e}.{n}" for e in range(module.experts.num_experts)
+        first = module.experts.first_expert  # global id of this rank's first expert
+        return [f"{hf_path}.experts.{first + e}.{n}" for e in range(module.experts.num_experts)
                 for n in (names.gate, names.up, names.down)]
     return [hf_path]
 
@@ -65,7 +79,10 @@ def _targets(model: nn.Module, config: Fp8Config) -> Iterator[tuple[str, nn.Modu
         if not isinstance(module, (Linear, SparseMoE)):
             continue
         if type(module).__module__.endswith("parallel_linear"):
-            raise ModelNotSupported("fp8 weights are not supported with tensor parallelism yet")
+            raise ModelNotSupported(
+                "fp8 weights are not supported in the reference parallel layers (layers/parallel_linear.py); "
+                "the engine's ranks build plain layers at their local sizes"
+            )
         leaf = path.rpartition(".")[2]
         if leaf in _NEVER or (not config.serialized and leaf in _ABSORBED):
             continue
@@ -90,9 +107,25 @@ def _block_of(module: nn.Module, config: Fp8Config) -> tuple[int, int]:
     return config.block_size
 
 
-def _use_fp8(module: nn.Module, config: Fp8Config) -> None:
+# The amax reduction of a checkpoint weight (HF name) split by its input features over ranks, or None.
+ReduceAmaxOf = Callable[[str], AmaxReduce | None]
+
+
+def _use_fp8(module: nn.Module, config: Fp8Config, reduce_amax: AmaxReduce | None = None) -> None:
     checkpoint_block = config.block_size if config.serialized else None
-    module.use_fp8(_block_of(module, config), checkpoint_block=checkpoint_block)  # type: ignore[operator]
+    module.use_fp8(  # type: ignore[operator]
+        _block_of(module, config), checkpoint_block=checkpoint_block, reduce_amax=reduce_amax
+    )
+
+
+def _row_weight(model: nn.Module, path: str, module: nn.Module) -> str:
+    """The checkpoint name of the weight whose rows an online scale covers: the projection's, or for
+    routed experts the first expert's down projection (the only expert weight split by its input features)."""
+    names = _hf_names(model, path, module)
+    if isinstance(module, SparseMoE):
+        down = module.experts.names.down
+        names = [name for name in names if name.endswith(f".{down}")]
+    return f"{names[0]}.weight"
 
 
 def _route_decode_paths(model: nn.Module) -> None:
@@ -127,17 +160,25 @@ def prepare_fp8(model: nn.Module, config: Fp8Config | None) -> None:
     _route_decode_paths(model)
 
 
-def finish_fp8(model: nn.Module, config: Fp8Config | None) -> None:
-    """After loading: quantise online, or dequantise the absorbed weights of a serialized checkpoint."""
+def finish_fp8(model: nn.Module, config: Fp8Config | None, reduce_amax_of: ReduceAmaxOf | None = None) -> None:
+    """After loading: quantise online (a rank of several: `reduce_amax_of`), or dequantise the absorbed
+    weights of a serialized checkpoint."""
     if config is None:
         return
     if not config.serialized:
-        for _, module in list(_targets(model, config)):
-            _use_fp8(module, config)
+        for path, module in list(_targets(model, config)):
+            reduce = None if reduce_amax_of is None else reduce_amax_of(_row_weight(model, path, module))
+            _use_fp8(module, config, reduce)
         _route_decode_paths(model)
-        return
-    for path, module in model.named_modules():
-        if isinstance(module, Linear) and module.fp8_block is not None and path.rpartition(".")[2] in _ABSORBED:
-            dtype = module._dtype
-            dequantize_in_place(module, "weight", module.fp8_block, dtype)
-            module.drop_fp8(module.weight.data)
+    else:
+        for path, module in model.named_modules():
+            if isinstance(module, Linear) and module.fp8_block is not None and path.rpartition(".")[2] in _ABSORBED:
+                dtype = module._dtype
+                dequantize_in_place(module, "weight", module.fp8_block, dtype)
+                module.drop_fp8(module.weight.data)
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        # the weights the fp8 ones replaced sit in the allocator's cache: give them back, or the KV
+        # pool (sized from the free memory) would not get them
+        gc.collect()
+        torch.cuda.empty_cache()

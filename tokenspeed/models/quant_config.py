@@ -52,6 +52,19 @@ class Fp8Config:
         name = f".{checkpoint_module}."
         return any(entry and f".{entry.strip('.')}." in name for entry in self.modules_to_not_convert)
 
+    def stores_fp8(self, tensor: str) -> bool:
+        """Whether a serialized checkpoint holds `tensor` (HF name) in fp8, with a `weight_scale_inv` beside it:
+        the projection weights (`*_proj`, Mixtral's `w1`/`w2`/`w3`) but DeepSeek's MTP `eh_proj` and those
+        `modules_to_not_convert` names."""
+        module, _, param = tensor.rpartition(".")
+        leaf = module.rpartition(".")[2]
+        projection = "_proj" in leaf or leaf in ("w1", "w2", "w3")
+        return self.serialized and param == "weight" and projection and leaf != "eh_proj" and not self.skips(module)
+
+    def keeps_fp8(self, tensor: str) -> bool:
+        """`stores_fp8`, less MLA's `kv_b_proj`: dequantised at load to be absorbed (`models/fp8_model.py`)."""
+        return self.stores_fp8(tensor) and ".kv_b_proj." not in tensor
+
 
 def resolve_quantization(raw: Mapping[str, Any], quantization: str | None) -> Fp8Config | None:
     """The FP8 configuration of a model from its config.json (`raw`) and the engine's `quantization`.

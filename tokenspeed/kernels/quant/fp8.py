@@ -144,20 +144,28 @@ def _expand_blocks(scale: torch.Tensor, shape: tuple[int, int], block_size: Bloc
     return rows.repeat_interleave(bk, dim=-1)[..., : shape[1]]
 
 
-def quantize_weight_block(
-    weight: torch.Tensor, block_size: BlockSize = WEIGHT_BLOCK
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Online quantisation of `weight [..., N, K]` (leading dims: experts): (fp8, fp32 scales per block).
-
-    Each block's scale maps its amax onto 448, so no value saturates.
-    `block_size` (1, K) gives per-output-channel scales `[N, 1]`.
-    """
+def weight_block_amax(weight: torch.Tensor, block_size: BlockSize = WEIGHT_BLOCK) -> torch.Tensor:
+    """The largest |value| of every `block_size` block of `weight [..., N, K]`: fp32 `[..., ceil(N/bn), ceil(K/bk)]`."""
     n, k = weight.shape[-2:]
     bn, bk = _clip(block_size, n, k)
     pad_n, pad_k = -n % bn, -k % bk
     w = torch.nn.functional.pad(weight.float(), (0, pad_k, 0, pad_n))
     blocks = w.view(*weight.shape[:-2], (n + pad_n) // bn, bn, (k + pad_k) // bk, bk)
-    scales = scale_of(blocks.abs().amax(dim=(-3, -1)))
+    return blocks.abs().amax(dim=(-3, -1))
+
+
+def quantize_weight_block(
+    weight: torch.Tensor, block_size: BlockSize = WEIGHT_BLOCK, *, amax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Online quantisation of `weight [..., N, K]` (leading dims: experts): (fp8, fp32 scales per block).
+
+    Each block's scale maps its amax onto 448, so no value saturates.
+    `block_size` (1, K) gives per-output-channel scales `[N, 1]`. `amax` (per
+    block, as `weight_block_amax` gives it) replaces the weight's own: a rank
+    holding part of each row quantises with the whole row's amax, as one rank would.
+    """
+    n, k = weight.shape[-2:]
+    scales = scale_of(weight_block_amax(weight, block_size) if amax is None else amax)
     q = cast_to_fp8(weight.float() * _expand_blocks(torch.reciprocal(scales), (n, k), block_size))
     return q, scales
 

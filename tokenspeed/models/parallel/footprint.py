@@ -1,7 +1,8 @@
 """What each rank holds: weight bytes (from the checkpoint inventory and the sharding rules) and KV bytes.
 
-Weights are counted at the activation dtype's width for every tensor (the
-router's fp32 copy and quantised formats are not modelled). KV: a GQA rank
+Weights are counted at the activation dtype's width, a serialized FP8
+checkpoint's projections at one byte (their scales and the router's fp32
+copy are not modelled). KV: a GQA rank
 stores its kv heads (one replicated head when ATTN_TP exceeds the kv heads);
 an MLA rank stores the whole latent of every token it attends, so under
 attention TP every rank holds every token's latent, while under DP attention
@@ -21,6 +22,7 @@ from tokenspeed.placement.plan_text import gib, runs, span
 
 if TYPE_CHECKING:
     from tokenspeed.models.config import ModelConfig
+    from tokenspeed.models.quant_config import Fp8Config
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +36,11 @@ class RankWeights:
         return self.sharded_bytes + self.replicated_bytes
 
 
-def weights_per_rank(config: ModelConfig, topology: Topology, dtype_bytes: int) -> list[RankWeights]:
+def weights_per_rank(
+    config: ModelConfig, topology: Topology, dtype_bytes: int, fp8: Fp8Config | None = None
+) -> list[RankWeights]:
     tensors = [(t, rule_for(t.name, config, topology)) for t in checkpoint_tensors(config)]
+    width = {t.name: 1 if fp8 is not None and fp8.keeps_fp8(t.name) else dtype_bytes for t, _ in tensors}
     out = []
     for rank in range(topology.world_size):
         sharded = replicated = 0
@@ -43,7 +48,7 @@ def weights_per_rank(config: ModelConfig, topology: Topology, dtype_bytes: int) 
             part = slice_for_rank(tensor.name, rule, tensor.shape, topology, rank)
             if part is None:
                 continue
-            nbytes = part.numel(tensor.shape) * dtype_bytes
+            nbytes = part.numel(tensor.shape) * width[tensor.name]
             if rule.sharded:
                 sharded += nbytes
             else:

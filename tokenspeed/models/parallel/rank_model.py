@@ -12,6 +12,12 @@ checks them: every parameter filled, no tensor left without a home.
 A row-parallel bias (`o_proj`, `down_proj`) is read whole by every rank of
 its group and kept on the group's first rank only, so the sum of the partial
 outputs carries it once.
+
+FP8 weights (`fp8`) go in as on one device (`models/fp8_model.py`): a
+block-FP8 checkpoint's slices and their block scales into fp8 storage, or
+the loaded slices quantised online with the whole rows' amax
+(`fp8_sharding.py`), so each rank holds exactly its share of what one
+device would hold.
 """
 
 from __future__ import annotations
@@ -21,11 +27,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tokenspeed.layers.fp8_weights import fp8_weight_allocation
 from tokenspeed.models.config import ModelConfig
+from tokenspeed.models.fp8_model import finish_fp8, prepare_fp8
 from tokenspeed.models.loader import WeightLoadError, _copy_into, _NameMap, _shown, load_dummy_weights
+from tokenspeed.models.parallel.fp8_sharding import amax_reducer
 from tokenspeed.models.parallel.local_config import local_model_config
 from tokenspeed.models.parallel.planned_model import PlannedModel
 from tokenspeed.models.parallel.sharded_reader import ReadStats, ShardedCheckpointReader
+from tokenspeed.models.quant_config import Fp8Config
 from tokenspeed.models.registry import build_model
 from tokenspeed.placement.compiler import compile_plan
 from tokenspeed.placement.model_graph import describe_model
@@ -44,24 +54,35 @@ def build_rank_model(
     dtype: torch.dtype,
     device: torch.device,
     seed: int = 0,
+    fp8: Fp8Config | None = None,
 ) -> tuple[PlannedModel, ReadStats | None]:
     """This rank's model, loaded (`folder` None: seeded dummy weights), and what it read."""
     topology = groups.topology
-    with building_for_rank(RankContext(groups)):
+    with building_for_rank(RankContext(groups)), fp8_weight_allocation(fp8 is not None and fp8.serialized):
         model = build_model(local_model_config(config, topology), dtype=dtype, device=device)
+    prepare_fp8(model, fp8)
     stats = None
     if folder is None:
         load_dummy_weights(model, seed=seed)
     else:
-        stats = load_rank_weights(model, folder, config, groups)
+        fp8_block = fp8.block_size if fp8 is not None and fp8.serialized else None
+        stats = load_rank_weights(model, folder, config, groups, fp8_block=fp8_block)
+    finish_fp8(model, fp8, lambda weight: amax_reducer(weight, config, groups))
     _keep_row_biases_once(model, groups)
     model.eval()
     plan = compile_plan(describe_model(config), topology, dtype_bytes=torch.finfo(dtype).bits // 8)
     return PlannedModel(model, plan, groups), stats
 
 
-def load_rank_weights(model: nn.Module, folder: Path, config: ModelConfig, groups: ParallelGroups) -> ReadStats:
-    reader = ShardedCheckpointReader(folder, config, groups.topology, groups.rank)
+def load_rank_weights(
+    model: nn.Module,
+    folder: Path,
+    config: ModelConfig,
+    groups: ParallelGroups,
+    *,
+    fp8_block: tuple[int, int] | None = None,
+) -> ReadStats:
+    reader = ShardedCheckpointReader(folder, config, groups.topology, groups.rank, fp8_block=fp8_block)
     name_map = _NameMap(model)
     expected = name_map.expected()
     params = dict(model.named_parameters())

@@ -15,6 +15,8 @@ from pathlib import Path
 from tokenspeed.errors import ModelNotFound
 from tokenspeed.models.config import ModelConfig
 from tokenspeed.models.parallel.footprint import format_footprint, kv_bytes_per_token, weights_per_rank
+from tokenspeed.models.parallel.fp8_sharding import check_fp8_sharding
+from tokenspeed.models.quant_config import resolve_quantization
 from tokenspeed.placement.compiler import compile_plan
 from tokenspeed.placement.model_graph import describe_model
 from tokenspeed.placement.parallel_config import ALL2ALL_BACKENDS, ParallelConfig
@@ -75,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         all2all_backend=args.all2all_backend,
     )
     topology = parallel.validate_for_model(config)
+    fp8 = resolve_quantization(config.raw, None)  # a block-FP8 checkpoint's own (presets: *-fp8)
+    check_fp8_sharding(config, fp8, topology)
     dtype = args.dtype or (config.dtype if config.dtype in DTYPE_BYTES else "bfloat16")
     plan = compile_plan(describe_model(config), topology, dtype_bytes=DTYPE_BYTES[dtype])
     print(
@@ -84,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_plan(plan))
     print()
     print(format_footprint(
-        weights_per_rank(config, topology, DTYPE_BYTES[dtype]),
+        weights_per_rank(config, topology, DTYPE_BYTES[dtype], fp8),
         kv_bytes_per_token(config, topology, DTYPE_BYTES[dtype]),
         topology.dp_attention,
     ))
