@@ -12,6 +12,7 @@
 | `experts.{e}.*` | on the EP rank owning expert e only; gate/up column, down row | EP x MoE TP |
 | `shared_experts.*` | column / row (replicated under all-to-all MoE) | MOE_TP_EP |
 | norms, router `gate`, `e_score_correction_bias`, MTP `eh_proj` | replicated | - |
+| block-FP8 `*.weight_scale_inv` | the blocks its weight's slice falls in (`fp8_sharding.py`) | as its weight |
 
 Biases follow their weight's output split; a row-parallel bias is replicated
 and added on one rank only, before the reduction. With attention TP of 1
