@@ -9,7 +9,8 @@ fly), so greedy tokens must be identical and logprobs close. Blocks (16, 128)
 keep the fused q/k/v and gate/up parts on block rows (scales stored per
 block); DeepSeek-V3's (128, 128) blocks do not fit the tiny fused MLA
 projection (24 + 40 rows), which exercises the per-row scale layout, and its
-`kv_b_proj` is dequantised at load for the absorbed attention.
+`kv_b_proj` is dequantised at load for the absorbed attention. DeepSeek-V3's
+MTP layer in fp8 drafts for speculative decoding: same tokens as without it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from tests.checkpoints import load_hf, make_checkpoint, make_deepseek_checkpoint, prompts
 from tests.fp8_checkpoints import _is_projection, dequantised_checkpoint, to_block_fp8
 from tests.test_deepseek_parity import hf_greedy
+from tests.test_mla_layer import _with_mtp_layer
 from tokenspeed import LLM, SamplingParams
 from tokenspeed.errors import InvalidRequest, ModelNotSupported
 from tokenspeed.kernels.quant.fp8 import (
@@ -130,6 +132,34 @@ def test_online_fp8_matches_transformers_on_quantised_weights(
     llm = LLM(str(sources[family]), skip_tokenizer_init=True, page_size=4, quantization="fp8", show_progress=False)
     assert _fp8_modules(llm)
     _assert_matches(llm, load_hf(_online_reference(sources[family], tmp_path / "reference")), family)
+
+
+@pytest.mark.parametrize("quantization", ["checkpoint", "online"])
+def test_mtp_speculation_on_fp8_weights_gives_the_tokens_without_it(
+    quantization: str, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """DeepSeek-V3 with its MTP layer (fp8 like the decoder layers in V3's checkpoint, `eh_proj` bf16) drafts
+    with fp8 weights; greedy tokens equal those without speculation."""
+    folder = tmp_path / "mtp"
+    _with_mtp_layer(sources["deepseek_v3"], folder)
+    options: dict[str, Any] = {"quantization": "fp8"}
+    if quantization == "checkpoint":
+        to_block_fp8(folder, tmp_path / "mtp_fp8", block=(128, 128))
+        folder, options = tmp_path / "mtp_fp8", {}
+    batch = [{"prompt_token_ids": p} for p in prompts(3, seed=7, min_len=8, max_len=24)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    tokens = {}
+    for spec in (None, {"method": "mtp", "num_speculative_tokens": 2}):
+        llm = LLM(str(folder), skip_tokenizer_init=True, page_size=4, show_progress=False, speculative_config=spec,
+                  **options)
+        tokens[spec is None] = [o.outputs[0].token_ids for o in llm.generate(batch, params)]
+        if spec is not None:
+            mtp_fp8 = [name for name in _fp8_modules(llm) if ".layers.2." in name]  # the MTP layer after the two
+            assert mtp_fp8 and not any("eh_proj" in name for name in mtp_fp8), mtp_fp8
+            stats = llm.core.speculation_stats  # type: ignore[attr-defined]
+            assert stats is not None and stats.num_drafts > 0
+        llm.shutdown()
+    assert tokens[False] == tokens[True]
 
 
 def _rewrite(folder: Path, change: Any) -> None:
