@@ -247,6 +247,9 @@ def test_cli_flags_carry_vllm_names_into_the_engine_config():
     assert (config.tensor_parallel_size, config.enable_expert_parallel, config.enable_dp_attention) == (2, True, False)
     config = engine_config_from_args(parser.parse_args(["--tensor-parallel-size", "4", "--enable-dp-attention"]))
     assert config.parallel_config().topology().attn_dp == 4
+    config = engine_config_from_args(parser.parse_args(["-tp", "2", "--quantization", "fp8", "--kv-cache-dtype", "fp8"]))
+    config.validate()  # FP8 weights and cache combine with several ranks
+    assert (config.tensor_parallel_size, config.quantization, config.kv_cache_dtype) == (2, "fp8", "fp8")
 
 
 def test_the_plan_executor_at_world_size_one_is_the_family_forward(folders):
