@@ -10,8 +10,9 @@ only if every rank holds exactly its share of what one rank holds:
   slice falls in; blocks (16, 128) keep the tiny Llama / Qwen3-MoE parts on
   block rows, DeepSeek-V3's (128, 128) are larger than every tiny part, so
   both ranks' halves fall inside one block; MLA's `kv_b_proj` is dequantised
-  per rank. Dense TP, experts over EP and split by their intermediate size
-  (MoE TP), MLA heads split, and DP attention.
+  per rank. Dense TP (also with `modules_to_not_convert` leaving some layers
+  bf16), experts over EP and split by their intermediate size (MoE TP), MLA
+  heads split, and DP attention.
 - online quantisation (`quantization="fp8"`, one scale per output row): a
   rank holding part of each row of `o_proj`, `down_proj` or an expert's `w2`
   must scale it by the whole row's amax, gathered from the other ranks.
@@ -39,6 +40,7 @@ from tokenspeed.models.parallel.weight_sharding import TensorSlice, WeightShardi
 # case -> (family, block (None: online quantisation), expert parallel, DP attention)
 CASES: dict[str, tuple[str, tuple[int, int] | None, bool, bool]] = {
     "llama_block": ("llama", (16, 128), False, False),
+    "llama_block_not_convert": ("llama", (16, 128), False, False),  # with NOT_CONVERT
     "qwen3_moe_block_ep": ("qwen3_moe", (16, 128), True, False),
     "qwen3_moe_block_moe_tp": ("qwen3_moe", (16, 128), False, False),
     "deepseek_v3_block": ("deepseek_v3", (128, 128), False, False),
@@ -47,6 +49,9 @@ CASES: dict[str, tuple[str, tuple[int, int] | None, bool, bool]] = {
     "qwen3_moe_online_moe_tp": ("qwen3_moe", None, False, False),
     "deepseek_v3_online_ep": ("deepseek_v3", None, True, False),
 }
+
+# bf16 modules among fp8 ones (`modules_to_not_convert`), split over the ranks as usual
+NOT_CONVERT = {"llama_block_not_convert": ("model.layers.0.self_attn", "mlp.down_proj")}
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +81,7 @@ def test_fp8_weights_on_two_ranks_match_one(case: str, sources: dict[str, Path],
     options: dict[str, object] = {"quantization": "fp8"} if block is None else {}
     if block is not None:
         folder = tmp_path / "fp8"
-        to_block_fp8(sources[family], folder, block=block)
+        to_block_fp8(sources[family], folder, block=block, not_convert=NOT_CONVERT.get(case, ()))
     results, fp8 = {}, {}
     for tp in (1, 2):
         llm = engine(folder, tp, ep, dp_attention, **options)
