@@ -129,6 +129,11 @@ def launch_shapes(k: int) -> list[Fp8GemvConfig]:
         Fp8GemvConfig(block_n=16, groups=min(4, groups), num_warps=4, stages=4, f16_math=False),
         Fp8GemvConfig(block_n=32, groups=min(2, groups), num_warps=4, stages=4, f16_math=False),
         Fp8GemvConfig(block_n=4, groups=min(16, groups), num_warps=4, stages=3, f16_math=False),
+        # Around the H200's picks (`benchmarks/results/h200/fp8/2026-12-06b/`): more rows, shorter steps.
+        Fp8GemvConfig(block_n=32, groups=min(4, groups), num_warps=4, stages=3),
+        Fp8GemvConfig(block_n=16, groups=min(4, groups), num_warps=4, stages=4),
+        Fp8GemvConfig(block_n=16, groups=min(8, groups), num_warps=8, stages=3),
+        Fp8GemvConfig(block_n=32, groups=min(2, groups), num_warps=8, stages=4, f16_math=False),
     ]
 
 
