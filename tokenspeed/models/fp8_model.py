@@ -48,12 +48,7 @@ from tokenspeed.layers.linear import Linear, MergedLinear
 from tokenspeed.layers.mlp import GatedMLP
 from tokenspeed.layers.moe import SparseMoE
 from tokenspeed.models.llama import DecoderLayer
-from tokenspeed.models.quant_config import Fp8Config
-
-# Linears whose weight a layer reads itself (absorbed into other products), never through a GEMM.
-_ABSORBED = ("kv_b_proj",)
-# Linears FP8 checkpoints keep in bf16 without listing them: DeepSeek-V3's MTP input projection.
-_NEVER = ("eh_proj",)
+from tokenspeed.models.quant_config import ABSORBED_PROJECTIONS, NEVER_FP8_PROJECTIONS, Fp8Config
 
 
 def _hf_names(model: nn.Module, path: str, module: nn.Module) -> list[str]:
@@ -84,7 +79,7 @@ def _targets(model: nn.Module, config: Fp8Config) -> Iterator[tuple[str, nn.Modu
                 "the engine's ranks build plain layers at their local sizes"
             )
         leaf = path.rpartition(".")[2]
-        if leaf in _NEVER or (not config.serialized and leaf in _ABSORBED):
+        if leaf in NEVER_FP8_PROJECTIONS or (not config.serialized and leaf in ABSORBED_PROJECTIONS):
             continue
         skipped = [config.skips(name) for name in _hf_names(model, path, module)]
         if all(skipped):
@@ -172,7 +167,8 @@ def finish_fp8(model: nn.Module, config: Fp8Config | None, reduce_amax_of: Reduc
         _route_decode_paths(model)
     else:
         for path, module in model.named_modules():
-            if isinstance(module, Linear) and module.fp8_block is not None and path.rpartition(".")[2] in _ABSORBED:
+            absorbed = path.rpartition(".")[2] in ABSORBED_PROJECTIONS
+            if isinstance(module, Linear) and module.fp8_block is not None and absorbed:
                 dtype = module._dtype
                 dequantize_in_place(module, "weight", module.fp8_block, dtype)
                 module.drop_fp8(module.weight.data)

@@ -31,6 +31,10 @@ from tokenspeed.kernels.quant.fp8 import GROUP_SIZE
 QUANTIZATION_METHODS = ("fp8",)
 # vLLM's spellings; "fp8" is e4m3 (the attention kernels read e4m3 only).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+# Projections a layer reads itself (absorbed into other products), never through a GEMM: dequantised at load.
+ABSORBED_PROJECTIONS = ("kv_b_proj",)
+# Projections FP8 checkpoints keep in bf16 without listing them: DeepSeek-V3's MTP input projection.
+NEVER_FP8_PROJECTIONS = ("eh_proj",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +63,12 @@ class Fp8Config:
         module, _, param = tensor.rpartition(".")
         leaf = module.rpartition(".")[2]
         projection = "_proj" in leaf or leaf in ("w1", "w2", "w3")
-        return self.serialized and param == "weight" and projection and leaf != "eh_proj" and not self.skips(module)
+        return (self.serialized and param == "weight" and projection and leaf not in NEVER_FP8_PROJECTIONS
+                and not self.skips(module))
 
     def keeps_fp8(self, tensor: str) -> bool:
         """`stores_fp8`, less MLA's `kv_b_proj`: dequantised at load to be absorbed (`models/fp8_model.py`)."""
-        return self.stores_fp8(tensor) and ".kv_b_proj." not in tensor
+        return self.stores_fp8(tensor) and tensor.split(".")[-2] not in ABSORBED_PROJECTIONS
 
 
 def resolve_quantization(raw: Mapping[str, Any], quantization: str | None) -> Fp8Config | None:
