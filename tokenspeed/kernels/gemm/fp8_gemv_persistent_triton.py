@@ -241,7 +241,7 @@ _RESIDENT: dict[tuple, int] = {}
 
 def _resident_programs(kernel: triton.JITFunction, args: tuple, constexprs: dict, device: torch.device) -> int:
     """How many programs of this compiled kernel an SM holds at once (registers, shared memory, threads)."""
-    key = (device.index, args[0].dtype, *constexprs.values())  # the launch passes them in one fixed order
+    key = (device.index, args[0].dtype, tuple(sorted((k, str(v)) for k, v in constexprs.items())))
     if key not in _RESIDENT:
         compiled = kernel.warmup(*args, grid=(1,), **constexprs)
         compiled._init_handles()
