@@ -12,12 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tokenspeed.kernels.compile_check import KernelConfig
-from tokenspeed.kernels.gemm import (
-    fp8_gemm_triton,
-    fp8_gemv_persistent_triton,
-    fp8_gemv_triton,
-    fp8_skinny_triton,
-)
+from tokenspeed.kernels.gemm import fp8_gemm_triton, fp8_gemv_triton, fp8_skinny_triton
 from tokenspeed.kernels.quant import quantize_triton
 from tokenspeed.kernels.quant.fp8 import FP8_MAX, GROUP_SIZE, MIN_AMAX
 from tokenspeed.kernels.triton_launch import next_power_of_2
@@ -61,18 +56,6 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
                 constexprs,
                 pointers={"w_ptr": FP8, "ws_ptr": "fp32"},
                 num_warps=cfg.num_warps,
-            )
-        if k > fp8_gemv_persistent_triton.MAX_K:
-            continue
-        for pcfg in fp8_gemv_persistent_triton.persistent_shapes():  # the persistent kernel at every shape
-            constexprs = dict(N=n, K=k, KP=k, SCALE_BN=128, SCALE_BK=128, ROW_SCALE=False, BLOCK_N=pcfg.block_n)
-            constexprs |= dict(STAGES=pcfg.stages, EVEN=True, HAS_BIAS=False, USE_PDL=True) | fused
-            yield KernelConfig(
-                f"gemm.fp8 triton_gemv persistent {form} n={n} k={k} {pcfg}",
-                fp8_gemv_persistent_triton._fp8_gemv_persistent_kernel,
-                constexprs,
-                pointers={"w_ptr": FP8, "ws_ptr": "fp32"},
-                num_warps=pcfg.num_warps,
             )
     # The skinny GEMM (2-16 tokens) at down_proj's shape (the others differ only in N and K), block and
     # per-channel scales; every launch shape.
