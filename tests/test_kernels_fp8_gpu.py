@@ -43,7 +43,6 @@ from tokenspeed.kernels import arrival_counters  # noqa: E402
 from tokenspeed.kernels.autotune import LaunchTuner  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_gemm_triton import fp8_gemm_triton  # noqa: E402
-from tokenspeed.kernels.gemm.fp8_gemv_persistent_triton import fits_persistent, persistent_shapes  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton, launch_shapes  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_reference import fp8_gemm_reference  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_scaled_mm import (  # noqa: E402
@@ -147,18 +146,13 @@ def test_fused_decode_forms_at_llama_shapes_for_every_launch_shape(block_size: t
     normed = rms_norm_reference(x, norm_w, 1e-6)
     h_want = silu_and_mul_reference(fp8_gemm_reference(normed.float(), gate_up, gate_up_scale, block_size=block_size).to(BF16))
     out_want = fp8_gemm_reference(h_want.float(), down, down_scale, block_size=block_size).to(BF16).float() + res.float()
-    for config in all_one_token_shapes(k):
+    for config in launch_shapes(k):
         h = fp8_gemv_triton(x, gate_up, gate_up_scale, block_size=block_size, config=config,
                             norm_weight=norm_w, eps=1e-6, silu_mul=True)
         assert h.shape == (1, inter) and _rel_err(h, h_want) < GEMM_TOL, config
     for config in launch_shapes(inter):
         out = fp8_gemv_triton(h_want, down, down_scale, block_size=block_size, config=config, residual=res)
         assert _rel_err(out, out_want) < GEMM_TOL, config
-
-
-def all_one_token_shapes(k: int) -> list:
-    """Every one-token launch shape for bf16 rows of `k`: the per-tile kernel's and the persistent kernel's."""
-    return [*launch_shapes(k), *(persistent_shapes() if fits_persistent(k, BF16) else [])]
 
 
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336)])
@@ -171,7 +165,7 @@ def test_every_gemv_launch_shape_is_correct(n: int, k: int) -> None:
     x[1] *= 1e-5
     x = x.to(BF16)
     want = fp8_gemm_reference(x.float(), w8, scale)
-    for config in all_one_token_shapes(k):
+    for config in launch_shapes(k):
         got = fp8_gemv_triton(x, w8, scale, config=config, out_dtype=torch.float32)
         for row in range(3):
             assert _rel_err(got[row], want[row]) < 2e-3, (config, row)  # fp16 products: 2^-11 per product

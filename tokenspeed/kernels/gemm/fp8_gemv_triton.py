@@ -382,8 +382,7 @@ def fp8_gemv_triton(
         return out.view(*x.shape[:-1], n)
 
     persistent = os.environ.get("TOKENSPEED_FP8_GEMV_PERSISTENT")  # CANDIDATE: index into persistent_shapes()
-    norm_only = os.environ.get("TOKENSPEED_FP8_GEMV_PERSISTENT_NORM_ONLY") == "1"  # CANDIDATE: qkv, gate_up
-    if config is None and persistent and fits_persistent(k, x.dtype) and (norm_weight is not None or not norm_only):
+    if config is None and persistent and fits_persistent(k, x.dtype):
         config = persistent_shapes()[int(persistent)]
     if isinstance(config, Fp8PersistentConfig):
         if not fits_persistent(k, x.dtype):
