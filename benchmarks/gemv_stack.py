@@ -18,8 +18,7 @@ replay time / LAYERS (median of `moe_kernels.graph_ms`).
 Metrics (JSON `metrics`, also printed as a markdown table):
 - `copy_bandwidth_gb_s`: as `gpu_suite.py` measures it (every fraction divides by it);
 - `forms[form]`: weight bytes per launch, the fp8 GEMV at every shape of
-  `launch_shapes` and, for rows it serves, of the persistent kernel's
-  `persistent_shapes` (`fp8_us[config]`) and at the one the kernel chooses
+  `launch_shapes` (`fp8_us[config]`) and at the one the kernel chooses
   (`fp8_chosen_us`, `fp8_chosen_config`), the bf16 Triton GEMV the bf16
   decode step runs (`bf16_us`), each with its fraction of the copy bandwidth
   (weight bytes only), and `best_fp8_config`;
@@ -99,7 +98,6 @@ class Layers:
 
 
 def bench_form(stack: Layers, copy_gb_s: float, smoke: bool, sweep: bool = True) -> dict[str, Any]:
-    from tokenspeed.kernels.gemm.fp8_gemv_persistent_triton import fits_persistent, persistent_shapes
     from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, launch_shapes
 
     layers = len(stack.fp8)
@@ -112,8 +110,7 @@ def bench_form(stack: Layers, copy_gb_s: float, smoke: bool, sweep: bool = True)
     row |= {"fp8_chosen_us": round(chosen_us, 2), "fp8_chosen_fraction": fraction(stack.fp8_bytes, chosen_us),
             "fp8_chosen_config": repr(choose_config(stack.k))}  # fmt: skip
     per_config: dict[str, float] = {}
-    shapes = [*launch_shapes(stack.k), *(persistent_shapes() if fits_persistent(stack.k, stack.x.dtype) else [])]
-    for config in shapes if sweep else []:
+    for config in launch_shapes(stack.k) if sweep else []:
         try:
             per_config[repr(config)] = round(timed_us(stack.fp8_launch(config), smoke) / layers, 2)
         except (ValueError, RuntimeError) as exc:  # a failed build: the others still run

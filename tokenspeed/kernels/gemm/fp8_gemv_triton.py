@@ -77,7 +77,6 @@ streams in about four.)
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -87,14 +86,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
-from tokenspeed.kernels.gemm.fp8_gemv_persistent_triton import (
-    MAX_K,
-    Fp8PersistentConfig,
-    fits_persistent,
-    fp8_gemv_persistent,
-    persistent_shapes,
-    round_like_unfused,
-)
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
 from tokenspeed.kernels.gemm.fp8_skinny_triton import SKINNY_BLOCK_M, SkinnyConfig, fp8_skinny_gemm
 from tokenspeed.kernels.gemm.gemv_triton import load_rows
@@ -164,6 +155,19 @@ def _load_x(x_row, offs, mask, norm_w_ptr, rstd, HAS_NORM: tl.constexpr):
         normed = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
         x = (nw * normed).to(x.dtype)
     return x
+
+
+@triton.jit
+def _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL: tl.constexpr):
+    """The GEMM output (and with SILU_MUL, silu(gate) * up) rounded step by step to the activation dtype,
+    as the unfused path rounds it (GEMM output, activation, product), back in fp32 for the residual add."""
+    act_dtype = x_ptr.dtype.element_ty
+    acc = acc.to(act_dtype).to(tl.float32)
+    if SILU_MUL:
+        up = acc_up.to(act_dtype).to(tl.float32)
+        gate = (acc / (1.0 + tl.exp(-acc))).to(act_dtype).to(tl.float32)
+        acc = (gate * up).to(act_dtype).to(tl.float32)
+    return acc
 
 
 @triton.jit
@@ -312,7 +316,7 @@ def _fp8_gemv_kernel(
         if SILU_MUL:
             acc_up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     if SILU_MUL or HAS_RESIDUAL:
-        acc = round_like_unfused(acc, acc_up, x_ptr, SILU_MUL)
+        acc = _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL)
         if HAS_RESIDUAL:
             acc += tl.load(res_ptr + token.to(tl.int64) * stride_rm + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
@@ -342,7 +346,7 @@ def fp8_gemv_triton(
     block_size: BlockSize = WEIGHT_BLOCK,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
-    config: Fp8GemvConfig | SkinnyConfig | Fp8PersistentConfig | None = None,
+    config: Fp8GemvConfig | SkinnyConfig | None = None,
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
     residual: torch.Tensor | None = None,
@@ -381,15 +385,6 @@ def fp8_gemv_triton(
         fp8_skinny_gemm(x2, weight, scales, out, block_size=block_size, bias=bias, config=config)
         return out.view(*x.shape[:-1], n)
 
-    persistent = os.environ.get("TOKENSPEED_FP8_GEMV_PERSISTENT")  # CANDIDATE: index into persistent_shapes()
-    if config is None and persistent and fits_persistent(k, x.dtype):
-        config = persistent_shapes()[int(persistent)]
-    if isinstance(config, Fp8PersistentConfig):
-        if not fits_persistent(k, x.dtype):
-            raise ValueError(f"the persistent FP8 GEMV takes bf16/fp16 rows up to {MAX_K}: {k}, {x.dtype}")
-        fp8_gemv_persistent(x2, weight, scales, out, config, block_size=block_size, bias=bias,
-                            norm_weight=norm_weight, eps=eps, residual=res, silu_mul=silu_mul)  # fmt: skip
-        return out.view(*x.shape[:-1], n)
     config = config or choose_config(k)
     block_n = _fitting_block_n(config.block_n, block_size[0], row_scale)
     block_k = config.groups * GROUP_SIZE
