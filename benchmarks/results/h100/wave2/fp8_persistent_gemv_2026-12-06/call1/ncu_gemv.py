@@ -1,5 +1,7 @@
 """Launch each decode GEMV variant once between cudaProfilerStart/Stop, for `ncu --profile-from-start off`."""
-import os, sys
+import os
+import sys
+
 sys.path.insert(0, "benchmarks")
 import torch
 from gemv_stack import FORMS, Layers
@@ -14,7 +16,8 @@ for f, s in stacks.items():
         variants.append((f"{f} fp8 {c}", lambda s=s, c=c: s.fp8_one(0, c)))
     variants.append((f"{f} bf16", lambda s=s: s.bf16_one(0)))
 for _, fn in variants:  # compile and warm
-    fn(); fn()
+    fn()
+    fn()
 torch.cuda.synchronize()
 for name, _ in variants:
     print(name, flush=True)
