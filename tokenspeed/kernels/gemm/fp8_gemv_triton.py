@@ -171,22 +171,31 @@ def _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL: tl.constexpr):
 
 
 @triton.jit
-def _step_x(x_row, k0, x_cols, offs_g, norm_w_ptr, rstd, f, scale_row, up_scale_row, K: tl.constexpr,
-            GROUP_K: tl.constexpr, SCALE_BK: tl.constexpr, BLOCK_K: tl.constexpr, ROW_SCALE: tl.constexpr,
-            HAS_NORM: tl.constexpr, SILU_MUL: tl.constexpr):
-    """A step's activations `[BLOCK_K]` times f and, for block scales, the step's GROUPS scales of the
-    gate rows (and of the up rows with SILU_MUL), folded in so that the weights need no scaling."""
-    x = _load_x(x_row, k0 + x_cols, (k0 + x_cols) < K, norm_w_ptr, rstd, HAS_NORM).to(tl.float32)
+def _step_scales(scale_row, up_scale_row, k0, offs_g, K: tl.constexpr, GROUP_K: tl.constexpr,
+                 SCALE_BK: tl.constexpr, ROW_SCALE: tl.constexpr, SILU_MUL: tl.constexpr):
+    """A step's GROUPS block scales of the gate rows and of the up rows (SILU_MUL); ones for ROW_SCALE.
+    Weights' metadata: they never depend on the previous kernel, so the first step's load before the PDL wait."""
+    group_start = k0 + offs_g * GROUP_K
     if ROW_SCALE:
-        x = x * f
-        xu = x
-    else:
-        group_start = k0 + offs_g * GROUP_K
-        group_scale = group_start // SCALE_BK
-        xu = x
-        x = xu * (tl.load(scale_row + group_scale, mask=group_start < K, other=0.0) * f)[:, None]
-        if SILU_MUL:
-            xu = xu * (tl.load(up_scale_row + group_scale, mask=group_start < K, other=0.0) * f)[:, None]
+        g = tl.full([offs_g.shape[0]], 1.0, tl.float32)
+        return g, g
+    g = tl.load(scale_row + group_start // SCALE_BK, mask=group_start < K, other=0.0)
+    gu = g
+    if SILU_MUL:
+        gu = tl.load(up_scale_row + group_start // SCALE_BK, mask=group_start < K, other=0.0)
+    return g, gu
+
+
+@triton.jit
+def _step_x(x_row, k0, x_cols, norm_w_ptr, rstd, f, g, gu, K: tl.constexpr, BLOCK_K: tl.constexpr,
+            HAS_NORM: tl.constexpr, SILU_MUL: tl.constexpr):
+    """A step's activations `[BLOCK_K]` times f and the step's scales of the gate rows `g` (and of the up
+    rows `gu` with SILU_MUL), folded in so that the weights need no scaling."""
+    x = _load_x(x_row, k0 + x_cols, (k0 + x_cols) < K, norm_w_ptr, rstd, HAS_NORM).to(tl.float32)
+    xu = x
+    if SILU_MUL:
+        xu = x * (gu * f)[:, None]
+    x = x * (g * f)[:, None]
     return tl.reshape(x, [BLOCK_K]), tl.reshape(xu, [BLOCK_K])
 
 
@@ -248,13 +257,23 @@ def _fp8_gemv_kernel(
     wu_first = w_first
     if SILU_MUL:
         wu_first = load_rows(up_rows, offs_k, n_mask, K, EVEN)
+    # The scales too (the row block's largest for f, the first step's): off the chain after the wait.
+    scale_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn  # the program's row block
+    up_scale_row = ws_ptr + ((pid_n * BLOCK_N + N) // SCALE_BN) * stride_wsn
+    s_peak = 1.0
+    if F16_MATH and not ROW_SCALE:  # SCALE_COLS: the row block's scales, padded to a power of two
+        offs_s = tl.arange(0, SCALE_COLS)
+        s_peak = tl.max(tl.load(scale_row + offs_s, mask=offs_s < scales_per_row, other=0.0), 0)
+        if SILU_MUL:
+            s_peak = tl.maximum(
+                s_peak, tl.max(tl.load(up_scale_row + offs_s, mask=offs_s < scales_per_row, other=0.0), 0)
+            )
+    g, gu = _step_scales(scale_row, up_scale_row, 0, offs_g, K, GROUP_K, SCALE_BK, ROW_SCALE, SILU_MUL)
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
         gdc_wait()
         gdc_launch_dependents()
     x_row = x_ptr + token.to(tl.int64) * stride_xm
     x_cols = offs_g[:, None] * GROUP_K + tl.arange(0, GROUP_K)[None, :]  # [GROUPS, GROUP_K] of a step
-    scale_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn  # the program's row block
-    up_scale_row = ws_ptr + ((pid_n * BLOCK_N + N) // SCALE_BN) * stride_wsn
     rstd = 0.0
     x_peak = 0.0
     if HAS_NORM or F16_MATH:  # one pass over x (K values from L2): the row's RMS and its largest magnitude
@@ -274,29 +293,21 @@ def _fp8_gemv_kernel(
             x_peak *= rstd
     f = 1.0  # x is scaled by f in the fp16 loop, and the result divided by it
     if F16_MATH:  # the power of two that keeps every fp16 lane under _LANE_LIMIT (module docstring)
-        if not ROW_SCALE:  # SCALE_COLS: the row block's scales, padded to a power of two
-            offs_s = tl.arange(0, SCALE_COLS)
-            s_peak = tl.max(tl.load(scale_row + offs_s, mask=offs_s < scales_per_row, other=0.0), 0)
-            if SILU_MUL:
-                s_peak = tl.maximum(
-                    s_peak, tl.max(tl.load(up_scale_row + offs_s, mask=offs_s < scales_per_row, other=0.0), 0)
-                )
-            x_peak *= s_peak
+        x_peak *= s_peak
         bound: tl.constexpr = _LANE_LIMIT / (448.0 * STEPS * LANE_RUN)
         f = tl.exp2(tl.minimum(tl.floor(tl.log2(bound / tl.maximum(x_peak, 1e-30))), 100.0))
     # F16_MATH: fp16 lanes, one product per step each (module docstring); else fp32 products and sums.
     acc_dtype: tl.constexpr = tl.float16 if F16_MATH else tl.float32
     lanes = tl.zeros([BLOCK_N, BLOCK_K], dtype=acc_dtype)
     lanes_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=acc_dtype)
-    xk, xuk = _step_x(x_row, 0, x_cols, offs_g, norm_w_ptr, rstd, f, scale_row, up_scale_row, K, GROUP_K,
-                      SCALE_BK, BLOCK_K, ROW_SCALE, HAS_NORM, SILU_MUL)
+    xk, xuk = _step_x(x_row, 0, x_cols, norm_w_ptr, rstd, f, g, gu, K, BLOCK_K, HAS_NORM, SILU_MUL)
     lanes += w_first.to(acc_dtype) * xk.to(acc_dtype)[None, :]
     if SILU_MUL:
         lanes_up += wu_first.to(acc_dtype) * xuk.to(acc_dtype)[None, :]
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # the other steps, pipelined by the compiler
         w = load_rows(rows, k0 + offs_k, n_mask, K, EVEN)
-        xk, xuk = _step_x(x_row, k0, x_cols, offs_g, norm_w_ptr, rstd, f, scale_row, up_scale_row, K, GROUP_K,
-                          SCALE_BK, BLOCK_K, ROW_SCALE, HAS_NORM, SILU_MUL)
+        g, gu = _step_scales(scale_row, up_scale_row, k0, offs_g, K, GROUP_K, SCALE_BK, ROW_SCALE, SILU_MUL)
+        xk, xuk = _step_x(x_row, k0, x_cols, norm_w_ptr, rstd, f, g, gu, K, BLOCK_K, HAS_NORM, SILU_MUL)
         lanes += w.to(acc_dtype) * xk.to(acc_dtype)[None, :]
         if SILU_MUL:
             wu = load_rows(up_rows, k0 + offs_k, n_mask, K, EVEN)
