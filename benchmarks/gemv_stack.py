@@ -61,10 +61,11 @@ def fused_args(form: str, k: int, n_out: int, dtype: torch.dtype, dev: str) -> d
 class Layers:
     """LAYERS distinct weights of one form, fp8 (128 x 128 blocks) and bf16, and their launch closures."""
 
-    def __init__(self, form: str, rows: int, k: int, layers: int, dtype: torch.dtype, dev: str) -> None:
+    def __init__(self, form: str, rows: int, k: int, layers: int, dtype: torch.dtype, dev: str,
+                 block: tuple[int, int] = BLOCK) -> None:
         from tokenspeed.kernels.quant.fp8 import quantize_weight_block
 
-        self.form, self.rows, self.k = form, rows, k
+        self.form, self.rows, self.k, self.block = form, rows, k, block
         self.silu_mul = form == "gate_up"
         n_out = rows // 2 if self.silu_mul else rows
         gen = torch.Generator(device=dev).manual_seed(rows + k)
@@ -73,7 +74,7 @@ class Layers:
         self.fp8, self.bf16 = [], []
         for _ in range(layers):
             w = torch.randn(rows, k, generator=gen, device=dev) * k**-0.5
-            self.fp8.append(quantize_weight_block(w, BLOCK))
+            self.fp8.append(quantize_weight_block(w, block))
             self.bf16.append(w.to(dtype))
             del w
         self.fp8_bytes = rows * k + self.fp8[0][1].numel() * 4
@@ -83,7 +84,7 @@ class Layers:
         from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton
 
         w8, scale = self.fp8[layer]
-        fp8_gemv_triton(self.x, w8, scale, block_size=BLOCK, config=config, silu_mul=self.silu_mul, **self.fused)
+        fp8_gemv_triton(self.x, w8, scale, block_size=self.block, config=config, silu_mul=self.silu_mul, **self.fused)
 
     def bf16_one(self, layer: int) -> None:
         from tokenspeed.kernels.gemm.gemv_triton import gemv_silu_mul_triton, gemv_triton
@@ -155,7 +156,8 @@ def copy_bandwidth(smoke: bool) -> float:
 
 
 def markdown(metrics: dict[str, Any]) -> str:
-    lines = [f"copy {metrics['copy_bandwidth_gb_s']} GB/s; {metrics['layers']} layers a graph; us per launch "
+    lines = [f"copy {metrics['copy_bandwidth_gb_s']} GB/s; {metrics['layers']} layers a graph; fp8 weight scales: "
+             f"{metrics.get('weight_scales', 'blocks')}; us per launch "
              "(fraction of the copy bandwidth, weight bytes)", "",
              "| form | fp8 chosen | fp8 best | best config | bf16 | bf16 / fp8 best |", "|---|---:|---:|---|---:|---:|"]
     for form, r in metrics["forms"].items():
@@ -212,12 +214,18 @@ def main() -> int:
     parser.add_argument("--forms", default=",".join(FORMS), help="comma-separated subset of " + ",".join(FORMS))
     parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes (tests the script)")
     parser.add_argument("--skip-shapes", action="store_true", help="only the chosen shapes, not every launch shape")
+    parser.add_argument("--per-channel", action="store_true",
+                        help="fp8 weights with one scale per row (online `quantization=\"fp8\"`), not 128 x 128 blocks")
     args = parser.parse_args()
     run = stack_setup(parser, args, "gemv_stack.py")
+    from tokenspeed.kernels.quant.fp8 import PER_CHANNEL_BLOCK
+
     metrics = run.metrics
+    metrics["weight_scales"] = "per channel" if args.per_channel else f"{BLOCK[0]} x {BLOCK[1]} blocks"
     stacks = []
     for form in args.forms.split(","):
-        stack = Layers(form, *run.shapes[form], run.layers, run.dtype, run.dev)
+        stack = Layers(form, *run.shapes[form], run.layers, run.dtype, run.dev,
+                       PER_CHANNEL_BLOCK if args.per_channel else BLOCK)
         metrics["forms"][form] = bench_form(stack, metrics["copy_bandwidth_gb_s"], args.smoke, not args.skip_shapes)
         stacks.append(stack)
         save(args.out, run.command, run.device, metrics)  # rewritten after each form: a timeout keeps what finished

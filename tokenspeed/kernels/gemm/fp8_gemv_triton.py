@@ -207,6 +207,27 @@ def _step_x(x_row, k0, x_cols, norm_w_ptr, rstd, f, g, gu, K: tl.constexpr, BLOC
 
 
 @triton.jit
+def _row_terms(ws_ptr, bias_ptr, offs_n, n_mask, N: tl.constexpr, stride_wsn, SCALE_BN: tl.constexpr,
+               ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr):
+    """The epilogue's per-row weight terms of the gate rows and of the up rows (SILU_MUL): row scales
+    (ones unless ROW_SCALE) and bias (zeros without). Weights' metadata: loaded before the PDL wait, so
+    that no program ends on a dependent memory round trip."""
+    scale = tl.full(offs_n.shape, 1.0, tl.float32)
+    scale_up = scale
+    bias = tl.zeros(offs_n.shape, tl.float32)
+    bias_up = bias
+    if ROW_SCALE:
+        scale = tl.load(ws_ptr + (offs_n // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)
+        if SILU_MUL:
+            scale_up = tl.load(ws_ptr + ((offs_n + N) // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        if SILU_MUL:
+            bias_up = tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    return scale, scale_up, bias, bias_up
+
+
+@triton.jit
 def _lane_sum(lanes, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Runs of LANE_RUN fp16 lanes summed in fp16 first (within a thread), then in fp32."""
     runs = tl.sum(tl.reshape(lanes, [BLOCK_N, BLOCK_K // LANE_RUN, LANE_RUN]), 2, dtype=tl.float16)
@@ -276,9 +297,14 @@ def _fp8_gemv_kernel(
                 s_peak, tl.max(tl.load(up_scale_row + offs_s, mask=offs_s < scales_per_row, other=0.0), 0)
             )
     g, gu = _step_scales(scale_row, up_scale_row, 0, offs_g, K, GROUP_K, SCALE_BK, ROW_SCALE, SILU_MUL)
+    row_s, row_su, bias, bias_up = _row_terms(ws_ptr, bias_ptr, offs_n, n_mask, N, stride_wsn, SCALE_BN,
+                                              ROW_SCALE, HAS_BIAS, SILU_MUL)
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
         gdc_wait()
         gdc_launch_dependents()
+    res = 0.0
+    if HAS_RESIDUAL:  # requested now, used at the end: no round trip there
+        res = tl.load(res_ptr + token.to(tl.int64) * stride_rm + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     x_row = x_ptr + token.to(tl.int64) * stride_xm
     x_cols = offs_g[:, None] * GROUP_K + tl.arange(0, GROUP_K)[None, :]  # [GROUPS, GROUP_K] of a step
     rstd = 0.0
@@ -325,18 +351,10 @@ def _fp8_gemv_kernel(
     else:
         acc = tl.sum(lanes, 1)
         acc_up = tl.sum(lanes_up, 1)
-    if ROW_SCALE:
-        acc *= tl.load(ws_ptr + (offs_n // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)
-        if SILU_MUL:
-            acc_up *= tl.load(ws_ptr + ((offs_n + N) // SCALE_BN) * stride_wsn, mask=n_mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        if SILU_MUL:
-            acc_up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    acc = acc * row_s + bias
+    acc_up = acc_up * row_su + bias_up
     if SILU_MUL or HAS_RESIDUAL:
-        acc = _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL)
-        if HAS_RESIDUAL:
-            acc += tl.load(res_ptr + token.to(tl.int64) * stride_rm + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        acc = _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL) + res
     tl.store(out_ptr + token.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
