@@ -109,7 +109,7 @@ def bench_form(stack: Layers, copy_gb_s: float, smoke: bool, sweep: bool = True)
     row: dict[str, Any] = {"fp8_weight_bytes": stack.fp8_bytes, "bf16_weight_bytes": stack.bf16_bytes}
     chosen_us = timed_us(stack.fp8_launch(), smoke) / layers  # config None: the kernel's own choice
     row |= {"fp8_chosen_us": round(chosen_us, 2), "fp8_chosen_fraction": fraction(stack.fp8_bytes, chosen_us),
-            "fp8_chosen_config": repr(choose_config(stack.k))}  # fmt: skip
+            "fp8_chosen_config": repr(choose_config(stack.k, silu_mul=stack.silu_mul, row_scale=stack.block[1] >= stack.k))}  # fmt: skip
     per_config: dict[str, float] = {}
     for config in launch_shapes(stack.k) if sweep else []:
         try:

@@ -144,10 +144,12 @@ def launch_shapes(k: int) -> list[Fp8GemvConfig]:
     ]
 
 
-def choose_config(k: int) -> Fp8GemvConfig:
+def choose_config(k: int, *, silu_mul: bool = False, row_scale: bool = False) -> Fp8GemvConfig:
     """The launch shape for rows of `k`, measured in a decode step's graph (module docstring):
     8 rows x 2048 in the fp16 loop, 8 x 1024 in the fp32 loop for long rows (down_proj's 14336)."""
     groups = next_power_of_2(triton.cdiv(k, GROUP_SIZE))
+    if silu_mul and row_scale and k <= 4096:  # CANDIDATE: gate/up with per-channel scales, whole rows
+        return Fp8GemvConfig(block_n=4, groups=min(32, groups), num_warps=4, stages=2)
     if k > 8192:
         return Fp8GemvConfig(block_n=8, groups=min(8, groups), num_warps=4, stages=3, f16_math=False)
     return Fp8GemvConfig(block_n=8, groups=min(16, groups), num_warps=4, stages=3)
@@ -421,7 +423,7 @@ def fp8_gemv_triton(
         fp8_skinny_gemm(x2, weight, scales, out, block_size=block_size, bias=bias, config=config)
         return out.view(*x.shape[:-1], n)
 
-    config = config or choose_config(k)
+    config = config or choose_config(k, silu_mul=silu_mul, row_scale=row_scale)
     block_n = _fitting_block_n(config.block_n, block_size[0], row_scale)
     block_k = config.groups * GROUP_SIZE
     f16_math = config.f16_math and x.dtype != torch.float32  # fp32 activations: exact products and sums
