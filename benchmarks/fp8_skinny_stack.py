@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from fp8_kernels import save  # benchmarks/ is on sys.path when run as a script
-from gemv_stack import BLOCK, Layers, stack_setup, timed_us
+from gemv_stack import Layers, add_stack_args, stack_setup, timed_us
 from gpu_suite import log
 
 
@@ -56,11 +56,11 @@ def bench(stack: Layers, tokens: int, copy_gb_s: float, smoke: bool) -> dict[str
     for config in skinny_shapes():
         try:
             row["skinny"][repr(config)] = us(each(lambda i, c=config: fp8_gemv_triton(
-                x, *stack.fp8[i], block_size=BLOCK, config=c)))  # fmt: skip
+                x, *stack.fp8[i], block_size=stack.block, config=c)))  # fmt: skip
         except (ValueError, RuntimeError) as exc:  # a failed build: the others still run
             log(f"{stack.form} x{tokens} {config}: {type(exc).__name__}: {str(exc)[:160]}")
-    fp8_gemv_triton(x, *stack.fp8[0], block_size=BLOCK)  # eager: the launch tuner picks a shape
-    chosen = us(each(lambda i: fp8_gemv_triton(x, *stack.fp8[i], block_size=BLOCK)))
+    fp8_gemv_triton(x, *stack.fp8[0], block_size=stack.block)  # eager: the launch tuner picks a shape
+    chosen = us(each(lambda i: fp8_gemv_triton(x, *stack.fp8[i], block_size=stack.block)))
     picks = [(key, c) for key, c in tuned_skinny_shapes().items() if key[:2] == (stack.rows, stack.k)]
     row |= {"skinny_chosen_us": chosen, "skinny_chosen_fraction": fraction(stack.fp8_bytes, chosen),
             "skinny_chosen_config": repr(picks[0][1].config) if picks else None,
@@ -68,7 +68,7 @@ def bench(stack: Layers, tokens: int, copy_gb_s: float, smoke: bool) -> dict[str
     if row["skinny"]:
         best = min(row["skinny"], key=row["skinny"].__getitem__)
         row |= {"skinny_best": best, "skinny_best_us": row["skinny"][best]}
-    gemm_us = us(each(lambda i: gemm(x, *stack.fp8[i], block_size=BLOCK)))
+    gemm_us = us(each(lambda i: gemm(x, *stack.fp8[i], block_size=stack.block)))
     bf16_us = us(each(lambda i: F.linear(x, stack.bf16[i])))
     row |= {"gemm_us": gemm_us, "gemm_fraction": fraction(stack.fp8_bytes, gemm_us),
             "bf16_us": bf16_us, "bf16_fraction": fraction(stack.bf16_bytes, bf16_us),
@@ -78,7 +78,8 @@ def bench(stack: Layers, tokens: int, copy_gb_s: float, smoke: bool) -> dict[str
 
 
 def markdown(metrics: dict[str, Any]) -> str:
-    lines = [f"copy {metrics['copy_bandwidth_gb_s']} GB/s; {metrics['layers']} layers a graph; us per launch "
+    lines = [f"copy {metrics['copy_bandwidth_gb_s']} GB/s; {metrics['layers']} layers a graph; fp8 weight scales: "
+             f"{metrics.get('weight_scales', 'blocks')}; us per launch "
              "(fraction of the copy bandwidth, weight bytes)", "",
              "| form | tokens | skinny chosen | best shape | best us | FP8 GEMM before | bf16 cuBLAS | before / skinny |",
              "|---|---:|---:|---|---:|---:|---:|---:|"]  # fmt: skip
@@ -93,14 +94,13 @@ def markdown(metrics: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/fp8/skinny_stack.json"))
-    parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--tokens", default="2,4,8,16", help="comma-separated token counts (2-16)")
-    parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes (tests the script)")
+    add_stack_args(parser)
     args = parser.parse_args()
     run = stack_setup(parser, args, "fp8_skinny_stack.py")
     metrics = run.metrics
     for form, (rows, k) in run.shapes.items():
-        stack = Layers(form, rows, k, run.layers, run.dtype, run.dev)
+        stack = Layers(form, rows, k, run.layers, run.dtype, run.dev, run.block)
         metrics["forms"][form] = {t: bench(stack, int(t), metrics["copy_bandwidth_gb_s"], args.smoke)
                                   for t in args.tokens.split(",")}
         del stack

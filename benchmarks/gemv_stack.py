@@ -179,15 +179,27 @@ def stack_setup(parser: argparse.ArgumentParser, args: argparse.Namespace, scrip
     elif not torch.cuda.is_available():
         parser.error("needs a CUDA device (or --smoke)")
     import tokenspeed.kernels.triton_launch  # noqa: F401  (patches the interpreter when it is on)
+    from tokenspeed.kernels.quant.fp8 import PER_CHANNEL_BLOCK
 
     dev, dtype = ("cpu", torch.float16) if args.smoke else ("cuda", torch.bfloat16)
     layers = 2 if args.smoke else args.layers
+    per_channel = getattr(args, "per_channel", False)  # `add_stack_args`' option (the MoE stack has none)
+    block = PER_CHANNEL_BLOCK if per_channel else BLOCK
     return StackRun(
-        dev=dev, dtype=dtype, layers=layers, shapes=SMOKE_FORMS if args.smoke else FORMS,
+        dev=dev, dtype=dtype, layers=layers, shapes=SMOKE_FORMS if args.smoke else FORMS, block=block,
         command=" ".join(["python", f"benchmarks/{script}", *sys.argv[1:]]),
         device=torch.cuda.get_device_name() if dev == "cuda" else "cpu (Triton interpreter, smoke)",
-        metrics={"copy_bandwidth_gb_s": copy_bandwidth(args.smoke), "layers": layers, "forms": {}},
+        metrics={"copy_bandwidth_gb_s": copy_bandwidth(args.smoke), "layers": layers, "forms": {},
+                 "weight_scales": "per channel" if per_channel else f"{BLOCK[0]} x {BLOCK[1]} blocks"},
     )  # fmt: skip
+
+
+def add_stack_args(parser: argparse.ArgumentParser) -> None:
+    """The options both stack benchmarks take."""
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes (tests the script)")
+    parser.add_argument("--per-channel", action="store_true",
+                        help="fp8 weights with one scale per row (online `quantization=\"fp8\"`), not 128 x 128 blocks")
 
 
 @dataclass
@@ -196,6 +208,7 @@ class StackRun:
     dtype: torch.dtype
     layers: int
     shapes: dict[str, tuple[int, int]]
+    block: tuple[int, int]  # the fp8 weights' scale block
     command: str
     device: str
     metrics: dict[str, Any]
@@ -210,22 +223,15 @@ class StackRun:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/fp8/gemv_stack.json"))
-    parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--forms", default=",".join(FORMS), help="comma-separated subset of " + ",".join(FORMS))
-    parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes (tests the script)")
     parser.add_argument("--skip-shapes", action="store_true", help="only the chosen shapes, not every launch shape")
-    parser.add_argument("--per-channel", action="store_true",
-                        help="fp8 weights with one scale per row (online `quantization=\"fp8\"`), not 128 x 128 blocks")
+    add_stack_args(parser)
     args = parser.parse_args()
     run = stack_setup(parser, args, "gemv_stack.py")
-    from tokenspeed.kernels.quant.fp8 import PER_CHANNEL_BLOCK
-
     metrics = run.metrics
-    metrics["weight_scales"] = "per channel" if args.per_channel else f"{BLOCK[0]} x {BLOCK[1]} blocks"
     stacks = []
     for form in args.forms.split(","):
-        stack = Layers(form, *run.shapes[form], run.layers, run.dtype, run.dev,
-                       PER_CHANNEL_BLOCK if args.per_channel else BLOCK)
+        stack = Layers(form, *run.shapes[form], run.layers, run.dtype, run.dev, run.block)
         metrics["forms"][form] = bench_form(stack, metrics["copy_bandwidth_gb_s"], args.smoke, not args.skip_shapes)
         stacks.append(stack)
         save(args.out, run.command, run.device, metrics)  # rewritten after each form: a timeout keeps what finished

@@ -51,9 +51,19 @@ def test_gemv_stack_smoke_times_every_launch_shape_and_bf16(tmp_path: Path) -> N
     for form in ("o", "gate_up"):
         row = metrics["forms"][form]
         assert set(row["fp8_us"]) == {repr(c) for c in launch_shapes(128)}  # every launch shape ran
-        assert row["fp8_chosen_config"] == repr(choose_config(128))
+        # The smoke's K of 128 is one 128-wide block: the per-channel path, whose gate/up shape differs.
+        assert row["fp8_chosen_config"] == repr(choose_config(128, silu_mul=form == "gate_up", row_scale=True))
         assert row["best_fp8_config"] in row["fp8_us"] and row["bf16_us"] > 0
     assert "layer" not in metrics  # only with all four forms
+
+
+def test_gemv_stack_per_channel_times_per_channel_weights(tmp_path: Path) -> None:
+    metrics = _smoke("gemv_stack.py", tmp_path / "gemv_stack.json", "--forms", "down", "--skip-shapes",
+                     "--per-channel")["metrics"]  # fmt: skip
+    row = metrics["forms"]["down"]
+    assert metrics["weight_scales"] == "per channel"
+    assert row["fp8_weight_bytes"] == 64 * 256 + 64 * 4  # an fp32 scale a row (blocks: two in all)
+    assert row["fp8_us"] == {} and row["fp8_chosen_us"] > 0
 
 
 def test_skinny_stack_smoke_times_every_launch_shape_against_the_gemm_and_bf16(tmp_path: Path) -> None:
