@@ -169,11 +169,18 @@ def _fp8_skinny_kernel(
     m_mask = offs_m < M
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     w_first = load_rows(rows, k_lo + offs_k, n_mask, K, EVEN)  # weights never depend on the previous kernel
+    scale_rows = ws_ptr + (offs_n // SCALE_BN) * stride_wsn  # each row's scales (row blocks may be narrow)
+    # The epilogue's per-row terms too (as `fp8_gemv_triton`): no program ends on a dependent round trip.
+    row_s = tl.full([BLOCK_N], 1.0, tl.float32)
+    if ROW_SCALE:
+        row_s = tl.load(scale_rows, mask=n_mask, other=0.0)
+    bias = tl.zeros([BLOCK_N], tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
         gdc_wait()
         gdc_launch_dependents()
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    scale_rows = ws_ptr + (offs_n // SCALE_BN) * stride_wsn  # each row's scales (row blocks may be narrow)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc = _skinny_group(acc, w_first, x_rows, scale_rows, k_lo, offs_k, m_mask, n_mask, K, SCALE_BK, ROW_SCALE,
                         EVEN, F16_DOTS)
@@ -187,7 +194,7 @@ def _fp8_skinny_kernel(
             acc = _skinny_group(acc, w, x_rows, scale_rows, k0 + g * GROUP_K, offs_k, m_mask, n_mask, K, SCALE_BK,
                                 ROW_SCALE, EVEN, F16_DOTS)
     if ROW_SCALE:
-        acc *= tl.load(scale_rows, mask=n_mask, other=0.0)[None, :]
+        acc *= row_s[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     last = True
     if SPLIT_K > 1:  # store this split's partial; the row block's last program to arrive sums them all
@@ -204,7 +211,7 @@ def _fp8_skinny_kernel(
             tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
     if last:
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            acc += bias[None, :]
         dst = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
