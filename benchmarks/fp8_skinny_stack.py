@@ -34,7 +34,7 @@ from gemv_stack import Layers, add_stack_args, stack_setup, timed_us
 from gpu_suite import log
 
 
-def bench(stack: Layers, tokens: int, copy_gb_s: float, smoke: bool) -> dict[str, Any]:
+def bench(stack: Layers, tokens: int, copy_gb_s: float, smoke: bool, sweep: bool = True) -> dict[str, Any]:
     from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch
     from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton
     from tokenspeed.kernels.gemm.fp8_skinny_triton import skinny_shapes, tuned_skinny_shapes
@@ -53,7 +53,7 @@ def bench(stack: Layers, tokens: int, copy_gb_s: float, smoke: bool) -> dict[str
         return round(nbytes / t / 1e3 / copy_gb_s, 3)
 
     row: dict[str, Any] = {"skinny": {}}
-    for config in skinny_shapes():
+    for config in skinny_shapes() if sweep else []:
         try:
             row["skinny"][repr(config)] = us(each(lambda i, c=config: fp8_gemv_triton(
                 x, *stack.fp8[i], block_size=stack.block, config=c)))  # fmt: skip
@@ -101,7 +101,7 @@ def main() -> int:
     metrics = run.metrics
     for form, (rows, k) in run.shapes.items():
         stack = Layers(form, rows, k, run.layers, run.dtype, run.dev, run.block)
-        metrics["forms"][form] = {t: bench(stack, int(t), metrics["copy_bandwidth_gb_s"], args.smoke)
+        metrics["forms"][form] = {t: bench(stack, int(t), metrics["copy_bandwidth_gb_s"], args.smoke, not args.skip_shapes)
                                   for t in args.tokens.split(",")}
         del stack
         save(args.out, run.command, run.device, metrics)  # rewritten after each form: a timeout keeps what finished

@@ -197,6 +197,7 @@ def stack_setup(parser: argparse.ArgumentParser, args: argparse.Namespace, scrip
 def add_stack_args(parser: argparse.ArgumentParser) -> None:
     """The options both stack benchmarks take."""
     parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--skip-shapes", action="store_true", help="only the chosen shapes, not every launch shape")
     parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes (tests the script)")
     parser.add_argument("--per-channel", action="store_true",
                         help="fp8 weights with one scale per row (online `quantization=\"fp8\"`), not 128 x 128 blocks")
@@ -224,7 +225,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/fp8/gemv_stack.json"))
     parser.add_argument("--forms", default=",".join(FORMS), help="comma-separated subset of " + ",".join(FORMS))
-    parser.add_argument("--skip-shapes", action="store_true", help="only the chosen shapes, not every launch shape")
     add_stack_args(parser)
     args = parser.parse_args()
     run = stack_setup(parser, args, "gemv_stack.py")
