@@ -59,7 +59,8 @@ def fused_args(form: str, k: int, n_out: int, dtype: torch.dtype, dev: str) -> d
 
 
 class Layers:
-    """LAYERS distinct weights of one form, fp8 (128 x 128 blocks) and bf16, and their launch closures."""
+    """LAYERS distinct weights of one form, fp8 (scales per `block`: 128 x 128 or per channel) and bf16, and their
+    launch closures."""
 
     def __init__(self, form: str, rows: int, k: int, layers: int, dtype: torch.dtype, dev: str,
                  block: tuple[int, int] = BLOCK) -> None:
@@ -109,7 +110,7 @@ def bench_form(stack: Layers, copy_gb_s: float, smoke: bool, sweep: bool = True)
     row: dict[str, Any] = {"fp8_weight_bytes": stack.fp8_bytes, "bf16_weight_bytes": stack.bf16_bytes}
     chosen_us = timed_us(stack.fp8_launch(), smoke) / layers  # config None: the kernel's own choice
     row |= {"fp8_chosen_us": round(chosen_us, 2), "fp8_chosen_fraction": fraction(stack.fp8_bytes, chosen_us),
-            "fp8_chosen_config": repr(choose_config(stack.k, silu_mul=stack.silu_mul, row_scale=stack.block[1] >= stack.k))}  # fmt: skip
+            "fp8_chosen_config": repr(choose_config(stack.k, silu_mul=stack.silu_mul, block_size=stack.block))}  # fmt: skip
     per_config: dict[str, float] = {}
     for config in launch_shapes(stack.k) if sweep else []:
         try:

@@ -52,7 +52,7 @@ def test_gemv_stack_smoke_times_every_launch_shape_and_bf16(tmp_path: Path) -> N
         row = metrics["forms"][form]
         assert set(row["fp8_us"]) == {repr(c) for c in launch_shapes(128)}  # every launch shape ran
         # The smoke's K of 128 is one 128-wide block: the per-channel path, whose gate/up shape differs.
-        assert row["fp8_chosen_config"] == repr(choose_config(128, silu_mul=form == "gate_up", row_scale=True))
+        assert row["fp8_chosen_config"] == repr(choose_config(128, silu_mul=form == "gate_up", block_size=(128, 128)))
         assert row["best_fp8_config"] in row["fp8_us"] and row["bf16_us"] > 0
     assert "layer" not in metrics  # only with all four forms
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
-from tokenspeed.kernels.quant.fp8 import WEIGHT_BLOCK, BlockSize
+from tokenspeed.kernels.quant.fp8 import WEIGHT_BLOCK, BlockSize, scales_whole_rows
 from tokenspeed.kernels.registry import KernelSpec, select_kernel
 
 MAX_TOKENS = 2**31 - 1
@@ -33,7 +33,7 @@ FUSED_DECODE_KERNEL = "triton_gemv"
 def fits_silu_mul(rows: int, k: int, block_size: BlockSize) -> bool:
     """Whether a `[rows, k]` weight splits into gate and up halves whose row blocks never mix
     (a fused GEMV program reads one scale row for its gate rows and one for its up rows)."""
-    return rows % 2 == 0 and (block_size[1] >= k or (rows // 2) % block_size[0] == 0)
+    return rows % 2 == 0 and (scales_whole_rows(block_size, k) or (rows // 2) % block_size[0] == 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,7 +100,7 @@ from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
 from tokenspeed.kernels.gemm.fp8_skinny_triton import SKINNY_BLOCK_M, SkinnyConfig, fp8_skinny_gemm
 from tokenspeed.kernels.gemm.gemv_triton import load_rows
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
-from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, WEIGHT_BLOCK, BlockSize
+from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, WEIGHT_BLOCK, BlockSize, scales_whole_rows
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -147,12 +147,12 @@ def launch_shapes(k: int) -> list[Fp8GemvConfig]:
     ]
 
 
-def choose_config(k: int, *, silu_mul: bool = False, row_scale: bool = False) -> Fp8GemvConfig:
+def choose_config(k: int, *, silu_mul: bool = False, block_size: BlockSize = WEIGHT_BLOCK) -> Fp8GemvConfig:
     """The launch shape for rows of `k`, measured in a decode step's graph (module docstring):
     8 rows x 2048 in the fp16 loop, 8 x 1024 in the fp32 loop for long rows (down_proj's 14336),
-    and gate/up with per-channel scales (SiLU-and-mul, `row_scale`) 4 rows x 4096 in one step."""
+    and gate/up with per-channel scales (SiLU-and-mul, a block spanning K) 4 rows x 4096 in one step."""
     groups = next_power_of_2(triton.cdiv(k, GROUP_SIZE))
-    if silu_mul and row_scale and k <= 4096:  # gate/up with per-channel scales: 4 whole rows (module docstring)
+    if silu_mul and scales_whole_rows(block_size, k) and k <= 4096:  # gate/up with per-channel scales: 4 whole rows (module docstring)
         return Fp8GemvConfig(block_n=4, groups=min(32, groups), num_warps=4, stages=2)
     if k > 8192:
         return Fp8GemvConfig(block_n=8, groups=min(8, groups), num_warps=4, stages=3, f16_math=False)
@@ -406,7 +406,7 @@ def fp8_gemv_triton(
     n, k = check_fp8_gemm_args(x, weight, weight_scale, block_size)
     if weight.stride(-1) != 1:
         raise ValueError("the weight must be contiguous along K")
-    row_scale = block_size[1] >= k
+    row_scale = scales_whole_rows(block_size, k)
     if silu_mul:
         if not fits_silu_mul(n, k, block_size):
             raise ValueError(f"silu_mul needs gate and up rows in separate row blocks: {n} rows, block {block_size}")
@@ -427,7 +427,7 @@ def fp8_gemv_triton(
         fp8_skinny_gemm(x2, weight, scales, out, block_size=block_size, bias=bias, config=config)
         return out.view(*x.shape[:-1], n)
 
-    config = config or choose_config(k, silu_mul=silu_mul, row_scale=row_scale)
+    config = config or choose_config(k, silu_mul=silu_mul, block_size=block_size)
     block_n = _fitting_block_n(config.block_n, block_size[0], row_scale)
     block_k = config.groups * GROUP_SIZE
     f16_math = config.f16_math and x.dtype != torch.float32  # fp32 activations: exact products and sums

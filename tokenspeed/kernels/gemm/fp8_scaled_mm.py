@@ -47,6 +47,7 @@ from tokenspeed.kernels.quant.fp8 import (
     quantize_per_token,
     quantize_per_token_group,
     quantize_weight_block,
+    scales_whole_rows,
 )
 from tokenspeed.kernels.quant.quantize_triton import (
     quantize_per_token_group_triton,
@@ -66,7 +67,7 @@ def cublas_format(n: int, k: int, block_size: BlockSize, out_dtype: torch.dtype)
     """The cuBLAS scaling that serves this weight layout with bf16 output, or None (the Triton GEMM serves it)."""
     if out_dtype != torch.bfloat16 or n % 16 or k % 16:
         return None
-    if block_size[1] >= k:
+    if scales_whole_rows(block_size, k):
         return ROWWISE
     if tuple(block_size) == WEIGHT_BLOCK and n % 128 == 0 and k % 512 == 0:
         return BLOCKWISE  # cuBLAS reads the weight scales with a leading dimension rounded up to 4 K blocks

@@ -64,7 +64,7 @@ from tokenspeed.kernels.arrival_counters import arrival_counters
 from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
 from tokenspeed.kernels.gemm.gemv_triton import load_rows
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
-from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, BlockSize
+from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, BlockSize, scales_whole_rows
 from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
 from tokenspeed.kernels.triton_launch import for_tensor
 
@@ -257,7 +257,7 @@ def fp8_skinny_gemm(
         x2, weight, scales, bias if bias is not None else out, out, parts, counters if counters is not None else out,
         m,
         x2.stride(0), weight.stride(0), scales.stride(0), out.stride(0),
-        N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], ROW_SCALE=block_size[1] >= k,
+        N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], ROW_SCALE=scales_whole_rows(block_size, k),
         BLOCK_M=SKINNY_BLOCK_M, BLOCK_N=config.block_n, GROUPS=config.groups, GROUP_K=GROUP_SIZE,
         STAGES=config.stages, SPLIT_K=splits, K_SPLIT=k_split, EVEN=n % config.block_n == 0 and k % block_k == 0,
         F16_DOTS=x2.dtype != torch.float32,

@@ -42,6 +42,12 @@ MIN_AMAX = 1e-10
 BlockSize = tuple[int, int]
 
 
+def scales_whole_rows(block_size: BlockSize, k: int) -> bool:
+    """Whether a block spans the rows' whole K (per-channel or per-tensor scales): the kernels then scale each
+    row's finished sum instead of each K group's products."""
+    return block_size[1] >= k
+
+
 def byte_view(t: torch.Tensor) -> torch.Tensor:
     """An fp8 tensor as uint8 (the same bytes), others unchanged.
 
