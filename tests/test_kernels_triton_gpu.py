@@ -73,12 +73,8 @@ def test_decode_long_contexts(page_size: int, window: int | None) -> None:
     assert bool((out[6] == 0).all())
 
 
-@pytest.mark.parametrize("early", ["0", "1"])
-def test_decode_and_kv_write_replay_in_a_cuda_graph(early: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Capture once with fixed (rows, max_pages, num_splits); replay with new lengths, tables and padding.
-    `early` (TOKENSPEED_ATTN_EARLY): the decode kernel reads lengths and pages and prefetches its first
-    K/V tile before the PDL wait, while the write kernel before it stores the new position."""
-    monkeypatch.setenv("TOKENSPEED_ATTN_EARLY", early)
+def test_decode_and_kv_write_replay_in_a_cuda_graph() -> None:
+    """Capture once with fixed (rows, max_pages, num_splits); replay with new lengths, tables and padding."""
     gen = torch.Generator().manual_seed(0)
     rows, page_size, max_len = 8, 16, 4096
     k_cache, v_cache, _ = _paged_kv([max_len] * rows, page_size, gen)
@@ -200,13 +196,10 @@ def test_rope_bf16_every_scaling(rope_type: str) -> None:
     torch.testing.assert_close(got_k, want_k)
 
 
-@pytest.mark.parametrize("early", ["0", "1"])
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_rope_write_bf16_equals_norm_rope_and_store(qk_norm: bool, early: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rope_write_bf16_equals_norm_rope_and_store(qk_norm: bool) -> None:
     """The fused kernel at Llama / Qwen3 attention shapes against the reference kernels run in turn
-    (the norm's sum runs in another order: a last-bit difference is allowed there, none otherwise);
-    `early`: positions, cos/sin and slots read before the PDL wait (TOKENSPEED_ATTN_EARLY)."""
-    monkeypatch.setenv("TOKENSPEED_ATTN_EARLY", early)
+    (the norm's sum runs in another order: a last-bit difference is allowed there, none otherwise)."""
     from tokenspeed.layers.rope_scaling import RopeConfig
     from tokenspeed.layers.rotary_embedding import RotaryEmbedding
 

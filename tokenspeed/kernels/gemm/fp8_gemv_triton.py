@@ -87,7 +87,6 @@ program, one step (41.1 us against 44.6 at 8 x 2048; 3.369-3.445 against
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -100,7 +99,7 @@ from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
 from tokenspeed.kernels.gemm.fp8_skinny_triton import SKINNY_BLOCK_M, SkinnyConfig, fp8_skinny_gemm
 from tokenspeed.kernels.gemm.gemv_triton import load_rows
-from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options, prefetch_rows_l2
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, WEIGHT_BLOCK, BlockSize, scales_whole_rows
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
@@ -273,7 +272,6 @@ def _fp8_gemv_kernel(
     HAS_RESIDUAL: tl.constexpr,
     SILU_MUL: tl.constexpr,
     USE_PDL: tl.constexpr,
-    L2_AHEAD: tl.constexpr = 0,
 ):
     BLOCK_K: tl.constexpr = GROUPS * GROUP_K
     STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
@@ -307,13 +305,6 @@ def _fp8_gemv_kernel(
     g, gu = _step_scales(scale_row, up_scale_row, 0, offs_g, K, GROUP_K, SCALE_BK, ROW_SCALE, SILU_MUL)
     row_s, row_su, bias, bias_up = _row_terms(ws_ptr, bias_ptr, offs_n, n_mask, N, stride_wsn, SCALE_BN,
                                               ROW_SCALE, HAS_BIAS, SILU_MUL)
-    if USE_PDL and L2_AHEAD > 0:  # the next whole steps' weight lines asked of the L2 too
-        AHEAD: tl.constexpr = min(L2_AHEAD, K // BLOCK_K - 1)
-        row_ptrs = w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn
-        for step in tl.static_range(1, AHEAD + 1):
-            prefetch_rows_l2(row_ptrs + step * BLOCK_K, BLOCK_K)
-            if SILU_MUL:
-                prefetch_rows_l2(row_ptrs + N * stride_wn + step * BLOCK_K, BLOCK_K)
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
         gdc_wait()
         gdc_launch_dependents()
@@ -449,7 +440,6 @@ def fp8_gemv_triton(
         BLOCK_N=block_n, GROUPS=config.groups, GROUP_K=GROUP_SIZE, STAGES=config.stages, F16_MATH=f16_math,
         EVEN=n % block_n == 0 and k % block_k == 0, HAS_BIAS=bias is not None,
         HAS_NORM=norm_weight is not None, HAS_RESIDUAL=res is not None, SILU_MUL=silu_mul,
-        L2_AHEAD=int(os.environ.get("TOKENSPEED_FP8_GEMV_L2_AHEAD", "0")),
         num_warps=config.num_warps, **pdl_launch_options(pdl_enabled(x.device)),
     )  # fmt: skip
     return out.view(*x.shape[:-1], n)
