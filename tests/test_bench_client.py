@@ -246,7 +246,9 @@ def test_bench_serve_writes_results_and_overlays(fake_server, tmp_path, capsys):
     assert ours["sessions"] == 3 and ours["requests"] == 9 and ours["errors"] == 0
     assert ours["cache_hit_rate"] > 0.5 and ours["tps_per_user"] > 0 and ours["total_tpm_per_gpu"] > 0
     assert ours["model"] == "fake-model" and ours["server"]["models"] == ["fake-model"]
-    assert ours["command"].startswith("tokenspeed ") and ours["chars_per_token"]["tool"] == pytest.approx(4, rel=0.05)
+    # the command given to main(), not the test runner's own command line
+    assert ours["command"].startswith(f"tokenspeed bench serve --base-url {url} ")
+    assert ours["chars_per_token"]["tool"] == pytest.approx(4, rel=0.05)
     assert rows[2]["cache_hit_rate"] < 0.2, "random prompts share no prefix"
     assert (ours["max_context"], rows[2]["max_context"]) == (1024, MAX_CONTEXT), "default: the server's window"
     with (out / "results.csv").open() as handle:

@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import platform
+import shlex
 import sys
 
 from tokenspeed.engine_args import add_engine_args, engine_config_from_args
@@ -226,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # What results files record as the command that made them: the arguments given, not the process's
+    # (a program or test calling main([...]) is not the command line it runs under).
+    args.command_line = shlex.join(["tokenspeed", *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from tokenspeed.errors import TokenSpeedError
 

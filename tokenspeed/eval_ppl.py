@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     options = CorpusOptions(sources=tuple(args.sources.split(",")), site_budget_bytes=int(args.site_budget_mb * 1e6))
     windows, token_bytes, about = held_out_windows(folder / "tokenizer.json", options, args.window, args.max_windows)
     result: dict[str, Any] = {
-        "command": " ".join(["tokenspeed", *sys.argv[1:]]),
+        "command": args.command_line,
         "model": args.model or "embedded",
         "device": str(llm.core.executor.device),
         "dtype": str(llm.core.executor.dtype).removeprefix("torch."),

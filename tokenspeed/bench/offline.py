@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 
 from tokenspeed.engine_args import add_engine_args, engine_config_from_args
@@ -48,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     input_tokens = sum(len(o.prompt_token_ids) for o in outputs)
     output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     result = {
-        "command": " ".join(["tokenspeed", *sys.argv[1:]]),
+        "command": args.command_line,
         "model": args.model or "embedded",
         "device": llm.core.limits.device,
         "num_prompts": args.num_prompts,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -122,7 +121,7 @@ def _metadata(args: argparse.Namespace, label: str, model: str, info: dict[str, 
         "chars_per_token": {"system": ratios.system, "task": ratios.task, "tool": ratios.tool},
         "turn_overhead_tokens": ratios.turn_overhead,
         "server": info,
-        "command": shlex.join(["tokenspeed", *sys.argv[1:]]),
+        "command": args.command_line,
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
