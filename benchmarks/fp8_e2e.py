@@ -17,6 +17,10 @@ Sections (`--sections`, comma separated; the JSON is rewritten after each):
   beside it. Roofline = (bytes of the weights a decode step reads + K/V bytes
   at the mean context) / copy bandwidth, the copy measured in this run.
   Targets: fp8 TPOT <= 1.15 x roofline, bf16 TPOT / fp8 TPOT >= 1.7.
+- `llama_batch`: Llama-3.1-8B at 4 and 16 rows (context 1024), where the FP8
+  projections take the skinny tensor-core GEMM (2-16 tokens): FP8 with it,
+  FP8 without it (`TOKENSPEED_FP8_SKINNY=0`, the FP8 GEMMs) and bf16; TPOT
+  and tokens/s. The skinny GEMM's effect on a decode step, at short context.
 - `qwen3_moe`: the qwen3-30b-a3b-fp8 preset (block-FP8 checkpoint format),
   decode at bs1 and bs64 (TPOT, tokens/s, and the bs1 roofline of the active
   parameters: attention, router and top-8 of 128 experts per layer).
@@ -52,7 +56,7 @@ import torch
 from torch import nn
 
 RESULTS: dict[str, Any] = {}
-SECTIONS = ("llama", "qwen3_moe", "kv_long")
+SECTIONS = ("llama", "llama_batch", "qwen3_moe", "kv_long")
 
 
 def log(msg: str) -> None:
@@ -189,6 +193,33 @@ def llama(args: argparse.Namespace, models: dict[str, str]) -> None:
     out["bf16_over_fp8"] = round(out["bf16"]["bs1_tpot_ms"] / out["fp8"]["bs1_tpot_ms"], 3)
     out["targets"] = {"fp8_roofline_ratio_max": 1.15, "bf16_over_fp8_min": 1.7,
                       "met": out["fp8"]["roofline_ratio"] <= 1.15 and out["bf16_over_fp8"] >= 1.7}
+
+
+def llama_batch(args: argparse.Namespace, models: dict[str, str]) -> None:
+    prompt_len, new_tokens = (8, 4) if args.smoke else (1024, 128)
+    batches = (2, 4) if args.smoke else (4, 16)
+    out: dict[str, Any] = RESULTS.setdefault("llama_batch", {"prompt_len": prompt_len, "new_tokens": new_tokens})
+    variants = (("fp8", {"quantization": "fp8"}, "1"), ("fp8_no_skinny", {"quantization": "fp8"}, "0"),
+                ("bf16", {}, "1"))
+    before = os.environ.get("TOKENSPEED_FP8_SKINNY")
+    for name, options, skinny in variants:
+        os.environ["TOKENSPEED_FP8_SKINNY"] = skinny  # read when the engine selects its kernels
+        try:
+            llm = engine(models["llama"], args.smoke, max_num_seqs=max(batches),
+                         max_model_len=None if args.smoke else 4096, **options)
+        finally:
+            if before is None:
+                os.environ.pop("TOKENSPEED_FP8_SKINNY")
+            else:
+                os.environ["TOKENSPEED_FP8_SKINNY"] = before
+        for batch in batches:
+            step = decode_step_s(llm, batch, prompt_len, new_tokens, random.Random(batch))
+            out.setdefault(name, {})[f"bs{batch}"] = {"tpot_ms": round(step * 1e3, 3),
+                                                      "tokens_per_s": round(batch / step, 1)}
+            log(f"llama_batch {name} bs{batch}: TPOT {step * 1e3:.3f} ms, {batch / step:.0f} tok/s")
+        release(llm)
+    out["skinny_speedup"] = {f"bs{b}": round(out["fp8_no_skinny"][f"bs{b}"]["tpot_ms"] / out["fp8"][f"bs{b}"]["tpot_ms"], 3)
+                             for b in batches}
 
 
 def steady_decode(llm: Any, batch: int, prompt_len: int, steps: int, profile_path: Path | None = None) -> float:
@@ -360,7 +391,7 @@ def main() -> int:
     RESULTS["copy_bandwidth_gb_s"] = copy_bandwidth_gb_s(args.smoke)
     log(f"copy bandwidth {RESULTS['copy_bandwidth_gb_s']} GB/s")
     runners: dict[str, Callable[[argparse.Namespace, dict[str, str]], None]] = {
-        "llama": llama, "qwen3_moe": qwen3_moe, "kv_long": kv_long}
+        "llama": llama, "llama_batch": llama_batch, "qwen3_moe": qwen3_moe, "kv_long": kv_long}
     failed = []
     for section in sections:
         t = time.perf_counter()
