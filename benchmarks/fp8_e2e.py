@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import nn
@@ -201,17 +202,10 @@ def llama_batch(args: argparse.Namespace, models: dict[str, str]) -> None:
     out: dict[str, Any] = RESULTS.setdefault("llama_batch", {"prompt_len": prompt_len, "new_tokens": new_tokens})
     variants = (("fp8", {"quantization": "fp8"}, "1"), ("fp8_no_skinny", {"quantization": "fp8"}, "0"),
                 ("bf16", {}, "1"))
-    before = os.environ.get("TOKENSPEED_FP8_SKINNY")
     for name, options, skinny in variants:
-        os.environ["TOKENSPEED_FP8_SKINNY"] = skinny  # read when the engine selects its kernels
-        try:
+        with mock.patch.dict(os.environ, {"TOKENSPEED_FP8_SKINNY": skinny}):  # read as the engine loads its layers
             llm = engine(models["llama"], args.smoke, max_num_seqs=max(batches),
                          max_model_len=None if args.smoke else 4096, **options)
-        finally:
-            if before is None:
-                os.environ.pop("TOKENSPEED_FP8_SKINNY")
-            else:
-                os.environ["TOKENSPEED_FP8_SKINNY"] = before
         for batch in batches:
             step = decode_step_s(llm, batch, prompt_len, new_tokens, random.Random(batch))
             out.setdefault(name, {})[f"bs{batch}"] = {"tpot_ms": round(step * 1e3, 3),
