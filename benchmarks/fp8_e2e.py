@@ -8,7 +8,7 @@ Every figure is wall clock around `LLM.generate` (CUDA graphs and overlap
 scheduling on, prefix caching off so no prompt is served from the cache):
 the decode time per step is (time for 1 + N new tokens - time for 1) / N,
 prompts distinct between the two calls, after a warm-up that compiles the
-kernels. Dummy weights at the presets' true shapes.
+kernels; the median of `--repeats` such measurements (3) is reported. Dummy weights at the presets' true shapes.
 
 Sections (`--sections`, comma separated; the JSON is rewritten after each):
 
@@ -45,6 +45,7 @@ import gc
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -131,8 +132,12 @@ def _prompts(rng: random.Random, count: int, length: int, vocab: int) -> list[di
     return [{"prompt_token_ids": [rng.randrange(10, vocab - 10) for _ in range(length)]} for _ in range(count)]
 
 
-def decode_step_s(llm: Any, batch: int, prompt_len: int, new_tokens: int, rng: random.Random) -> float:
-    """Wall-clock seconds of one decode step of `batch` rows (see the module docstring)."""
+def decode_step_s(llm: Any, batch: int, prompt_len: int, new_tokens: int, rng: random.Random, repeats: int) -> float:
+    """Wall-clock seconds of one decode step of `batch` rows (see the module docstring).
+
+    The median of `repeats` measurements on fresh prompts: one alone moved by up to 2% between runs
+    whose kernels took the same time in the profile, which left 1% changes undecidable.
+    """
     from tokenspeed import SamplingParams
 
     vocab = llm.core.executor.model_config.vocab_size
@@ -147,7 +152,7 @@ def decode_step_s(llm: Any, batch: int, prompt_len: int, new_tokens: int, rng: r
     # Warm-up at the same context and (up to 64K prompt tokens) the same batch, so that prefill chunks
     # and decode steps of the measured shapes have compiled their kernels and settled their tuners.
     timed(4, rows=max(1, min(batch, (1 << 16) // prompt_len)))
-    return (timed(1 + new_tokens) - timed(1)) / new_tokens
+    return statistics.median((timed(1 + new_tokens) - timed(1)) / new_tokens for _ in range(repeats))
 
 
 def engine(model: str, smoke: bool, **options: Any) -> Any:
@@ -182,7 +187,7 @@ def llama(args: argparse.Namespace, models: dict[str, str]) -> None:
     out: dict[str, Any] = RESULTS.setdefault("llama", {"prompt_len": prompt_len, "new_tokens": new_tokens})
     for name, options in (("fp8", {"quantization": "fp8"}), ("bf16", {})):
         llm = engine(models["llama"], args.smoke, max_num_seqs=8, max_model_len=None if args.smoke else 4096, **options)
-        step = decode_step_s(llm, 1, prompt_len, new_tokens, random.Random(1))
+        step = decode_step_s(llm, 1, prompt_len, new_tokens, random.Random(1), args.repeats)
         weights = decode_weight_bytes(llm.core.executor.model)
         roofline = (weights + kv_bytes_per_token(llm) * mean_context) / (RESULTS["copy_bandwidth_gb_s"] * 1e9)
         out[name] = {"bs1_tpot_ms": round(step * 1e3, 3), "roofline_ms": round(roofline * 1e3, 3),
@@ -207,7 +212,7 @@ def llama_batch(args: argparse.Namespace, models: dict[str, str]) -> None:
             llm = engine(models["llama"], args.smoke, max_num_seqs=max(batches),
                          max_model_len=None if args.smoke else 4096, **options)
         for batch in batches:
-            step = decode_step_s(llm, batch, prompt_len, new_tokens, random.Random(batch))
+            step = decode_step_s(llm, batch, prompt_len, new_tokens, random.Random(batch), args.repeats)
             out.setdefault(name, {})[f"bs{batch}"] = {"tpot_ms": round(step * 1e3, 3),
                                                       "tokens_per_s": round(batch / step, 1)}
             log(f"llama_batch {name} bs{batch}: TPOT {step * 1e3:.3f} ms, {batch / step:.0f} tok/s")
@@ -287,7 +292,7 @@ def qwen3_moe(args: argparse.Namespace, models: dict[str, str]) -> None:
     llm = engine(models["qwen3_moe"], args.smoke, max_num_seqs=big, max_model_len=None if args.smoke else 4096)
     rng = random.Random(2)
     for batch in (1, big):
-        step = decode_step_s(llm, batch, prompt_len, new_tokens, rng)
+        step = decode_step_s(llm, batch, prompt_len, new_tokens, rng, args.repeats)
         out[f"bs{batch}"] = {"tpot_ms": round(step * 1e3, 3), "tokens_per_s": round(batch / step, 1)}
         log(f"qwen3_moe fp8 bs{batch}: TPOT {step * 1e3:.3f} ms, {batch / step:.0f} tok/s")
         if args.profile:
@@ -371,6 +376,8 @@ def main() -> int:
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma separated, of {', '.join(SECTIONS)}")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, measures nothing")
     parser.add_argument("--profile", action="store_true", help="a kernel table of the decode steps of each variant and batch")
+    parser.add_argument("--repeats", type=int, default=3, choices=range(1, 100), metavar="N",
+                        help="decode-step measurements per figure; their median is reported")
     args = parser.parse_args()
     command = " ".join(["python", "benchmarks/fp8_e2e.py", *sys.argv[1:]])
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
@@ -383,6 +390,7 @@ def main() -> int:
     models = (smoke_models(Path(tempfile.mkdtemp(prefix="fp8_e2e_"))) if args.smoke
               else {"llama": "llama-3.1-8b", "qwen3_moe": "qwen3-30b-a3b-fp8"})
     RESULTS["copy_bandwidth_gb_s"] = copy_bandwidth_gb_s(args.smoke)
+    RESULTS["tpot_repeats"] = args.repeats
     log(f"copy bandwidth {RESULTS['copy_bandwidth_gb_s']} GB/s")
     runners: dict[str, Callable[[argparse.Namespace, dict[str, str]], None]] = {
         "llama": llama, "llama_batch": llama_batch, "qwen3_moe": qwen3_moe, "kv_long": kv_long}
