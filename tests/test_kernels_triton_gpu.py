@@ -73,8 +73,12 @@ def test_decode_long_contexts(page_size: int, window: int | None) -> None:
     assert bool((out[6] == 0).all())
 
 
-def test_decode_and_kv_write_replay_in_a_cuda_graph() -> None:
-    """Capture once with fixed (rows, max_pages, num_splits); replay with new lengths, tables and padding."""
+@pytest.mark.parametrize("pdl", ["0", "1"])
+def test_decode_and_kv_write_replay_in_a_cuda_graph(pdl: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Capture once with fixed (rows, max_pages, num_splits); replay with new lengths, tables and padding.
+    With PDL the decode kernel reads lengths and pages and prefetches its first K/V tile before its wait,
+    while the write kernel before it stores the new position (kernels/pdl.py)."""
+    monkeypatch.setenv("TOKENSPEED_PDL", pdl)
     gen = torch.Generator().manual_seed(0)
     rows, page_size, max_len = 8, 16, 4096
     k_cache, v_cache, _ = _paged_kv([max_len] * rows, page_size, gen)
@@ -196,10 +200,13 @@ def test_rope_bf16_every_scaling(rope_type: str) -> None:
     torch.testing.assert_close(got_k, want_k)
 
 
+@pytest.mark.parametrize("pdl", ["0", "1"])
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_rope_write_bf16_equals_norm_rope_and_store(qk_norm: bool) -> None:
+def test_rope_write_bf16_equals_norm_rope_and_store(qk_norm: bool, pdl: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fused kernel at Llama / Qwen3 attention shapes against the reference kernels run in turn
-    (the norm's sum runs in another order: a last-bit difference is allowed there, none otherwise)."""
+    (the norm's sum runs in another order: a last-bit difference is allowed there, none otherwise);
+    with PDL, positions, cos/sin and slots are read before its wait (kernels/pdl.py)."""
+    monkeypatch.setenv("TOKENSPEED_PDL", pdl)
     from tokenspeed.layers.rope_scaling import RopeConfig
     from tokenspeed.layers.rotary_embedding import RotaryEmbedding
 

@@ -64,7 +64,7 @@ from tokenspeed.kernels.attention.paged_tiles import (
     store_split_partial,
 )
 from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
-from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options, prefetch_rows_l2
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
 from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
 from tokenspeed.kernels.registry import Band, register_kernel
@@ -120,9 +120,6 @@ def _decode_split_kernel(
     HAS_SCALE: tl.constexpr,
     SCALE_STRIDE: tl.constexpr,
 ):
-    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
-        gdc_wait()
-        gdc_launch_dependents()
     row = tl.program_id(0)
     kv_head = tl.program_id(1) // (G_BLOCKS * T_GROUPS)
     t_group = tl.program_id(1) % (G_BLOCKS * T_GROUPS) // G_BLOCKS
@@ -155,6 +152,17 @@ def _decode_split_kernel(
 
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
+    table = page_table_ptr + row.to(tl.int64) * stride_pt
+    if USE_PDL:  # the row's length, pages and older keys and values are not the previous kernel's output (it
+        # writes the step's new position): the first tile is asked of the L2 before the wait (kernels/pdl.py)
+        pos = start + tl.arange(0, BLOCK_N)
+        page = tl.load(table + pos // PAGE_SIZE, mask=pos < end, other=0).to(tl.int64)
+        rows_k = page * stride_kp + (pos % PAGE_SIZE) * stride_ks + kv_head * stride_kh
+        rows_v = page * stride_vp + (pos % PAGE_SIZE) * stride_vs + kv_head * stride_vh
+        prefetch_rows_l2(k_cache_ptr + rows_k, BLOCK_D * k_cache_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        prefetch_rows_l2(v_cache_ptr + rows_v, BLOCK_D * v_cache_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        gdc_wait()
+        gdc_launch_dependents()
     q = tl.load(
         q_ptr + token[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
         mask=m_mask[:, None] & d_mask[None, :],
@@ -168,7 +176,6 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    table = page_table_ptr + row.to(tl.int64) * stride_pt
     for block_start in range(start, end, BLOCK_N):
         pos = block_start + tl.arange(0, BLOCK_N)
         n_mask = pos < end

@@ -134,42 +134,46 @@ def _rope_write_kernel(
     SCALE_STRIDE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before any access
+    token = tl.program_id(0).to(tl.int64)
+    # Positions, slots and the cos/sin tables are not the previous kernel's output: read before the wait (kernels/pdl.py).
+    cos, sin = position_cos_sin(positions_ptr, token, cos_ptr, sin_ptr, stride_cos, HALF, BLOCK_HALF)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading q, k, v
         gdc_wait()
         gdc_launch_dependents()
-    token = tl.program_id(0).to(tl.int64)
-    cos, sin = position_cos_sin(positions_ptr, token, cos_ptr, sin_ptr, stride_cos, HALF, BLOCK_HALF)
 
     q_heads = tl.arange(0, BLOCK_QH)
     q_rows = q_ptr + token * stride_qt + q_heads[:, None] * stride_qh
+    kv_heads = tl.arange(0, BLOCK_KH)
+    k_rows = k_ptr + token * stride_kt + kv_heads[:, None] * stride_kh
+    offs_d = tl.arange(0, BLOCK_D)[None, :]
+    v_mask = (kv_heads[:, None] < NUM_KV_HEADS) & (offs_d < HEAD_DIM)
+    v_rows = v_ptr + token * stride_vt + kv_heads[:, None] * stride_vh + offs_d
+    # q, k and v requested together, before any store (a store of q would otherwise hold back the loads of k)
     lo, hi, rest = _load_parts(q_rows, q_heads, NUM_Q_HEADS, HALF, REST, BLOCK_HALF, BLOCK_REST)
+    k_lo, k_hi, k_rest = _load_parts(k_rows, kv_heads, NUM_KV_HEADS, HALF, REST, BLOCK_HALF, BLOCK_REST)
+    v = tl.load(v_rows, mask=v_mask, other=0.0)
     lo, hi, rest = _norm_rope(lo, hi, rest, q_norm_ptr, eps, cos, sin, HALF, REST, HEAD_DIM, BLOCK_HALF,
                               BLOCK_REST, HAS_NORM)
     _store_parts(q_rows, q_heads, lo, hi, rest, NUM_Q_HEADS, HALF, REST, BLOCK_HALF, BLOCK_REST)
 
-    slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot >= 0:
         page = slot // PAGE_SIZE
         offset = slot % PAGE_SIZE
-        kv_heads = tl.arange(0, BLOCK_KH)
-        k_rows = k_ptr + token * stride_kt + kv_heads[:, None] * stride_kh
-        k_lo, k_hi, k_rest = _load_parts(k_rows, kv_heads, NUM_KV_HEADS, HALF, REST, BLOCK_HALF, BLOCK_REST)
+        k_dst = k_cache_ptr + page * stride_kcp + offset * stride_kcs + kv_heads[:, None] * stride_kch
+        v_dst = v_cache_ptr + page * stride_vcp + offset * stride_vcs + kv_heads[:, None] * stride_vch + offs_d
         k_lo, k_hi, k_rest = _norm_rope(k_lo, k_hi, k_rest, k_norm_ptr, eps, cos, sin, HALF, REST, HEAD_DIM,
                                         BLOCK_HALF, BLOCK_REST, HAS_NORM)
-        if FP8_CACHE:
-            k_lo = quantize_heads(k_lo, k_scale_ptr, kv_heads, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE)
-            k_hi = quantize_heads(k_hi, k_scale_ptr, kv_heads, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE)
-            k_rest = quantize_heads(k_rest, k_scale_ptr, kv_heads, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE)
-        k_dst = k_cache_ptr + page * stride_kcp + offset * stride_kcs + kv_heads[:, None] * stride_kch
-        _store_parts(k_dst, kv_heads, k_lo, k_hi, k_rest, NUM_KV_HEADS, HALF, REST, BLOCK_HALF, BLOCK_REST)
-
-        offs_d = tl.arange(0, BLOCK_D)[None, :]
-        v_mask = (kv_heads[:, None] < NUM_KV_HEADS) & (offs_d < HEAD_DIM)
-        v = tl.load(v_ptr + token * stride_vt + kv_heads[:, None] * stride_vh + offs_d, mask=v_mask, other=0.0)
-        if FP8_CACHE:
-            v = quantize_heads(v, v_scale_ptr, kv_heads, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE)
-        v_dst = v_cache_ptr + page * stride_vcp + offset * stride_vcs + kv_heads[:, None] * stride_vch + offs_d
-        tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=v_mask)
+        if FP8_CACHE:  # new names: the fp8 codes are another type than the loaded k / v
+            k_lo8 = quantize_heads(k_lo, k_scale_ptr, kv_heads, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE)
+            k_hi8 = quantize_heads(k_hi, k_scale_ptr, kv_heads, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE)
+            k_rest8 = quantize_heads(k_rest, k_scale_ptr, kv_heads, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE)
+            _store_parts(k_dst, kv_heads, k_lo8, k_hi8, k_rest8, NUM_KV_HEADS, HALF, REST, BLOCK_HALF, BLOCK_REST)
+            v8 = quantize_heads(v, v_scale_ptr, kv_heads, NUM_KV_HEADS, HAS_SCALE, SCALE_STRIDE)
+            tl.store(v_dst, v8, mask=v_mask)
+        else:
+            _store_parts(k_dst, kv_heads, k_lo, k_hi, k_rest, NUM_KV_HEADS, HALF, REST, BLOCK_HALF, BLOCK_REST)
+            tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=v_mask)
 
 
 @register_kernel(
