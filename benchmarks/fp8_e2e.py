@@ -8,7 +8,8 @@ Every figure is wall clock around `LLM.generate` (CUDA graphs and overlap
 scheduling on, prefix caching off so no prompt is served from the cache):
 the decode time per step is (time for 1 + N new tokens - time for 1) / N,
 prompts distinct between the two calls, after a warm-up that compiles the
-kernels; the median of `--repeats` such measurements (3) is reported. Dummy weights at the presets' true shapes.
+kernels; the median of `--repeats` such measurements (3) is reported.
+Dummy weights at the presets' true shapes.
 
 Sections (`--sections`, comma separated; the JSON is rewritten after each):
 
