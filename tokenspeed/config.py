@@ -90,7 +90,8 @@ class EngineConfig:
     # a checkpoint's own quantization_config (block FP8) is always honoured (`models/quant_config.py`).
     quantization: str | None = None
     # KV cache storage, vLLM's option: "auto" (the model dtype) | "fp8" | "fp8_e4m3" (half the bytes of
-    # bf16; static per-tensor scales of 1.0, see `layers/kv_scales.py`).
+    # bf16; static per-tensor scales: the checkpoint's `self_attn.k_scale` / `v_scale`, else 1.0;
+    # `layers/kv_scales.py`).
     kv_cache_dtype: str = "auto"
     # KV tiers below the device pool (kvcache/, executor/kv_tiers.py). Host tier bytes (None: a quarter of
     # the host's available memory on a GPU, 0 on the CPU); a disk tier under kv_cache_dir (None: off)

@@ -1,15 +1,20 @@
 """`KVScales`: the static scales of one attention layer's FP8 KV cache (`kv_cache_dtype="fp8"`).
 
-Scales are per tensor and 1.0: bf16 K/V values of the models we serve lie
-well inside e4m3's range (+-448), and e4m3 keeps ~2^-4 relative precision
-at any magnitude down to 2^-6, so a unit scale costs no accuracy that a
-calibrated one would recover on these models (measured: tests/test_fp8_kv.py,
-greedy top-1 agreement with the fp32 cache). Checkpoint `k_scale` /
-`v_scale` tensors (calibrated per-tensor scales) are not read yet. The
-kernels take per-head scales too (`kernels/quant/fp8.kv_scale_layout`).
+Scales are per tensor and 1.0 unless the checkpoint has its own: bf16 K/V
+values of the models we serve lie well inside e4m3's range (+-448), and e4m3
+keeps ~2^-4 relative precision at any magnitude down to 2^-6, so a unit scale
+costs no accuracy that a calibrated one would recover on these models
+(measured: tests/test_fp8_kv.py, greedy top-1 agreement with the fp32 cache).
+Checkpoints calibrated for an FP8 KV cache carry per-tensor scales per
+attention layer, as vLLM reads them: `self_attn.k_scale` and
+`self_attn.v_scale` (stored value times scale = the real one), or one
+`self_attn.kv_scale` for both in older exports; the loader hands them to
+`load` (`models/loader.py`). The kernels take per-head scales too
+(`kernels/quant/fp8.kv_scale_layout`); checkpoints give per-tensor ones.
 
-Held as buffers (moved with the layer, never loaded) and handed to the kernels
-only when the cache is fp8: a cache in the model dtype takes no scale.
+Held as buffers (moved with the layer) and handed to the kernels only when the
+cache is fp8: a cache in the model dtype takes no scale, and a checkpoint's
+scales are then read and unused, as in vLLM.
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ import torch
 from torch import nn
 
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE
+
+# A checkpoint tensor's last name -> the scales it sets.
+CHECKPOINT_SCALES: dict[str, tuple[str, ...]] = {"k_scale": ("k_scale",), "v_scale": ("v_scale",),
+                                                 "kv_scale": ("k_scale", "v_scale")}
 
 
 class KVScales(nn.Module):
@@ -28,6 +37,20 @@ class KVScales(nn.Module):
         super().__init__()
         self.register_buffer("k_scale", torch.ones(1, dtype=torch.float32, device=device), persistent=False)
         self.register_buffer("v_scale", torch.ones(1, dtype=torch.float32, device=device), persistent=False)
+
+    def load(self, name: str, tensor: torch.Tensor) -> None:
+        """Set the scale(s) checkpoint tensor `...self_attn.<name>` gives (`CHECKPOINT_SCALES`).
+
+        Raises ValueError for anything but one positive finite number: a scale of 0 or inf would
+        turn the cache into zeros or NaNs without a word.
+        """
+        if tensor.numel() != 1:
+            raise ValueError(f"a per-tensor KV scale has one element, got shape {tuple(tensor.shape)}")
+        value = float(tensor.float().reshape(()))
+        if not (0.0 < value < float("inf")):
+            raise ValueError(f"a KV scale must be positive and finite, got {value}")
+        for attr in CHECKPOINT_SCALES[name]:
+            getattr(self, attr).fill_(value)
 
     def for_cache(self, cache: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(k_scale, v_scale) for an fp8 `cache`, (None, None) for any other (a host-side dtype check)."""

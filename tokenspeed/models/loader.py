@@ -20,6 +20,10 @@ FP8 weights (`models/fp8_model.py` gives the layers fp8 storage and
 missing one is a missing tensor and a malformed one a shape mismatch; an
 fp8 tensor for a non-fp8 parameter (or the reverse) is refused, never cast.
 Dummy fp8 weights are normal(0, 0.02) quantised with their own scales.
+
+KV cache scales (`self_attn.k_scale` / `v_scale` / `kv_scale`, per tensor)
+are optional: where a checkpoint has them they go to the layer's `KVScales`
+(`layers/kv_scales.py`, which checks them), never into a parameter.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from tqdm.auto import tqdm  # type: ignore[import-untyped]
 from tokenspeed.errors import TokenSpeedError
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE
 from tokenspeed.layers.fp8_weights import SCALE_SUFFIX, fill_dummy
+from tokenspeed.layers.kv_scales import CHECKPOINT_SCALES, KVScales
 from tokenspeed.layers.norm import RMSNorm
 
 logger = logging.getLogger("tokenspeed.models")
@@ -150,6 +155,12 @@ class _NameMap:
         config = getattr(model, "config", None)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         self.mapped = {n: m for n, m in model.named_modules() if isinstance(m, CheckpointMappedModule)}
+        self.kv_scales = {f"{n}.{scale}" for n, m in model.named_modules() if isinstance(m, KVScales)
+                          for scale in CHECKPOINT_SCALES}  # optional: most checkpoints have none
+
+    def is_kv_scale(self, target: _Target) -> bool:
+        """Whether `target` is an attention layer's KV cache scale (optional, loaded by `KVScales.load`)."""
+        return target.param in self.kv_scales
 
     @staticmethod
     def _rename(name: str, table: dict[str, str]) -> str:
@@ -162,6 +173,9 @@ class _NameMap:
         if name == "lm_head.weight" and self.tied:
             return None  # tied: the embedding matrix is the head
         name = self._rename(name, self.renames)
+        module_path, _, attr = name.rpartition(".")
+        if f"{module_path}.kv_scales.{attr}" in self.kv_scales:  # `self_attn.k_scale` -> its KVScales
+            return _Target(f"{module_path}.kv_scales.{attr}", None)
         prefix = name
         while self.mapped and "." in prefix:
             prefix = prefix.rpartition(".")[0]
@@ -238,7 +252,7 @@ def _plan(model: nn.Module, files: list[Path]) -> tuple[dict[Path, list[tuple[st
                 seen.update(shards_of[target.param])
                 entries.append((name, target))
                 continue
-            if target not in expected:
+            if target not in expected and not name_map.is_kv_scale(target):
                 unexpected.append(name)
                 continue
             seen.add(target)
@@ -295,6 +309,13 @@ def _check_fp8(param: nn.Parameter, source: str, tensor: torch.Tensor) -> None:
 def _copy_into(
     model: nn.Module, params: dict[str, nn.Parameter], target: _Target, source: str, tensor: torch.Tensor
 ) -> None:
+    if target.param not in params:  # a KV cache scale (`_NameMap.is_kv_scale`): a buffer of a KVScales module
+        module_path, _, name = target.param.rpartition(".")
+        try:
+            model.get_submodule(module_path).load(name, tensor)  # type: ignore[operator]
+        except ValueError as error:
+            raise WeightLoadError(f"{source}: {error}") from None
+        return
     _check_fp8(params[target.param], source, tensor)
     if target.shard is not None:
         module_path, _, attr = target.param.rpartition(".")

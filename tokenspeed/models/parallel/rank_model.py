@@ -95,7 +95,7 @@ def load_rank_weights(
             target = name_map.resolve(name)
             if target is None:
                 continue
-            if target not in expected:
+            if target not in expected and not name_map.is_kv_scale(target):
                 unexpected.append(name)
                 continue
             _copy_into(model, params, target, name, tensor)

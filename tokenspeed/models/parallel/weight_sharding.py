@@ -12,6 +12,7 @@
 | `experts.{e}.*` | on the EP rank owning expert e only; gate/up column, down row | EP x MoE TP |
 | `shared_experts.*` | column / row (replicated under all-to-all MoE) | MOE_TP_EP |
 | norms, router `gate`, `e_score_correction_bias`, MTP `eh_proj` | replicated | - |
+| per-tensor KV cache scales `self_attn.{k,v,kv}_scale` | replicated | - |
 | block-FP8 `*.weight_scale_inv` | the blocks its weight's slice falls in (`fp8_sharding.py`) | as its weight |
 
 Biases follow their weight's output split; a row-parallel bias is replicated
@@ -141,6 +142,8 @@ def _rule(name: str, config: ModelConfig, topology: Topology) -> ShardRule:
             group = ParallelGroup.DENSE_TP
         return _column_or_row(module != "down_proj", param, group)
     if "self_attn" in parts:
+        if module == "self_attn" and param in ("k_scale", "v_scale", "kv_scale"):  # layers/kv_scales.py
+            return replicated
         group = ParallelGroup.ATTN_TP
         if module in ("q_a_proj", "kv_a_proj_with_mqa"):
             return replicated
