@@ -171,6 +171,12 @@ def engine(model: str, smoke: bool, **options: Any) -> Any:
     return llm
 
 
+def llama_engine(args: argparse.Namespace, models: dict[str, str], rows: int, **options: Any) -> Any:
+    """Llama-3.1-8B for the short-context sections (`llama`, `llama_batch`): up to `rows` rows, a 4K window."""
+    return engine(models["llama"], args.smoke, max_num_seqs=rows, max_model_len=None if args.smoke else 4096,
+                  **options)
+
+
 def release(llm: Any) -> None:
     llm.shutdown()
     del llm
@@ -187,7 +193,7 @@ def llama(args: argparse.Namespace, models: dict[str, str]) -> None:
     mean_context = prompt_len + new_tokens // 2
     out: dict[str, Any] = RESULTS.setdefault("llama", {"prompt_len": prompt_len, "new_tokens": new_tokens})
     for name, options in (("fp8", {"quantization": "fp8"}), ("bf16", {})):
-        llm = engine(models["llama"], args.smoke, max_num_seqs=8, max_model_len=None if args.smoke else 4096, **options)
+        llm = llama_engine(args, models, 8, **options)
         step = decode_step_s(llm, 1, prompt_len, new_tokens, random.Random(1), args.repeats)
         weights = decode_weight_bytes(llm.core.executor.model)
         roofline = (weights + kv_bytes_per_token(llm) * mean_context) / (RESULTS["copy_bandwidth_gb_s"] * 1e9)
@@ -210,8 +216,7 @@ def llama_batch(args: argparse.Namespace, models: dict[str, str]) -> None:
                 ("bf16", {}, "1"))
     for name, options, skinny in variants:
         with mock.patch.dict(os.environ, {"TOKENSPEED_FP8_SKINNY": skinny}):  # read as the engine loads its layers
-            llm = engine(models["llama"], args.smoke, max_num_seqs=max(batches),
-                         max_model_len=None if args.smoke else 4096, **options)
+            llm = llama_engine(args, models, max(batches), **options)
         for batch in batches:
             step = decode_step_s(llm, batch, prompt_len, new_tokens, random.Random(batch), args.repeats)
             out.setdefault(name, {})[f"bs{batch}"] = {"tpot_ms": round(step * 1e3, 3),
@@ -275,16 +280,14 @@ def _per_step_in_runs(core: Any, steps: int, sync: Callable[[], None]) -> list[f
     """
     parts = [part for i in range(4) if (part := steps // 4 + (i < steps % 4))]
     sync()
-    times, t = [], time.perf_counter()
-    for i, part in enumerate(parts):
+    stamps = [time.perf_counter()]
+    for part in parts:
         for _ in range(part):
             core.step()
-        if i == len(parts) - 1:
-            sync()
-        now = time.perf_counter()
-        times.append((now - t) / part)
-        t = now
-    return times
+        stamps.append(time.perf_counter())
+    sync()
+    stamps[-1] = time.perf_counter()
+    return [(end - start) / part for start, end, part in zip(stamps, stamps[1:], parts)]
 
 
 def tuned_picks(chosen: dict[Any, Any], label: str, name: Any = repr) -> dict[str, Any]:

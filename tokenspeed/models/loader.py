@@ -174,8 +174,9 @@ class _NameMap:
             return None  # tied: the embedding matrix is the head
         name = self._rename(name, self.renames)
         module_path, _, attr = name.rpartition(".")
-        if f"{module_path}.kv_scales.{attr}" in self.kv_scales:  # `self_attn.k_scale` -> its KVScales
-            return _Target(f"{module_path}.kv_scales.{attr}", None)
+        kv_scale = f"{module_path}.kv_scales.{attr}"  # `self_attn.k_scale` -> its KVScales
+        if kv_scale in self.kv_scales:
+            return _Target(kv_scale, None)
         prefix = name
         while self.mapped and "." in prefix:
             prefix = prefix.rpartition(".")[0]
@@ -184,9 +185,8 @@ class _NameMap:
                 resolved = module.resolve_checkpoint_name(name[len(prefix) + 1 :])
                 if resolved is None:
                     return _Target(name, None)  # no such parameter: reported as unexpected
-                attr, shard = resolved
-                return _Target(f"{prefix}.{attr}", shard)
-        module_path, _, attr = name.rpartition(".")
+                mapped_attr, shard = resolved
+                return _Target(f"{prefix}.{mapped_attr}", shard)
         parent, _, leaf = module_path.rpartition(".")
         if leaf in self.packed:
             fused, shard = self.packed[leaf]
