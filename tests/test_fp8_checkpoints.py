@@ -21,23 +21,24 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from tests.checkpoints import load_hf, make_checkpoint, make_deepseek_checkpoint, prompts
-from tests.fp8_checkpoints import _is_projection, dequantised_checkpoint, to_block_fp8
-from tests.test_deepseek_parity import hf_greedy
+from tests.checkpoints import load_hf, prompts
+from tests.fp8_checkpoints import (
+    _is_projection,
+    assert_matches_transformers,
+    dequantised_checkpoint,
+    fp8_parameters,
+    make_source,
+    rewrite_tensors,
+    to_block_fp8,
+)
 from tests.test_mla_layer import _with_mtp_layer
 from tokenspeed import LLM, SamplingParams
 from tokenspeed.errors import InvalidRequest, ModelNotSupported
-from tokenspeed.kernels.quant.fp8 import (
-    FP8_DTYPE,
-    PER_CHANNEL_BLOCK,
-    dequantize_weight,
-    quantize_weight_block,
-)
+from tokenspeed.kernels.quant.fp8 import PER_CHANNEL_BLOCK, dequantize_weight, quantize_weight_block
 from tokenspeed.models import WeightLoadError
 
-TOLERANCE = 1e-4
 # (family, block, modules_to_not_convert)
 CASES: dict[str, tuple[str, tuple[int, int], tuple[str, ...]]] = {
     "llama": ("llama", (16, 128), ()),
@@ -59,16 +60,10 @@ KIMI_K2_HEADER = {
 }
 
 
-def _source(family: str, folder: Path) -> Path:
-    if family.startswith("deepseek"):
-        return make_deepseek_checkpoint(family, folder)
-    return make_checkpoint(family, folder)
-
-
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("fp8_sources")
-    return {family: _source(family, root / family) for family in ("llama", "qwen3_moe", "deepseek_v3")}
+    return {family: make_source(family, root / family) for family in ("llama", "qwen3_moe", "deepseek_v3")}
 
 
 def _fp8_pair(sources: dict[str, Path], case: str, root: Path) -> tuple[Path, Path]:
@@ -76,26 +71,6 @@ def _fp8_pair(sources: dict[str, Path], case: str, root: Path) -> tuple[Path, Pa
     fp8 = root / f"{case}_fp8"
     dequantised = to_block_fp8(sources[family], fp8, block=block, not_convert=not_convert)
     return fp8, dequantised_checkpoint(sources[family], dequantised, root / f"{case}_reference")
-
-
-def _assert_matches(llm: LLM, hf: Any, what: str) -> None:
-    batch = prompts(4, seed=5, min_len=5, max_len=30)
-    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in batch], params)
-    for prompt, output in zip(batch, outputs):
-        tokens, logprobs = hf_greedy(hf, prompt)
-        got = output.outputs[0]
-        mismatch = [i for i, (a, b) in enumerate(zip(got.token_ids, tokens)) if a != b]
-        assert not mismatch, f"{what}: first divergence at new token {mismatch[0]}"
-        for step, position in enumerate(got.logprobs):
-            for token_id, logprob in position.items():
-                diff = abs(logprob.logprob - logprobs[step, token_id].item())
-                assert diff < TOLERANCE, f"{what}: step {step} token {token_id} off by {diff:.3g}"
-
-
-def _fp8_modules(llm: LLM) -> list[str]:
-    model = llm.core.executor.model  # type: ignore[attr-defined]
-    return [name for name, p in model.named_parameters() if p.dtype == FP8_DTYPE]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -107,12 +82,12 @@ def test_block_fp8_checkpoint_matches_transformers(
         config = json.loads((fp8 / "config.json").read_text())
         (fp8 / "config.json").write_text(json.dumps(config | KIMI_K2_HEADER))
     llm = LLM(str(fp8), skip_tokenizer_init=True, page_size=4, max_num_batched_tokens=24, show_progress=False)
-    quantised = _fp8_modules(llm)
+    quantised = fp8_parameters(llm)
     assert quantised, "no fp8 weights were loaded"
     assert not any("kv_b_proj" in name for name in quantised), "kv_b_proj must be dequantised for absorption"
     for entry in CASES[case][2]:
         assert not any(entry.replace("mlp.down_proj", "down_proj") in name for name in quantised), entry
-    _assert_matches(llm, load_hf(reference), case)
+    assert_matches_transformers(llm, load_hf(reference), case)
 
 
 def _online_reference(source: Path, folder: Path) -> Path:
@@ -130,8 +105,8 @@ def test_online_fp8_matches_transformers_on_quantised_weights(
     family: str, sources: dict[str, Path], tmp_path: Path
 ) -> None:
     llm = LLM(str(sources[family]), skip_tokenizer_init=True, page_size=4, quantization="fp8", show_progress=False)
-    assert _fp8_modules(llm)
-    _assert_matches(llm, load_hf(_online_reference(sources[family], tmp_path / "reference")), family)
+    assert fp8_parameters(llm)
+    assert_matches_transformers(llm, load_hf(_online_reference(sources[family], tmp_path / "reference")), family)
 
 
 @pytest.mark.parametrize("quantization", ["checkpoint", "online"])
@@ -154,19 +129,12 @@ def test_mtp_speculation_on_fp8_weights_gives_the_tokens_without_it(
                   **options)
         tokens[spec is None] = [o.outputs[0].token_ids for o in llm.generate(batch, params)]
         if spec is not None:
-            mtp_fp8 = [name for name in _fp8_modules(llm) if ".layers.2." in name]  # the MTP layer after the two
+            mtp_fp8 = [name for name in fp8_parameters(llm) if ".layers.2." in name]  # the MTP layer after the two
             assert mtp_fp8 and not any("eh_proj" in name for name in mtp_fp8), mtp_fp8
             stats = llm.core.speculation_stats  # type: ignore[attr-defined]
             assert stats is not None and stats.num_drafts > 0
         llm.shutdown()
     assert tokens[False] == tokens[True]
-
-
-def _rewrite(folder: Path, change: Any) -> None:
-    path = folder / "model.safetensors"
-    tensors = load_file(str(path))
-    change(tensors)
-    save_file(tensors, str(path))
 
 
 @pytest.mark.parametrize(
@@ -189,14 +157,15 @@ def test_bad_scales_are_clear_weight_load_errors(
     name: str, change: Any, message: str, sources: dict[str, Path], tmp_path: Path
 ) -> None:
     fp8, _ = _fp8_pair(sources, "llama", tmp_path)
-    _rewrite(fp8, change)
+    rewrite_tensors(fp8, change)
     with pytest.raises(WeightLoadError, match=message.replace("(", r"\(").replace(")", r"\)")):
         LLM(str(fp8), skip_tokenizer_init=True, show_progress=False)
 
 
 def test_malformed_expert_scale(sources: dict[str, Path], tmp_path: Path) -> None:
     fp8, _ = _fp8_pair(sources, "qwen3_moe", tmp_path)
-    _rewrite(fp8, lambda t: t.update({"model.layers.0.mlp.experts.3.down_proj.weight_scale_inv": torch.ones(5, 1)}))
+    malformed = {"model.layers.0.mlp.experts.3.down_proj.weight_scale_inv": torch.ones(5, 1)}
+    rewrite_tensors(fp8, lambda t: t.update(malformed))
     with pytest.raises(WeightLoadError, match="expert 3 down"):
         LLM(str(fp8), skip_tokenizer_init=True, show_progress=False)
 
@@ -207,8 +176,9 @@ def test_malformed_expert_scale(sources: dict[str, Path], tmp_path: Path) -> Non
         ({"quant_method": "awq"}, "checkpoint quantization 'awq' is not supported"),
         ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}, "format 'e5m2'"),
         ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]}, "static"),
-        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "per-tensor weight scales"),
+        ({"quant_method": "fp8", "activation_scheme": "calibrated"}, "activation_scheme 'calibrated'"),
         ({"quant_method": "fp8", "weight_block_size": [128, 64]}, "multiple of 128"),
+        ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "format 'pack-quantized'"),
     ],
 )
 def test_unsupported_quantization_config_is_refused(

@@ -24,16 +24,12 @@ starts, with the tensor named; `scale_slice` is checked on its own.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
 
-from tests.checkpoints import make_checkpoint, make_deepseek_checkpoint
-from tests.fp8_checkpoints import to_block_fp8
+from tests.fp8_checkpoints import fp8_parameters, make_source, to_block_fp8
 from tests.multi_rank_runs import assert_same, engine, run_workloads
-from tokenspeed import LLM
-from tokenspeed.kernels.quant.fp8 import FP8_DTYPE
 from tokenspeed.models.parallel.fp8_sharding import scale_slice
 from tokenspeed.models.parallel.weight_sharding import TensorSlice, WeightShardingError
 
@@ -57,21 +53,7 @@ NOT_CONVERT = {"llama_block_not_convert": ("model.layers.0.self_attn", "mlp.down
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("fp8_tp_sources")
-    made = {}
-    for family in ("llama", "qwen3_moe", "deepseek_v3"):
-        make = make_deepseek_checkpoint if family.startswith("deepseek") else make_checkpoint
-        made[family] = make(family, root / family)
-    return made
-
-
-def _fp8_parameters(llm: LLM) -> dict[str, int]:
-    """Rank 0's fp8 parameters (names as on one rank) and their sizes."""
-    executor = llm.core.executor  # type: ignore[attr-defined]
-    model = getattr(executor, "local", executor).model
-    return {
-        name.removeprefix("inner."): math.prod(p.shape)
-        for name, p in model.named_parameters() if p.dtype == FP8_DTYPE
-    }
+    return {family: make_source(family, root / family) for family in ("llama", "qwen3_moe", "deepseek_v3")}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -87,7 +69,7 @@ def test_fp8_weights_on_two_ranks_match_one(case: str, sources: dict[str, Path],
         llm = engine(folder, tp, ep, dp_attention, **options)
         try:
             results[tp] = run_workloads(llm)
-            fp8[tp] = _fp8_parameters(llm)
+            fp8[tp] = fp8_parameters(llm)
         finally:
             llm.shutdown()
     assert_same(case, results[1], results[2])

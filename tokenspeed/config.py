@@ -87,7 +87,8 @@ class EngineConfig:
     # "num_speculative_tokens": k, "model": ...} (`spec.config.SpeculativeConfig`); None: off.
     speculative_config: dict[str, Any] | None = None
     # FP8 weights, vLLM's option: "fp8" quantises a bf16/fp32 checkpoint at load (per output channel);
-    # a checkpoint's own quantization_config (block FP8) is always honoured (`models/quant_config.py`).
+    # a checkpoint's own quantization_config (FP8 with block, per-tensor or per-channel scales; vLLM's fp8
+    # or compressed-tensors float8) is always honoured (`models/quant_config.py`).
     quantization: str | None = None
     # KV cache storage, vLLM's option: "auto" (the model dtype) | "fp8" | "fp8_e4m3" (half the bytes of
     # bf16; static per-tensor scales: the checkpoint's `self_attn.k_scale` / `v_scale`, else 1.0;

@@ -84,7 +84,7 @@ def load_model(
     with fp8_weight_allocation(fp8 is not None and fp8.serialized):
         model = build_model(model_config, dtype=dtype, device=device)
     prepare_fp8(model, fp8)
-    load_weights(model, weights, load_format=load_format, seed=seed, progress=progress)
+    load_weights(model, weights, load_format=load_format, seed=seed, progress=progress, fp8=fp8)
     finish_fp8(model, fp8)
     model.eval()
     return model

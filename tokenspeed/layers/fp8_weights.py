@@ -157,6 +157,41 @@ def load_scale_part(
         scales.narrow(0, offset, size).copy_(tensor.repeat_interleave(cbn, dim=0)[:size])
 
 
+def per_tensor_scale(tensor: torch.Tensor) -> float:
+    """The value of a per-tensor scale (a weight's, an activation's, a KV cache's): one positive finite number.
+
+    ValueError otherwise: a scale of 0, inf or NaN would turn what it scales into zeros or NaNs without a word.
+    """
+    if tensor.numel() != 1:
+        raise ValueError(f"a per-tensor scale has one element, got shape {tuple(tensor.shape)}")
+    value = float(tensor.float().reshape(()))
+    if not (0.0 < value < float("inf")):
+        raise ValueError(f"a scale must be positive and finite, got {value}")
+    return value
+
+
+def per_channel_scales(tensor: torch.Tensor, rows: int, *, per_tensor: bool) -> torch.Tensor:
+    """A checkpoint's scales of a `rows`-row weight, per tensor (one element) or per output channel (`[rows, 1]`),
+    as the fp32 `[rows, 1]` scales of `PER_CHANNEL_BLOCK` that the layers hold.
+
+    A per-tensor scale repeated over its weight's rows scales the same weight exactly, so the parts of a fused
+    projection (or stacked experts) keep their own scales and nothing is requantised. ValueError for another
+    shape, or a scale that is not positive and finite.
+    """
+    if per_tensor:
+        return torch.full((rows, 1), per_tensor_scale(tensor), dtype=torch.float32)
+    if tuple(tensor.shape) != (rows, 1):
+        raise ValueError(
+            f"per-channel scales of a {rows}-row weight have shape ({rows}, 1), got {tuple(tensor.shape)}"
+        )
+    scales = tensor.float()
+    bad = ~(torch.isfinite(scales) & (scales > 0))
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(f"scales must be positive and finite, got {scales[row, 0].item()} for row {row}")
+    return scales
+
+
 def online_block() -> BlockSize:
     """Online quantisation's block: one scale per output channel (see `models/quant_config.py`)."""
     return PER_CHANNEL_BLOCK

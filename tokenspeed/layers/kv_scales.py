@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE
+from tokenspeed.layers.fp8_weights import per_tensor_scale
 
 # A checkpoint tensor's last name -> the scales it sets.
 CHECKPOINT_SCALES: dict[str, tuple[str, ...]] = {"k_scale": ("k_scale",), "v_scale": ("v_scale",),
@@ -41,14 +42,9 @@ class KVScales(nn.Module):
     def load(self, name: str, tensor: torch.Tensor) -> None:
         """Set the scale(s) checkpoint tensor `...self_attn.<name>` gives (`CHECKPOINT_SCALES`).
 
-        Raises ValueError for anything but one positive finite number: a scale of 0 or inf would
-        turn the cache into zeros or NaNs without a word.
+        Raises ValueError for anything but one positive finite number (`fp8_weights.per_tensor_scale`).
         """
-        if tensor.numel() != 1:
-            raise ValueError(f"a per-tensor KV scale has one element, got shape {tuple(tensor.shape)}")
-        value = float(tensor.float().reshape(()))
-        if not (0.0 < value < float("inf")):
-            raise ValueError(f"a KV scale must be positive and finite, got {value}")
+        value = per_tensor_scale(tensor)
         for attr in CHECKPOINT_SCALES[name]:
             getattr(self, attr).fill_(value)
 

@@ -3,9 +3,11 @@
 Two moments around the weight load (`loader.load_weights`):
 
 - `prepare_fp8` (before): for a serialized FP8 checkpoint every quantised
-  layer gets empty fp8 weights and `weight_scale_inv` parameters, so the
-  loader's usual name check reports a missing or unexpected scale, and its
-  shape check a malformed one, as a `WeightLoadError`;
+  layer gets empty fp8 weights and `weight_scale_inv` parameters (in the
+  checkpoint's blocks, or one per output row for per-tensor / per-channel
+  checkpoints, whose scales the loader makes per row), so the loader's usual
+  name check reports a missing or unexpected scale, and its shape check a
+  malformed one, as a `WeightLoadError`;
 - `finish_fp8` (after): online quantisation of the loaded weights
   (`quantization="fp8"`), or, for a serialized checkpoint, dequantisation of
   the weights the model reads directly instead of through a GEMM: MLA's
@@ -15,8 +17,9 @@ Two moments around the weight load (`loader.load_weights`):
 What stays unquantised: the embedding, the LM head and MoE routers (not
 `Linear`s: they are bf16 in every FP8 checkpoint), DeepSeek's MTP `eh_proj`
 (bf16 in V3's checkpoint, as vLLM reads it), modules the checkpoint's
-`modules_to_not_convert` names (HF names, transformers' substring rule; a
-fused projection must be skipped whole or not at all), and, online, `kv_b_proj`.
+`modules_to_not_convert` / `ignored_layers` / `ignore` names (HF names,
+transformers' substring rule or `re:` patterns, `Fp8Config.skips`; a fused
+projection must be skipped whole or not at all), and, online, `kv_b_proj`.
 The decode layer's fused forms (norms in the GEMV prologues, SiLU-and-mul,
 residual adds) run on the FP8 GEMV where it is the small-batch kernel, as on
 bf16 weights; elsewhere (the CPU's reference) the layers take the plain path.

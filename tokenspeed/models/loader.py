@@ -19,6 +19,12 @@ FP8 weights (`models/fp8_model.py` gives the layers fp8 storage and
 `weight_scale_inv` parameters first): scales load like any parameter, so a
 missing one is a missing tensor and a malformed one a shape mismatch; an
 fp8 tensor for a non-fp8 parameter (or the reverse) is refused, never cast.
+A per-tensor or per-channel checkpoint's `X.weight_scale` is loaded as the
+layer's `weight_scale_inv` with one scale per row of `X.weight`
+(`scales_per_row`: a per-tensor scale repeated over the rows, which needs the
+weight's shape from the headers), after checking that its shape fits and
+every scale is positive and finite. Static activation scales (`X.input_scale`
+beside an fp8 weight) are optional, checked and unused (`models/quant_config.py`).
 Dummy fp8 weights are normal(0, 0.02) quantised with their own scales.
 
 KV cache scales (`self_attn.k_scale` / `v_scale` / `kv_scale`, per tensor)
@@ -41,9 +47,10 @@ from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
 from tokenspeed.errors import TokenSpeedError
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE
-from tokenspeed.layers.fp8_weights import SCALE_SUFFIX, fill_dummy
+from tokenspeed.layers.fp8_weights import SCALE_SUFFIX, fill_dummy, per_channel_scales, per_tensor_scale
 from tokenspeed.layers.kv_scales import CHECKPOINT_SCALES, KVScales
 from tokenspeed.layers.norm import RMSNorm
+from tokenspeed.models.quant_config import Fp8Config, WeightScales
 
 logger = logging.getLogger("tokenspeed.models")
 
@@ -63,6 +70,7 @@ class WeightLoadError(TokenSpeedError, ValueError):
 class _Target:
     param: str  # our parameter name
     shard: str | None  # shard id inside a fused parameter, None for a whole parameter
+    activation_scale: bool = False  # a static `input_scale`: checked, held nowhere
 
 
 def load_weights(
@@ -71,8 +79,10 @@ def load_weights(
     load_format: str = "auto",
     seed: int = 0,
     progress: bool = False,
+    fp8: Fp8Config | None = None,
 ) -> None:
-    """Fill `model`'s parameters from `folder` (safetensors) or with seeded random values ("dummy")."""
+    """Fill `model`'s parameters from `folder` (safetensors) or with seeded random values ("dummy");
+    `fp8`: how the checkpoint names and scales its fp8 weights (`prepare_fp8` made the layers for it)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
     if load_format == "dummy":
@@ -81,7 +91,32 @@ def load_weights(
     if folder is None:
         raise WeightLoadError("no checkpoint folder given; use load_format='dummy' for random weights")
     files = find_weight_files(Path(folder))
-    _load_safetensors(model, files, progress=progress)
+    _load_safetensors(model, files, progress=progress, fp8=fp8)
+
+
+def tensor_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor of `files`, from the headers alone."""
+    shapes = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in list(f.keys()):
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def scales_per_row(
+    fp8: Fp8Config | None, name: str, tensor: torch.Tensor, shapes: dict[str, tuple[int, ...]]
+) -> torch.Tensor:
+    """Checkpoint tensor `name` as the layers load it: a per-tensor / per-channel checkpoint's weight scales one
+    per row of their weight (of shape `shapes[weight]`, `Fp8Config.weight_of_row_scales`); any other tensor as
+    it is. WeightLoadError naming the tensor for scales that do not fit their weight."""
+    weight = None if fp8 is None else fp8.weight_of_row_scales(name)
+    if fp8 is None or weight is None:
+        return tensor
+    try:
+        return per_channel_scales(tensor, shapes[weight][0], per_tensor=fp8.weight_scales is WeightScales.TENSOR)
+    except ValueError as error:
+        raise WeightLoadError(f"{name}: {error}") from None
 
 
 def find_weight_files(folder: Path) -> list[Path]:
@@ -143,11 +178,14 @@ class _NameMap:
     `checkpoint_renames` (HF path component -> ours, e.g. Mixtral's
     `block_sparse_moe` -> `mlp`, the rename transformers v5 makes too), and
     modules that map the names below them themselves (`CheckpointMappedModule`:
-    stacked MoE experts).
+    stacked MoE experts). An FP8 checkpoint (`fp8`) names a weight's scales its
+    own way (`X.weight_scale_inv` or `X.weight_scale`): either is the layer's
+    `weight_scale_inv`.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, fp8: Fp8Config | None = None) -> None:
         self.model = model
+        self.fp8 = fp8
         self.packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
         self.unpacked = {v: k for k, v in self.packed.items()}
         self.renames: dict[str, str] = dict(getattr(model, "checkpoint_renames", {}))
@@ -158,9 +196,10 @@ class _NameMap:
         self.kv_scales = {f"{n}.{scale}" for n, m in model.named_modules() if isinstance(m, KVScales)
                           for scale in CHECKPOINT_SCALES}  # optional: most checkpoints have none
 
-    def is_kv_scale(self, target: _Target) -> bool:
-        """Whether `target` is an attention layer's KV cache scale (optional, loaded by `KVScales.load`)."""
-        return target.param in self.kv_scales
+    def is_optional(self, target: _Target) -> bool:
+        """Whether `target` is a per-tensor scale a checkpoint may or may not have: an attention layer's KV cache
+        scale (loaded by `KVScales.load`) or a static activation scale (checked, unused)."""
+        return target.param in self.kv_scales or target.activation_scale
 
     @staticmethod
     def _rename(name: str, table: dict[str, str]) -> str:
@@ -172,6 +211,12 @@ class _NameMap:
             return None
         if name == "lm_head.weight" and self.tied:
             return None  # tied: the embedding matrix is the head
+        if self.fp8 is not None:
+            if self.fp8.reads_input_scale(name):
+                return _Target(name, None, activation_scale=True)
+            weight = self.fp8.weight_of_scale(name)
+            if weight is not None:
+                name = weight + SCALE_SUFFIX
         name = self._rename(name, self.renames)
         module_path, _, attr = name.rpartition(".")
         kv_scale = f"{module_path}.kv_scales.{attr}"  # `self_attn.k_scale` -> its KVScales
@@ -204,7 +249,7 @@ class _NameMap:
             else:
                 shards = getattr(module, "shard_names", ())
             if not shards:
-                expected[_Target(name, None)] = self._rename(name, self.unrenames)
+                expected[_Target(name, None)] = self._checkpoint_name(name)
                 continue
             parent, _, leaf = module_path.rpartition(".")
             for shard in shards:
@@ -212,8 +257,15 @@ class _NameMap:
                     hf = f"{module_path}.{module.checkpoint_name(attr, shard)}"
                 else:
                     hf = f"{parent}.{self.unpacked.get((leaf, shard), f'{leaf}[{shard}]')}.{attr}"
-                expected[_Target(name, shard)] = self._rename(hf, self.unrenames)
+                expected[_Target(name, shard)] = self._checkpoint_name(hf)
         return expected
+
+    def _checkpoint_name(self, ours: str) -> str:
+        """A parameter name (of ours or of an unpacked part) in the checkpoint's spelling."""
+        hf = self._rename(ours, self.unrenames)
+        if self.fp8 is not None and hf.endswith("weight" + SCALE_SUFFIX):
+            return self.fp8.scale_of(hf.removesuffix(SCALE_SUFFIX))
+        return hf
 
 
 def _shown(names: list[str]) -> str:
@@ -222,7 +274,9 @@ def _shown(names: list[str]) -> str:
     return ", ".join(names[:_MAX_NAMES_SHOWN]) + more
 
 
-def _plan(model: nn.Module, files: list[Path]) -> tuple[dict[Path, list[tuple[str, _Target]]], list[str]]:
+def _plan(
+    model: nn.Module, files: list[Path], name_map: _NameMap
+) -> tuple[dict[Path, list[tuple[str, _Target]]], list[str]]:
     """Map every checkpoint tensor to its target, raising on any missing or unexpected name.
 
     A whole tensor for a parameter that is normally loaded in shards (v5's stacked
@@ -231,7 +285,6 @@ def _plan(model: nn.Module, files: list[Path]) -> tuple[dict[Path, list[tuple[st
     at all are returned for dropping instead of reported missing; one that is only
     partly present is still an error.
     """
-    name_map = _NameMap(model)
     expected = name_map.expected()
     shards_of: dict[str, list[_Target]] = {}
     for wanted in expected:
@@ -252,7 +305,7 @@ def _plan(model: nn.Module, files: list[Path]) -> tuple[dict[Path, list[tuple[st
                 seen.update(shards_of[target.param])
                 entries.append((name, target))
                 continue
-            if target not in expected and not name_map.is_kv_scale(target):
+            if target not in expected and not name_map.is_optional(target):
                 unexpected.append(name)
                 continue
             seen.add(target)
@@ -284,17 +337,19 @@ def _optional_modules(model: nn.Module) -> list[str]:
     return list(optional()) if callable(optional) else []
 
 
-def _load_safetensors(model: nn.Module, files: list[Path], *, progress: bool) -> None:
-    plan, absent = _plan(model, files)
+def _load_safetensors(model: nn.Module, files: list[Path], *, progress: bool, fp8: Fp8Config | None) -> None:
+    plan, absent = _plan(model, files, _NameMap(model, fp8))
     for path in sorted(absent, reverse=True):  # deepest / last first, so list indices stay valid
         logger.info("checkpoint has no %s (optional): dropped", path)
         model.drop_module(path)  # type: ignore[operator]
     params = dict(model.named_parameters())
+    shapes = tensor_shapes(files) if fp8 is not None and fp8.weight_scales is not WeightScales.BLOCK else {}
     with torch.no_grad():
         for path in tqdm(files, desc="Loading safetensors shards", unit="shard", disable=not progress):
             with safe_open(str(path), framework="pt") as f:
                 for name, target in plan[path]:
-                    _copy_into(model, params, target, name, f.get_tensor(name))
+                    tensor = scales_per_row(fp8, name, f.get_tensor(name), shapes)
+                    _copy_into(model, params, target, name, tensor)
 
 
 def _check_fp8(param: nn.Parameter, source: str, tensor: torch.Tensor) -> None:
@@ -309,10 +364,13 @@ def _check_fp8(param: nn.Parameter, source: str, tensor: torch.Tensor) -> None:
 def _copy_into(
     model: nn.Module, params: dict[str, nn.Parameter], target: _Target, source: str, tensor: torch.Tensor
 ) -> None:
-    if target.param not in params:  # a KV cache scale (`_NameMap.is_kv_scale`): a buffer of a KVScales module
+    if target.param not in params:  # a per-tensor scale held in no parameter (`_NameMap.is_optional`)
         module_path, _, name = target.param.rpartition(".")
         try:
-            model.get_submodule(module_path).load(name, tensor)  # type: ignore[operator]
+            if target.activation_scale:
+                per_tensor_scale(tensor)  # checked only: activations are quantised dynamically
+            else:  # a KV cache scale: buffers of a KVScales module
+                model.get_submodule(module_path).load(name, tensor)  # type: ignore[operator]
         except ValueError as error:
             raise WeightLoadError(f"{source}: {error}") from None
         return

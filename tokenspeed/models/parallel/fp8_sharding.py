@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tokenspeed.kernels.quant.fp8 import BlockSize
-from tokenspeed.layers.fp8_weights import SCALE_SUFFIX, AmaxReduce
+from tokenspeed.layers.fp8_weights import AmaxReduce
 from tokenspeed.models.parallel.weight_inventory import checkpoint_tensors
 from tokenspeed.models.parallel.weight_sharding import (
     ShardRule,
@@ -41,11 +41,6 @@ from tokenspeed.placement.process_groups import ParallelGroups
 if TYPE_CHECKING:
     from tokenspeed.models.config import ModelConfig
     from tokenspeed.models.quant_config import Fp8Config
-
-
-def weight_of(scale_name: str) -> str | None:
-    """`X.weight` for a block-scale tensor `X.weight_scale_inv`, None for any other tensor."""
-    return scale_name.removesuffix(SCALE_SUFFIX) if scale_name.endswith("weight" + SCALE_SUFFIX) else None
 
 
 def scale_slice(weight_name: str, part: TensorSlice, weight_shape: tuple[int, ...], block: BlockSize) -> TensorSlice:

@@ -13,8 +13,9 @@ A row-parallel bias (`o_proj`, `down_proj`) is read whole by every rank of
 its group and kept on the group's first rank only, so the sum of the partial
 outputs carries it once.
 
-FP8 weights (`fp8`) go in as on one device (`models/fp8_model.py`): a
-block-FP8 checkpoint's slices and their block scales into fp8 storage, or
+FP8 weights (`fp8`) go in as on one device (`models/fp8_model.py`): an FP8
+checkpoint's slices and their scales into fp8 storage (block scales of the
+blocks a slice falls in, per-row scales of its rows), or
 the loaded slices quantised online with the whole rows' amax
 (`fp8_sharding.py`), so each rank holds exactly its share of what one
 device would hold.
@@ -65,8 +66,7 @@ def build_rank_model(
     if folder is None:
         load_dummy_weights(model, seed=seed)
     else:
-        fp8_block = fp8.block_size if fp8 is not None and fp8.serialized else None
-        stats = load_rank_weights(model, folder, config, groups, fp8_block=fp8_block)
+        stats = load_rank_weights(model, folder, config, groups, fp8=fp8)
     finish_fp8(model, fp8, lambda weight: amax_reducer(weight, config, groups))
     _keep_row_biases_once(model, groups)
     model.eval()
@@ -80,10 +80,10 @@ def load_rank_weights(
     config: ModelConfig,
     groups: ParallelGroups,
     *,
-    fp8_block: tuple[int, int] | None = None,
+    fp8: Fp8Config | None = None,
 ) -> ReadStats:
-    reader = ShardedCheckpointReader(folder, config, groups.topology, groups.rank, fp8_block=fp8_block)
-    name_map = _NameMap(model)
+    reader = ShardedCheckpointReader(folder, config, groups.topology, groups.rank, fp8=fp8)
+    name_map = _NameMap(model, fp8)
     expected = name_map.expected()
     params = dict(model.named_parameters())
     seen = set()
@@ -95,7 +95,7 @@ def load_rank_weights(
             target = name_map.resolve(name)
             if target is None:
                 continue
-            if target not in expected and not name_map.is_kv_scale(target):
+            if target not in expected and not name_map.is_optional(target):
                 unexpected.append(name)
                 continue
             _copy_into(model, params, target, name, tensor)

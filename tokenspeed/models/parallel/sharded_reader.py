@@ -7,10 +7,14 @@ model, not the model: 1/N of every split tensor plus the replicated ones, and
 no byte of another EP rank's experts. `ReadStats` counts what was read, for
 logs and for the test that holds each rank to its share.
 
-A block-FP8 checkpoint's `weight_scale_inv` follows its weight: the rank
-reads the scales of the blocks its slice of the weight falls in
-(`fp8_sharding.scale_slice`), which needs the weight's shape, so the
-headers of every file are indexed first.
+An FP8 checkpoint's weight scales follow their weight, which needs the
+weight's shape, so the headers of every file are indexed first: a block-FP8
+`weight_scale_inv` is read for the blocks the rank's slice of the weight
+falls in (`fp8_sharding.scale_slice`); a per-tensor or per-channel
+`weight_scale` (a few bytes per row) is read whole, made one scale per row
+of the whole weight (`loader.scales_per_row`, which checks it), and cut to
+the rank's rows: all of them where the weight is split by its input
+features, its slice of rows where split by its output features.
 """
 
 from __future__ import annotations
@@ -18,19 +22,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
 
-from tokenspeed.kernels.quant.fp8 import BlockSize
-from tokenspeed.models.loader import find_weight_files
-from tokenspeed.models.parallel.fp8_sharding import scale_slice, weight_of
+from tokenspeed.models.loader import find_weight_files, scales_per_row, tensor_shapes
+from tokenspeed.models.parallel.fp8_sharding import scale_slice
 from tokenspeed.models.parallel.weight_sharding import ShardRule, TensorSlice, rule_for, slice_for_rank
 from tokenspeed.placement.parallel_config import Topology
 
 if TYPE_CHECKING:
     from tokenspeed.models.config import ModelConfig
+    from tokenspeed.models.quant_config import Fp8Config
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers old checkpoints saved; the loader skips them too
 
@@ -50,7 +54,7 @@ class ReadStats:
 class ShardedCheckpointReader:
     """The tensors of `folder` as rank `rank` of `topology` holds them: (name, slice tensor, slice).
 
-    `fp8_block`: the checkpoint's FP8 weight block (its `quantization_config`), None for an unquantised one.
+    `fp8`: how the checkpoint holds its FP8 weights (its `quantization_config`), None for an unquantised one.
     """
 
     def __init__(
@@ -60,49 +64,49 @@ class ShardedCheckpointReader:
         topology: Topology,
         rank: int,
         *,
-        fp8_block: BlockSize | None = None,
+        fp8: Fp8Config | None = None,
     ) -> None:
         self.files = find_weight_files(Path(folder))
         self.config = config
         self.topology = topology
         self.rank = rank
-        self.fp8_block = fp8_block
+        self.fp8 = fp8 if fp8 is not None and fp8.serialized else None
         self.stats = ReadStats()
-
-    def _shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes = {}
-        for path in self.files:
-            with safe_open(str(path), framework="pt") as f:
-                for name in list(f.keys()):
-                    shapes[name] = tuple(f.get_slice(name).get_shape())
-        return shapes
 
     def _rule_and_part(
         self, name: str, shape: tuple[int, ...], shapes: dict[str, tuple[int, ...]]
     ) -> tuple[ShardRule, TensorSlice | None]:
-        """A tensor's sharding rule and this rank's slice of it; a block-FP8 scale follows its weight."""
-        block, weight = self.fp8_block, weight_of(name)
-        if block is None or weight is None or weight not in shapes:  # a scale without its weight: the loader says
+        """A tensor's sharding rule and this rank's slice of it; an FP8 weight's scales follow their weight."""
+        weight = None if self.fp8 is None else self.fp8.weight_of_scale(name)
+        if self.fp8 is None or weight is None or weight not in shapes:  # a scale without its weight: the loader says
             rule = rule_for(name, self.config, self.topology)
             return rule, slice_for_rank(name, rule, shape, self.topology, self.rank)
         rule = rule_for(weight, self.config, self.topology)
         part = slice_for_rank(weight, rule, shapes[weight], self.topology, self.rank)
-        return rule, None if part is None else scale_slice(weight, part, shapes[weight], block)
+        assert self.fp8.block_size is not None  # a serialized checkpoint's
+        return rule, None if part is None else scale_slice(weight, part, shapes[weight], self.fp8.block_size)
+
+    def _read(self, f: Any, name: str, part: TensorSlice, shapes: dict[str, tuple[int, ...]]) -> torch.Tensor:
+        """This rank's `part` of tensor `name` (of open file `f`): per-tensor / per-channel scales read whole."""
+        weight = None if self.fp8 is None else self.fp8.weight_of_row_scales(name)
+        if weight is not None and weight in shapes:  # one per row of the whole weight, then the rank's rows
+            return scales_per_row(self.fp8, name, f.get_tensor(name), shapes)[part.index(2)]
+        lazy = f.get_slice(name)
+        return lazy[part.index(len(lazy.get_shape()))]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor, TensorSlice]]:
-        shapes = self._shapes() if self.fp8_block is not None else {}
+        shapes = tensor_shapes(self.files) if self.fp8 is not None else {}
         for path in self.files:
             with safe_open(str(path), framework="pt") as f:
                 for name in list(f.keys()):  # a safe_open handle is not iterable
                     if name.endswith(_IGNORED_SUFFIXES):
                         continue
-                    lazy = f.get_slice(name)
-                    shape = tuple(lazy.get_shape())
+                    shape = tuple(f.get_slice(name).get_shape())
                     rule, part = self._rule_and_part(name, shape, shapes)
                     if part is None:
                         self.stats.tensors_skipped += 1
                         continue
-                    tensor = lazy[part.index(len(shape))]
+                    tensor = self._read(f, name, part, shapes)
                     nbytes = tensor.numel() * tensor.element_size()
                     if rule.sharded:
                         self.stats.sharded_bytes += nbytes

@@ -13,7 +13,9 @@
 | `shared_experts.*` | column / row (replicated under all-to-all MoE) | MOE_TP_EP |
 | norms, router `gate`, `e_score_correction_bias`, MTP `eh_proj` | replicated | - |
 | per-tensor KV cache scales `self_attn.{k,v,kv}_scale` | replicated | - |
+| static activation scales `*.input_scale` (per tensor, checked, unused) | replicated | - |
 | block-FP8 `*.weight_scale_inv` | the blocks its weight's slice falls in (`fp8_sharding.py`) | as its weight |
+| per-tensor / per-channel FP8 `*.weight_scale` | made per row, then the rows its weight's slice holds | as its weight |
 
 Biases follow their weight's output split; a row-parallel bias is replicated
 and added on one rank only, before the reduction. With attention TP of 1
@@ -117,6 +119,8 @@ def _rule(name: str, config: ModelConfig, topology: Topology) -> ShardRule:
     param, module = parts[-1], parts[-2] if len(parts) > 1 else ""
     replicated = ShardRule(WeightKind.REPLICATED)
     if module.endswith("norm") or module in ("gate", "eh_proj") or param == "e_score_correction_bias":
+        return replicated
+    if param == "input_scale":  # a static activation scale, per tensor: checked, unused (models/quant_config.py)
         return replicated
     if module == "embed_tokens":
         return replicated if topology.dp_attention else ShardRule(WeightKind.VOCAB, ParallelGroup.DENSE_TP)
