@@ -32,7 +32,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,14 @@ class Layers:
         self.fp8_bytes = rows * k + self.fp8[0][1].numel() * 4
         self.bf16_bytes = rows * k * 2
 
+    def shapes_key(self) -> str:
+        """This form's key in a launch-shapes table (`kernels/gemm/fp8_gemv_shapes.py`)."""
+        from tokenspeed.kernels.gemm.fp8_gemv_shapes import form_key
+        from tokenspeed.kernels.quant.fp8 import scales_whole_rows
+
+        return form_key(self.k, norm="norm_weight" in self.fused, residual="residual" in self.fused,
+                        silu_mul=self.silu_mul, whole_rows=scales_whole_rows(self.block, self.k))
+
     def fp8_one(self, layer: int, config: Any = None) -> None:
         from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton
 
@@ -100,7 +108,7 @@ class Layers:
 
 
 def bench_form(stack: Layers, copy_gb_s: float, smoke: bool, sweep: bool = True) -> dict[str, Any]:
-    from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, launch_shapes
+    from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, gpu_name_of, launch_shapes
 
     layers = len(stack.fp8)
 
@@ -109,8 +117,10 @@ def bench_form(stack: Layers, copy_gb_s: float, smoke: bool, sweep: bool = True)
 
     row: dict[str, Any] = {"fp8_weight_bytes": stack.fp8_bytes, "bf16_weight_bytes": stack.bf16_bytes}
     chosen_us = timed_us(stack.fp8_launch(), smoke) / layers  # config None: the kernel's own choice
+    chosen = choose_config(stack.k, silu_mul=stack.silu_mul, block_size=stack.block, norm="norm_weight" in stack.fused,
+                           residual="residual" in stack.fused, gpu_name=gpu_name_of(torch.device(stack.x.device)))
     row |= {"fp8_chosen_us": round(chosen_us, 2), "fp8_chosen_fraction": fraction(stack.fp8_bytes, chosen_us),
-            "fp8_chosen_config": repr(choose_config(stack.k, silu_mul=stack.silu_mul, block_size=stack.block))}  # fmt: skip
+            "fp8_chosen_config": repr(chosen), "shapes_key": stack.shapes_key()}  # fmt: skip
     per_config: dict[str, float] = {}
     for config in launch_shapes(stack.k) if sweep else []:
         try:
@@ -120,6 +130,7 @@ def bench_form(stack: Layers, copy_gb_s: float, smoke: bool, sweep: bool = True)
     row["fp8_us"] = per_config
     if per_config:
         best = min(per_config, key=per_config.__getitem__)
+        row["best_fp8_fields"] = next(asdict(c) for c in launch_shapes(stack.k) if repr(c) == best)
         row |= {"best_fp8_config": best, "best_fp8_us": per_config[best],
                 "best_fp8_fraction": fraction(stack.fp8_bytes, per_config[best])}  # fmt: skip
     bf16_us = timed_us(stack.bf16_launch(), smoke) / layers
@@ -226,6 +237,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/fp8/gemv_stack.json"))
     parser.add_argument("--forms", default=",".join(FORMS), help="comma-separated subset of " + ",".join(FORMS))
+    parser.add_argument("--write-shapes", type=Path, default=None, metavar="FILE",
+                        help="merge each form's best shape into this launch-shapes table "
+                             "(`TOKENSPEED_FP8_GEMV_SHAPES=FILE` runs the engine with it)")
     add_stack_args(parser)
     args = parser.parse_args()
     run = stack_setup(parser, args, "gemv_stack.py")
@@ -239,6 +253,12 @@ def main() -> int:
     if len(stacks) == len(FORMS):
         metrics["layer"] = bench_layer(stacks, metrics["copy_bandwidth_gb_s"], args.smoke)
     run.finish(args.out, markdown(metrics))
+    if args.write_shapes:
+        from tokenspeed.kernels.gemm.fp8_gemv_shapes import write_table
+
+        best = {r["shapes_key"]: r["best_fp8_fields"] for r in metrics["forms"].values() if "best_fp8_fields" in r}
+        write_table(args.write_shapes, run.device, run.command, best)
+        log(f"{len(best)} best shapes written to {args.write_shapes}")
     return 0
 
 

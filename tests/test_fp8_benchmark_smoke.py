@@ -45,15 +45,24 @@ def test_fp8_benchmark_smoke_writes_all_sections(tmp_path: Path) -> None:
 
 
 def test_gemv_stack_smoke_times_every_launch_shape_and_bf16(tmp_path: Path) -> None:
-    metrics = _smoke("gemv_stack.py", tmp_path / "gemv_stack.json", "--forms", "o,gate_up")["metrics"]
-    from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, launch_shapes
+    table = tmp_path / "shapes.json"
+    metrics = _smoke("gemv_stack.py", tmp_path / "gemv_stack.json", "--forms", "o,gate_up",
+                     "--write-shapes", str(table))["metrics"]  # fmt: skip
+    from tokenspeed.kernels.gemm.fp8_gemv_shapes import read_table
+    from tokenspeed.kernels.gemm.fp8_gemv_triton import Fp8GemvConfig, choose_config, launch_shapes
 
+    written = read_table(table)
     for form in ("o", "gate_up"):
         row = metrics["forms"][form]
         assert set(row["fp8_us"]) == {repr(c) for c in launch_shapes(128)}  # every launch shape ran
         # The smoke's K of 128 is one 128-wide block: the per-channel path, whose gate/up shape differs.
-        assert row["fp8_chosen_config"] == repr(choose_config(128, silu_mul=form == "gate_up", block_size=(128, 128)))
+        chosen = choose_config(128, silu_mul=form == "gate_up", block_size=(128, 128), norm=form == "gate_up",
+                               residual=form == "o")
+        assert row["fp8_chosen_config"] == repr(chosen)
         assert row["best_fp8_config"] in row["fp8_us"] and row["bf16_us"] > 0
+        # --write-shapes: the form's best shape under its key, as the engine reads it back
+        assert repr(Fp8GemvConfig(**written[row["shapes_key"]])) == row["best_fp8_config"]
+    assert set(written) == {"residual/128/rows", "silu_mul/128/rows"}
     assert "layer" not in metrics  # only with all four forms
 
 

@@ -30,8 +30,9 @@ loops (`F16_MATH`):
 - fp32: widen to fp32 and FMA into an fp32 tile (exact products, fp32 sums;
   about 1.5x the instructions); always for fp32 activations.
 
-Launch shape (`choose_config`): fixed, from `benchmarks/gemv_stack.py`,
-which times every shape of `launch_shapes` the way a decode step runs it
+Launch shape (`choose_config`): the shape measured for the form on this GPU
+model where a table ships for it (`fp8_gemv_shapes.py`), else fixed rules
+from `benchmarks/gemv_stack.py`, which times every shape of `launch_shapes` the way a decode step runs it
 (32 layers' weights back to back in one CUDA graph, PDL on). On an H100
 (2026-12-06, us per launch at Llama-3.1-8B's forms qkv / o / gate_up /
 down): 8 rows x 2048 in the fp16 loop 11.6 / 7.7 / 43.0 / 22.3, and for
@@ -88,6 +89,7 @@ program, one step (41.1 us against 44.6 at 8 x 2048; 3.369-3.445 against
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 import triton
@@ -96,6 +98,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
+from tokenspeed.kernels.gemm.fp8_gemv_shapes import form_key, table_for
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
 from tokenspeed.kernels.gemm.fp8_skinny_triton import SKINNY_BLOCK_M, SkinnyConfig, fp8_skinny_gemm
 from tokenspeed.kernels.gemm.gemv_triton import load_rows
@@ -147,16 +150,33 @@ def launch_shapes(k: int) -> list[Fp8GemvConfig]:
     ]
 
 
-def choose_config(k: int, *, silu_mul: bool = False, block_size: BlockSize = WEIGHT_BLOCK) -> Fp8GemvConfig:
-    """The launch shape for rows of `k`, measured in a decode step's graph (module docstring):
+def choose_config(k: int, *, silu_mul: bool = False, block_size: BlockSize = WEIGHT_BLOCK, norm: bool = False,
+                  residual: bool = False, gpu_name: str = "") -> Fp8GemvConfig:
+    """The launch shape for rows of `k` in a fused form: the shape measured for it on this GPU model
+    (`fp8_gemv_shapes.py`), else the rules measured on an H100 in a decode step's graph (module docstring):
     8 rows x 2048 in the fp16 loop, 8 x 1024 in the fp32 loop for long rows (down_proj's 14336),
     and gate/up with per-channel scales (SiLU-and-mul, a block spanning K) 4 rows x 4096 in one step."""
+    whole_rows = scales_whole_rows(block_size, k)
+    key = form_key(k, norm=norm, residual=residual, silu_mul=silu_mul, whole_rows=whole_rows)
+    measured = table_for(gpu_name).get(key)
+    if measured is not None:
+        return Fp8GemvConfig(**measured)
     groups = next_power_of_2(triton.cdiv(k, GROUP_SIZE))
-    if silu_mul and scales_whole_rows(block_size, k) and k <= 4096:  # gate/up with per-channel scales: 4 whole rows (module docstring)
+    if silu_mul and whole_rows and k <= 4096:  # gate/up with per-channel scales: 4 whole rows (module docstring)
         return Fp8GemvConfig(block_n=4, groups=min(32, groups), num_warps=4, stages=2)
     if k > 8192:
         return Fp8GemvConfig(block_n=8, groups=min(8, groups), num_warps=4, stages=3, f16_math=False)
     return Fp8GemvConfig(block_n=8, groups=min(16, groups), num_warps=4, stages=3)
+
+
+def gpu_name_of(device: torch.device) -> str:
+    """The GPU model's name (`fp8_gemv_shapes.table_for`'s key); "" off CUDA."""
+    return _cuda_name(device.index or 0) if device.type == "cuda" else ""
+
+
+@cache
+def _cuda_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
 
 
 @triton.jit
@@ -427,7 +447,8 @@ def fp8_gemv_triton(
         fp8_skinny_gemm(x2, weight, scales, out, block_size=block_size, bias=bias, config=config)
         return out.view(*x.shape[:-1], n)
 
-    config = config or choose_config(k, silu_mul=silu_mul, block_size=block_size)
+    config = config or choose_config(k, silu_mul=silu_mul, block_size=block_size, norm=norm_weight is not None,
+                                     residual=res is not None, gpu_name=gpu_name_of(x.device))
     block_n = _fitting_block_n(config.block_n, block_size[0], row_scale)
     block_k = config.groups * GROUP_SIZE
     f16_math = config.f16_math and x.dtype != torch.float32  # fp32 activations: exact products and sums

@@ -1,0 +1,103 @@
+"""The one-token FP8 GEMV's per-GPU launch-shape tables (`kernels/gemm/fp8_gemv_shapes.py`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from tokenspeed.kernels.gemm import fp8_gemv_triton as gemv
+from tokenspeed.kernels.gemm.fp8_gemv_shapes import (
+    SHAPES_ENV,
+    SHIPPED_DIR,
+    form_key,
+    gpu_file_name,
+    read_table,
+    table_for,
+    write_table,
+)
+from tokenspeed.kernels.quant.fp8 import PER_CHANNEL_BLOCK, quantize_weight_block
+
+SHAPE = gemv.Fp8GemvConfig(block_n=16, groups=1, num_warps=4, stages=2, f16_math=False)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_tables(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(SHAPES_ENV, raising=False)
+    table_for.cache_clear()
+    yield
+    table_for.cache_clear()
+
+
+def test_form_keys_name_the_fused_form_the_row_length_and_the_scale_kind() -> None:
+    assert form_key(4096, norm=True, residual=False, silu_mul=False, whole_rows=True) == "norm/4096/rows"
+    assert form_key(4096, norm=True, residual=False, silu_mul=True, whole_rows=False) == "silu_mul/4096/blocks"
+    assert form_key(14336, norm=False, residual=True, silu_mul=False, whole_rows=True) == "residual/14336/rows"
+    assert form_key(128, norm=False, residual=False, silu_mul=False, whole_rows=True) == "plain/128/rows"
+    assert gpu_file_name("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3.json"
+
+
+def test_a_table_from_the_env_decides_its_forms_and_only_those(tmp_path: Path, monkeypatch) -> None:
+    table = tmp_path / "shapes.json"
+    write_table(table, "test gpu", "sweep 1", {"residual/4096/rows": asdict(SHAPE)})
+    write_table(table, "test gpu", "sweep 2", {"norm/4096/blocks": asdict(SHAPE)})  # merged, not replaced
+    assert set(read_table(table)) == {"residual/4096/rows", "norm/4096/blocks"}
+    builtin = gemv.choose_config(4096, block_size=PER_CHANNEL_BLOCK, residual=True)
+    assert builtin != SHAPE
+    monkeypatch.setenv(SHAPES_ENV, str(table))
+    table_for.cache_clear()
+    assert gemv.choose_config(4096, block_size=PER_CHANNEL_BLOCK, residual=True) == SHAPE
+    assert gemv.choose_config(4096, block_size=(128, 128), norm=True) == SHAPE
+    # Another form, row length or scale kind keeps the built-in rule.
+    assert gemv.choose_config(4096, block_size=(128, 128), residual=True) == builtin
+    assert gemv.choose_config(2048, block_size=PER_CHANNEL_BLOCK, residual=True) != SHAPE
+    monkeypatch.setenv(SHAPES_ENV, "none")
+    table_for.cache_clear()
+    assert gemv.choose_config(4096, block_size=PER_CHANNEL_BLOCK, residual=True) == builtin
+
+
+def test_a_malformed_table_is_a_clear_error(tmp_path: Path, monkeypatch) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"shapes": {"norm/4096/rows": {"block_n": 8}}}))
+    monkeypatch.setenv(SHAPES_ENV, str(bad))
+    with pytest.raises(ValueError, match="must have exactly the fields"):
+        table_for("any")
+    monkeypatch.setenv(SHAPES_ENV, str(tmp_path / "missing.json"))
+    table_for.cache_clear()
+    with pytest.raises(ValueError, match="cannot read"):
+        table_for("any")
+
+
+def test_the_kernel_launches_the_tables_shape_for_its_fused_form(tmp_path: Path, monkeypatch) -> None:
+    """The wrapper hands the form it runs (norm / residual / silu_mul) and the GPU to the table's lookup."""
+    seen: list[dict] = []
+    real = gemv.choose_config
+
+    def spy(k, **kwargs):
+        seen.append(kwargs)
+        return real(k, **kwargs)
+
+    monkeypatch.setattr(gemv, "choose_config", spy)
+    monkeypatch.setattr(gemv, "for_tensor", lambda kernel, tensor: _NoLaunch())  # the launch is not the point
+    x = torch.randn(1, 128)
+    w8, scale = quantize_weight_block(torch.randn(64, 128), PER_CHANNEL_BLOCK)
+    gemv.fp8_gemv_triton(x, w8, scale, block_size=PER_CHANNEL_BLOCK, residual=torch.zeros(1, 64))
+    gemv.fp8_gemv_triton(x, w8, scale, block_size=PER_CHANNEL_BLOCK, norm_weight=torch.ones(128), eps=1e-5)
+    assert [(s["norm"], s["residual"], s["silu_mul"], s["gpu_name"]) for s in seen] == [
+        (False, True, False, ""), (True, False, False, "")]
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def test_shipped_tables_hold_shapes_the_kernel_offers() -> None:
+    """Every shipped table reads, and each of its shapes is one `launch_shapes` times (and the tests run)."""
+    for path in sorted(SHIPPED_DIR.glob("*.json")):
+        for key, fields in read_table(path).items():
+            k = int(key.split("/")[1])
+            assert gemv.Fp8GemvConfig(**fields) in gemv.launch_shapes(k), (path.name, key)
