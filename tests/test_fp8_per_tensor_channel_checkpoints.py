@@ -152,6 +152,8 @@ MALFORMED = {
                 "gate_proj.weight: checkpoint dtype torch.bfloat16 for a torch.float8_e4m3fn parameter"),
     "input_scale_of_dynamic": ("fp8_dynamic", _set("0.mlp.up_proj.input_scale", torch.tensor(0.02)),
                                "unexpected tensors: model.layers.0.mlp.up_proj.input_scale"),
+    "both_scale_names": ("ct_channel", _set("0.self_attn.o_proj.weight_scale_inv", torch.ones(64, 1)),
+                         "loading the same parameter twice: model.layers.0.self_attn.o_proj.weight_scale"),
     "scale_of_a_bf16_module": ("ct_channel", _set("0.post_attention_layernorm.weight_scale", torch.ones(64, 1)),
                                "unexpected tensors: model.layers.0.post_attention_layernorm.weight_scale"),
 }

@@ -292,7 +292,9 @@ def _plan(
             shards_of.setdefault(wanted.param, []).append(wanted)
     plan: dict[Path, list[tuple[str, _Target]]] = {}
     seen: set[_Target] = set()
+    source_of: dict[_Target, str] = {}  # which checkpoint tensor fills each target
     unexpected: list[str] = []
+    duplicates: list[str] = []
     for path in files:
         with safe_open(str(path), framework="pt") as f:
             names = list(f.keys())
@@ -308,6 +310,10 @@ def _plan(
             if target not in expected and not name_map.is_optional(target):
                 unexpected.append(name)
                 continue
+            if target in source_of:  # e.g. an FP8 weight with both `weight_scale` and `weight_scale_inv`
+                duplicates.append(f"{name} (and {source_of[target]})")
+                continue
+            source_of[target] = name
             seen.add(target)
             entries.append((name, target))
     absent = [
@@ -325,6 +331,8 @@ def _plan(
         problems.append(f"missing tensors: {_shown(missing)}")
     if unexpected:
         problems.append(f"unexpected tensors: {_shown(unexpected)}")
+    if duplicates:
+        problems.append(f"tensors loading the same parameter twice: {_shown(duplicates)}")
     if problems:
         architecture = getattr(getattr(model, "config", None), "architecture", type(model).__name__)
         folder = files[0].parent
