@@ -169,6 +169,23 @@ def test_malformed_scales_are_clear_weight_load_errors(
         LLM(str(folder), skip_tokenizer_init=True, show_progress=False)
 
 
+def test_a_rank_refuses_two_tensors_for_one_parameter(llama_checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    """A rank's loader (`rank_model.load_rank_weights`, here at world size one, no process spawned) reports a
+    stray `weight_scale_inv` beside a `weight_scale` as the one-device loader does, instead of loading both."""
+    from tokenspeed.models.config import ModelConfig
+    from tokenspeed.models.parallel.rank_model import build_rank_model
+    from tokenspeed.placement.parallel_config import ParallelConfig
+    from tokenspeed.placement.process_groups import create_parallel_groups
+
+    fmt, change, message = MALFORMED["both_scale_names"]
+    folder = _broken(llama_checkpoints, fmt, tmp_path / "both", change)
+    config = ModelConfig.from_pretrained(folder)
+    groups = create_parallel_groups(ParallelConfig().validate_for_model(config), 0)
+    fp8 = resolve_quantization(config.raw, None)
+    with pytest.raises(WeightLoadError, match=f"on rank 0: tensors {message}"):
+        build_rank_model(config, folder, groups, dtype=torch.float32, device=torch.device("cpu"), fp8=fp8)
+
+
 def test_malformed_expert_scale_names_the_expert(sources: dict[str, Path], tmp_path: Path) -> None:
     to_scaled_fp8(sources["qwen3_moe"], tmp_path / "fp8", "ct_channel")
     rewrite_tensors(tmp_path / "fp8", _set("0.mlp.experts.3.down_proj.weight_scale", torch.ones(5, 1)))

@@ -310,7 +310,7 @@ def _plan(
             if target not in expected and not name_map.is_optional(target):
                 unexpected.append(name)
                 continue
-            if target in source_of:  # e.g. an FP8 weight with both `weight_scale` and `weight_scale_inv`
+            if target in source_of:
                 duplicates.append(f"{name} (and {source_of[target]})")
                 continue
             source_of[target] = name
@@ -326,18 +326,24 @@ def _plan(
         for target, hf in expected.items()
         if target not in seen and not any(target.param.startswith(p + ".") for p in absent)
     ]
-    problems = []
-    if missing:
-        problems.append(f"missing tensors: {_shown(missing)}")
-    if unexpected:
-        problems.append(f"unexpected tensors: {_shown(unexpected)}")
-    if duplicates:
-        problems.append(f"tensors loading the same parameter twice: {_shown(duplicates)}")
+    problems = mismatch_problems(missing, unexpected, duplicates)
     if problems:
         architecture = getattr(getattr(model, "config", None), "architecture", type(model).__name__)
         folder = files[0].parent
         raise WeightLoadError(f"checkpoint {folder} does not match {architecture}: " + "; ".join(problems))
     return plan, absent
+
+
+def mismatch_problems(missing: list[str], unexpected: list[str], duplicates: list[str]) -> list[str]:
+    """What a WeightLoadError says of a checkpoint that does not match the model (one device or a rank's part)."""
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {_shown(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {_shown(unexpected)}")
+    if duplicates:  # e.g. an FP8 weight with both `weight_scale` and `weight_scale_inv`
+        problems.append(f"tensors loading the same parameter twice: {_shown(duplicates)}")
+    return problems
 
 
 def _optional_modules(model: nn.Module) -> list[str]:

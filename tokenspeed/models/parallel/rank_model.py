@@ -31,7 +31,14 @@ from torch import nn
 from tokenspeed.layers.fp8_weights import fp8_weight_allocation
 from tokenspeed.models.config import ModelConfig
 from tokenspeed.models.fp8_model import finish_fp8, prepare_fp8
-from tokenspeed.models.loader import WeightLoadError, _copy_into, _NameMap, _shown, load_dummy_weights
+from tokenspeed.models.loader import (
+    WeightLoadError,
+    _copy_into,
+    _NameMap,
+    _Target,
+    load_dummy_weights,
+    mismatch_problems,
+)
 from tokenspeed.models.parallel.fp8_sharding import amax_reducer
 from tokenspeed.models.parallel.local_config import local_model_config
 from tokenspeed.models.parallel.planned_model import PlannedModel
@@ -86,8 +93,9 @@ def load_rank_weights(
     name_map = _NameMap(model, fp8)
     expected = name_map.expected()
     params = dict(model.named_parameters())
-    seen = set()
+    source_of: dict[_Target, str] = {}  # which checkpoint tensor filled each target
     unexpected: list[str] = []
+    duplicates: list[str] = []
     with torch.no_grad():
         for name, tensor, _part in reader:
             if _is_mtp_layer(name, config):
@@ -98,14 +106,13 @@ def load_rank_weights(
             if target not in expected and not name_map.is_optional(target):
                 unexpected.append(name)
                 continue
+            if target in source_of:
+                duplicates.append(f"{name} (and {source_of[target]})")
+                continue
             _copy_into(model, params, target, name, tensor)
-            seen.add(target)
-    missing = [hf for target, hf in expected.items() if target not in seen]
-    problems = []
-    if missing:
-        problems.append(f"missing tensors: {_shown(missing)}")
-    if unexpected:
-        problems.append(f"unexpected tensors: {_shown(unexpected)}")
+            source_of[target] = name
+    missing = [hf for target, hf in expected.items() if target not in source_of]
+    problems = mismatch_problems(missing, unexpected, duplicates)
     if problems:
         raise WeightLoadError(
             f"checkpoint {folder} does not match {config.architecture} on rank {groups.rank}: " + "; ".join(problems)
