@@ -39,6 +39,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.checkpoints import make_checkpoint, make_deepseek_checkpoint, prompts
+from tests.multi_rank_runs import assert_same, engine, run_workloads
 from tests.test_deepseek_parity import hf_greedy
 from tokenspeed import LLM, SamplingParams
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, dequantize_weight, quantize_weight_block
@@ -227,3 +228,21 @@ def fp8_parameters(llm: LLM) -> dict[str, int]:
     return {
         name.removeprefix("inner."): p.numel() for name, p in model.named_parameters() if p.dtype == FP8_DTYPE
     }
+
+
+def assert_two_ranks_match_one(case: str, folder: Path, ep: bool, dp_attention: bool = False,
+                               **options: Any) -> dict[str, int]:
+    """One rank's and two ranks' tokens and logprobs on `folder` are the same, and rank 0 holds the same layers
+    in fp8 as one rank, but only its share of their weights; rank 0's fp8 parameters, for further checks."""
+    results, fp8 = {}, {}
+    for tp in (1, 2):
+        llm = engine(folder, tp, ep, dp_attention, **options)
+        try:
+            results[tp] = run_workloads(llm)
+            fp8[tp] = fp8_parameters(llm)
+        finally:
+            llm.shutdown()
+    assert_same(case, results[1], results[2])
+    assert fp8[1] and fp8[2].keys() == fp8[1].keys(), "rank 0 must hold the same layers in fp8 as one rank"
+    assert sum(fp8[2].values()) < sum(fp8[1].values()), "rank 0 must hold only its share of the fp8 weights"
+    return fp8[2]

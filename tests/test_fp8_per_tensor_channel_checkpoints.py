@@ -30,6 +30,7 @@ from tests.checkpoints import load_hf
 from tests.fp8_checkpoints import (
     SCALED_FORMATS,
     assert_matches_transformers,
+    assert_two_ranks_match_one,
     compressed_tensors_section,
     dequantised_checkpoint,
     fp8_parameters,
@@ -37,7 +38,6 @@ from tests.fp8_checkpoints import (
     rewrite_tensors,
     to_scaled_fp8,
 )
-from tests.multi_rank_runs import assert_same, engine, run_workloads
 from tokenspeed import LLM
 from tokenspeed.errors import ModelNotSupported
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, PER_CHANNEL_BLOCK
@@ -293,14 +293,4 @@ def test_scaled_fp8_on_two_ranks_matches_one(case: str, sources: dict[str, Path]
     scales become each rank's rows; anything else changes rank 1's partial outputs."""
     family, fmt, ep = TP_CASES[case]
     to_scaled_fp8(sources[family], tmp_path / "fp8", fmt, ("lm_head", ROUTERS))
-    results, fp8 = {}, {}
-    for tp in (1, 2):
-        llm = engine(tmp_path / "fp8", tp, ep)
-        try:
-            results[tp] = run_workloads(llm)
-            fp8[tp] = fp8_parameters(llm)
-        finally:
-            llm.shutdown()
-    assert_same(case, results[1], results[2])
-    assert fp8[1] and fp8[2].keys() == fp8[1].keys(), "rank 0 must hold the same layers in fp8 as one rank"
-    assert sum(fp8[2].values()) < sum(fp8[1].values()), "rank 0 must hold only its share of the fp8 weights"
+    assert_two_ranks_match_one(case, tmp_path / "fp8", ep)
