@@ -415,9 +415,10 @@ def main() -> int:
               else {"llama": "llama-3.1-8b", "qwen3_moe": "qwen3-30b-a3b-fp8"})
     RESULTS["copy_bandwidth_gb_s"] = copy_bandwidth_gb_s(args.smoke)
     RESULTS["tpot_repeats"] = args.repeats
-    from tokenspeed.kernels.gemm.fp8_gemv_shapes import table_source
+    from tokenspeed.kernels.gemm.fp8_gemv_shapes import table_path
 
-    RESULTS["fp8_gemv_shapes"] = table_source(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+    shapes = table_path(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+    RESULTS["fp8_gemv_shapes"] = str(shapes) if shapes else "built-in rules"  # the one-token FP8 GEMV's launches
     log(f"copy bandwidth {RESULTS['copy_bandwidth_gb_s']} GB/s")
     runners: dict[str, Callable[[argparse.Namespace, dict[str, str]], None]] = {
         "llama": llama, "llama_batch": llama_batch, "qwen3_moe": qwen3_moe, "kv_long": kv_long}

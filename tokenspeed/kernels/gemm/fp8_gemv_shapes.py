@@ -70,22 +70,17 @@ def write_table(path: Path, gpu_name: str, command: str, shapes: dict[str, dict[
     path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
 
-def table_source(gpu_name: str) -> str:
-    """Where `table_for(gpu_name)` comes from, for a benchmark's record: a file, or "built-in rules"."""
+def table_path(gpu_name: str) -> Path | None:
+    """The table for a GPU model: the env's file, else the one shipped for that model, else None (the rules)."""
     override = os.environ.get(SHAPES_ENV, "")
+    if override:
+        return None if override.lower() == "none" else Path(override)
     shipped = SHIPPED_DIR / gpu_file_name(gpu_name)
-    if override.lower() != "none" and (override or shipped.exists()):
-        return override or f"shipped {shipped.name}"
-    return "built-in rules"
+    return shipped if shipped.exists() else None
 
 
 @cache
 def table_for(gpu_name: str) -> dict[str, dict[str, Any]]:
-    """The shapes for a GPU model: the env's file, else the shipped one for that model, else none."""
-    override = os.environ.get(SHAPES_ENV, "")
-    if override.lower() == "none":
-        return {}
-    if override:
-        return read_table(Path(override))
-    shipped = SHIPPED_DIR / gpu_file_name(gpu_name)
-    return read_table(shipped) if shipped.exists() else {}
+    """The measured shapes for a GPU model (`table_path`), {} where there is no table."""
+    path = table_path(gpu_name)
+    return {} if path is None else read_table(path)

@@ -32,8 +32,9 @@ loops (`F16_MATH`):
 
 Launch shape (`choose_config`): the shape measured for the form on this GPU
 model where a table ships for it (`fp8_gemv_shapes.py`), else fixed rules
-from `benchmarks/gemv_stack.py`, which times every shape of `launch_shapes` the way a decode step runs it
-(32 layers' weights back to back in one CUDA graph, PDL on). On an H100
+from `benchmarks/gemv_stack.py`, which times every shape of `launch_shapes`
+the way a decode step runs it (32 layers' weights back to back in one CUDA
+graph, PDL on). On an H100
 (2026-12-06, us per launch at Llama-3.1-8B's forms qkv / o / gate_up /
 down): 8 rows x 2048 in the fp16 loop 11.6 / 7.7 / 43.0 / 22.3, and for
 down's K of 14336, 8 x 1024 in the fp32 loop 21.6; the best of 15 shapes
