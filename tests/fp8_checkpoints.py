@@ -40,11 +40,10 @@ from safetensors.torch import load_file, save_file
 
 from tests.checkpoints import make_checkpoint, make_deepseek_checkpoint, prompts
 from tests.multi_rank_runs import assert_same, engine, run_workloads
-from tests.test_deepseek_parity import hf_greedy
+from tests.test_deepseek_parity import assert_matches_hf_greedy
 from tokenspeed import LLM, SamplingParams
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, dequantize_weight, quantize_weight_block
 
-TOLERANCE = 1e-4
 E4M3_MAX = 448.0
 
 # One projection weight (fp32) -> (the tensors stored for it by their last name, its dequantised weight).
@@ -211,14 +210,7 @@ def assert_matches_transformers(llm: LLM, hf: Any, what: str) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2)
     outputs = llm.generate([{"prompt_token_ids": p} for p in batch], params)
     for prompt, output in zip(batch, outputs):
-        tokens, logprobs = hf_greedy(hf, prompt)
-        got = output.outputs[0]
-        mismatch = [i for i, (a, b) in enumerate(zip(got.token_ids, tokens)) if a != b]
-        assert not mismatch, f"{what}: first divergence at new token {mismatch[0]}"
-        for step, position in enumerate(got.logprobs):
-            for token_id, logprob in position.items():
-                diff = abs(logprob.logprob - logprobs[step, token_id].item())
-                assert diff < TOLERANCE, f"{what}: step {step} token {token_id} off by {diff:.3g}"
+        assert_matches_hf_greedy(hf, prompt, output.outputs[0], what)
 
 
 def fp8_parameters(llm: LLM) -> dict[str, int]:

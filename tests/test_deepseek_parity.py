@@ -15,6 +15,7 @@ serving step does.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -39,6 +40,18 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int], tor
             tokens.append(int(logits.argmax()))
             out = model(torch.tensor([tokens[-1:]]), cache=out.cache, use_cache=True)
     return tokens, torch.stack(steps)
+
+
+def assert_matches_hf_greedy(hf: torch.nn.Module, prompt: list[int], got: Any, what: str) -> None:
+    """One engine completion (`got`: its tokens and top logprobs) against `hf_greedy` on the same prompt:
+    identical tokens, every logprob within TOLERANCE."""
+    expected_tokens, expected_logprobs = hf_greedy(hf, prompt)
+    mismatch = [i for i, (a, b) in enumerate(zip(got.token_ids, expected_tokens)) if a != b]
+    assert not mismatch, f"{what}: first divergence at new token {mismatch[0]}"
+    for step, position in enumerate(got.logprobs):
+        for token_id, logprob in position.items():
+            diff = abs(logprob.logprob - expected_logprobs[step, token_id].item())
+            assert diff < TOLERANCE, f"{what}: step {step} token {token_id} off by {diff:.3g}"
 
 
 def _shared_prefix_prompts() -> list[list[int]]:
@@ -67,15 +80,8 @@ def test_greedy_tokens_and_logprobs_match_transformers(checkpoint: tuple[str, Pa
 
     distinct = set()
     for prompt, output in zip(batch, outputs):
-        expected_tokens, expected_logprobs = hf_greedy(hf, prompt)
-        got = output.outputs[0]
-        distinct.update(got.token_ids)
-        mismatch = [i for i, (a, b) in enumerate(zip(got.token_ids, expected_tokens)) if a != b]
-        assert not mismatch, f"{family}: first divergence at new token {mismatch[0]}"
-        for step, position in enumerate(got.logprobs):
-            for token_id, logprob in position.items():
-                diff = abs(logprob.logprob - expected_logprobs[step, token_id].item())
-                assert diff < TOLERANCE, f"{family}: step {step} token {token_id} off by {diff:.3g}"
+        assert_matches_hf_greedy(hf, prompt, output.outputs[0], family)
+        distinct.update(output.outputs[0].token_ids)
     assert len(distinct) > NEW_TOKENS // 2, f"{family}: degenerate greedy output ({len(distinct)} tokens)"
 
 

@@ -86,12 +86,12 @@ class ShardedCheckpointReader:
         assert self.fp8.block_size is not None  # a serialized checkpoint's
         return rule, None if part is None else scale_slice(weight, part, shapes[weight], self.fp8.block_size)
 
-    def _read(self, f: Any, name: str, part: TensorSlice, shapes: dict[str, tuple[int, ...]]) -> torch.Tensor:
-        """This rank's `part` of tensor `name` (of open file `f`): per-tensor / per-channel scales read whole."""
+    def _read(self, f: Any, lazy: Any, name: str, part: TensorSlice, shapes: dict[str, tuple[int, ...]]) -> torch.Tensor:
+        """This rank's `part` of tensor `name` (`lazy`, its slice handle in open file `f`): per-tensor /
+        per-channel scales read whole."""
         weight = None if self.fp8 is None else self.fp8.weight_of_row_scales(name)
         if weight is not None and weight in shapes:  # one per row of the whole weight, then the rank's rows
             return scales_per_row(self.fp8, name, f.get_tensor(name), shapes)[part.index(2)]
-        lazy = f.get_slice(name)
         return lazy[part.index(len(lazy.get_shape()))]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor, TensorSlice]]:
@@ -101,12 +101,13 @@ class ShardedCheckpointReader:
                 for name in list(f.keys()):  # a safe_open handle is not iterable
                     if name.endswith(_IGNORED_SUFFIXES):
                         continue
-                    shape = tuple(f.get_slice(name).get_shape())
+                    lazy = f.get_slice(name)
+                    shape = tuple(lazy.get_shape())
                     rule, part = self._rule_and_part(name, shape, shapes)
                     if part is None:
                         self.stats.tensors_skipped += 1
                         continue
-                    tensor = self._read(f, name, part, shapes)
+                    tensor = self._read(f, lazy, name, part, shapes)
                     nbytes = tensor.numel() * tensor.element_size()
                     if rule.sharded:
                         self.stats.sharded_bytes += nbytes
