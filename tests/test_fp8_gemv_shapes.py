@@ -12,7 +12,6 @@ import torch
 from tokenspeed.kernels.gemm import fp8_gemv_triton as gemv
 from tokenspeed.kernels.gemm.fp8_gemv_shapes import (
     SHAPES_ENV,
-    SHIPPED_DIR,
     form_key,
     gpu_file_name,
     read_table,
@@ -21,15 +20,22 @@ from tokenspeed.kernels.gemm.fp8_gemv_shapes import (
 )
 from tokenspeed.kernels.quant.fp8 import PER_CHANNEL_BLOCK, quantize_weight_block
 
-SHAPE = gemv.Fp8GemvConfig(block_n=16, groups=1, num_warps=4, stages=2, f16_math=False)
+CHOOSE_CONFIG = gemv.choose_config  # the cached function itself (one test wraps it in a spy)
+SHAPE = gemv.Fp8GemvConfig(block_n=16, groups=8, num_warps=4, stages=3)  # one of launch_shapes(4096)
 
 
 @pytest.fixture(autouse=True)
 def _fresh_tables(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv(SHAPES_ENV, raising=False)
-    table_for.cache_clear()
+    _forget_tables()
     yield
+    _forget_tables()
+
+
+def _forget_tables() -> None:
+    """The env names another table: drop what the cached lookups read."""
     table_for.cache_clear()
+    CHOOSE_CONFIG.cache_clear()
 
 
 def test_form_keys_name_the_fused_form_the_row_length_and_the_scale_kind() -> None:
@@ -48,14 +54,14 @@ def test_a_table_from_the_env_decides_its_forms_and_only_those(tmp_path: Path, m
     builtin = gemv.choose_config(4096, block_size=PER_CHANNEL_BLOCK, residual=True)
     assert builtin != SHAPE
     monkeypatch.setenv(SHAPES_ENV, str(table))
-    table_for.cache_clear()
+    _forget_tables()
     assert gemv.choose_config(4096, block_size=PER_CHANNEL_BLOCK, residual=True) == SHAPE
     assert gemv.choose_config(4096, block_size=(128, 128), norm=True) == SHAPE
     # Another form, row length or scale kind keeps the built-in rule.
     assert gemv.choose_config(4096, block_size=(128, 128), residual=True) == builtin
     assert gemv.choose_config(2048, block_size=PER_CHANNEL_BLOCK, residual=True) != SHAPE
     monkeypatch.setenv(SHAPES_ENV, "none")
-    table_for.cache_clear()
+    _forget_tables()
     assert gemv.choose_config(4096, block_size=PER_CHANNEL_BLOCK, residual=True) == builtin
 
 
@@ -66,7 +72,7 @@ def test_a_malformed_table_is_a_clear_error(tmp_path: Path, monkeypatch) -> None
     with pytest.raises(ValueError, match="must have exactly the fields"):
         table_for("any")
     monkeypatch.setenv(SHAPES_ENV, str(tmp_path / "missing.json"))
-    table_for.cache_clear()
+    _forget_tables()
     with pytest.raises(ValueError, match="cannot read"):
         table_for("any")
 
@@ -95,9 +101,12 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
-def test_shipped_tables_hold_shapes_the_kernel_offers() -> None:
-    """Every shipped table reads, and each of its shapes is one `launch_shapes` times (and the tests run)."""
-    for path in sorted(SHIPPED_DIR.glob("*.json")):
-        for key, fields in read_table(path).items():
-            k = int(key.split("/")[1])
-            assert gemv.Fp8GemvConfig(**fields) in gemv.launch_shapes(k), (path.name, key)
+def test_a_table_may_only_name_shapes_the_kernel_offers(tmp_path: Path, monkeypatch) -> None:
+    """The tests run every shape of `launch_shapes`; a table naming another (a hand-edited or stale one) is refused
+    when the form is first launched, not compiled untested."""
+    table = tmp_path / "shapes.json"
+    odd = gemv.Fp8GemvConfig(block_n=64, groups=1, num_warps=2, stages=1)
+    write_table(table, "test gpu", "by hand", {"norm/4096/rows": asdict(odd)})
+    monkeypatch.setenv(SHAPES_ENV, str(table))
+    with pytest.raises(ValueError, match="norm/4096/rows names .* not one of the kernel's launch_shapes"):
+        gemv.choose_config(4096, block_size=PER_CHANNEL_BLOCK, norm=True)

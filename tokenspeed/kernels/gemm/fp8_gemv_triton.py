@@ -151,17 +151,23 @@ def launch_shapes(k: int) -> list[Fp8GemvConfig]:
     ]
 
 
+@cache  # called by every eager launch: the table lookup and its check run once per form
 def choose_config(k: int, *, silu_mul: bool = False, block_size: BlockSize = WEIGHT_BLOCK, norm: bool = False,
                   residual: bool = False, gpu_name: str = "") -> Fp8GemvConfig:
     """The launch shape for rows of `k` in a fused form: the shape measured for it on this GPU model
     (`fp8_gemv_shapes.py`), else the rules measured on an H100 in a decode step's graph (module docstring):
     8 rows x 2048 in the fp16 loop, 8 x 1024 in the fp32 loop for long rows (down_proj's 14336),
-    and gate/up with per-channel scales (SiLU-and-mul, a block spanning K) 4 rows x 4096 in one step."""
+    and gate/up with per-channel scales (SiLU-and-mul, a block spanning K) 4 rows x 4096 in one step.
+    ValueError for a table's shape that is not one of `launch_shapes` (the shapes the tests run)."""
     whole_rows = scales_whole_rows(block_size, k)
     key = form_key(k, norm=norm, residual=residual, silu_mul=silu_mul, whole_rows=whole_rows)
     measured = table_for(gpu_name).get(key)
     if measured is not None:
-        return Fp8GemvConfig(**measured)
+        config = Fp8GemvConfig(**measured)
+        if config not in launch_shapes(k):
+            raise ValueError(f"FP8 GEMV shapes table for {gpu_name or 'this device'}: {key} names {config}, "
+                             "which is not one of the kernel's launch_shapes")
+        return config
     groups = next_power_of_2(triton.cdiv(k, GROUP_SIZE))
     if silu_mul and whole_rows and k <= 4096:  # gate/up with per-channel scales: 4 whole rows (module docstring)
         return Fp8GemvConfig(block_n=4, groups=min(32, groups), num_warps=4, stages=2)
