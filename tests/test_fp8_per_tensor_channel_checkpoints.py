@@ -36,6 +36,7 @@ from tests.fp8_checkpoints import (
     fp8_parameters,
     make_source,
     rewrite_tensors,
+    to_block_fp8,
     to_scaled_fp8,
 )
 from tokenspeed import LLM
@@ -184,6 +185,36 @@ def test_a_rank_refuses_two_tensors_for_one_parameter(llama_checkpoints: dict[st
     fp8 = resolve_quantization(config.raw, None)
     with pytest.raises(WeightLoadError, match=f"on rank 0: tensors {message}"):
         build_rank_model(config, folder, groups, dtype=torch.float32, device=torch.device("cpu"), fp8=fp8)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_static", "ct_tensor", "ct_channel", "block"])
+def test_a_rank_reports_the_weight_missing_beside_its_scale(
+    fmt: str, sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """A scale whose weight the checkpoint lacks: a rank's loader names the weight, as the one-device loader
+    does, instead of failing to cut the scale by its weight's shape (a per-tensor scale of shape () or (1,)
+    went to the sharding rules as if it were a weight) or to fit it into the scale parameter."""
+    from tokenspeed.models.config import ModelConfig
+    from tokenspeed.models.parallel.rank_model import build_rank_model
+    from tokenspeed.models.parallel.sharded_reader import ShardedCheckpointReader
+    from tokenspeed.placement.parallel_config import ParallelConfig
+    from tokenspeed.placement.process_groups import create_parallel_groups
+
+    folder = tmp_path / fmt
+    if fmt == "block":
+        to_block_fp8(sources["llama"], folder)
+    else:
+        to_scaled_fp8(sources["llama"], folder, fmt)
+    rewrite_tensors(folder, lambda tensors: tensors.pop("model.layers.1.mlp.up_proj.weight"))
+    config = ModelConfig.from_pretrained(folder)
+    groups = create_parallel_groups(ParallelConfig().validate_for_model(config), 0)
+    fp8 = resolve_quantization(config.raw, None)
+    with pytest.raises(WeightLoadError, match=r"on rank 0: missing tensors: model\.layers\.1\.mlp\.up_proj\.weight$"):
+        build_rank_model(config, folder, groups, dtype=torch.float32, device=torch.device("cpu"), fp8=fp8)
+    # What rank 1 of two is handed: the orphan scale uncut, every other tensor cut as usual.
+    topology = ParallelConfig(tensor_parallel_size=2).topology()
+    uncut = [name for name, tensor, _ in ShardedCheckpointReader(folder, config, topology, 1, fp8=fp8) if tensor is None]
+    assert uncut == ["model.layers.1.mlp.up_proj.weight_scale" + ("_inv" if fmt == "block" else "")]
 
 
 def test_malformed_expert_scale_names_the_expert(sources: dict[str, Path], tmp_path: Path) -> None:

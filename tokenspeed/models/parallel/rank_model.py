@@ -109,7 +109,8 @@ def load_rank_weights(
             if target in source_of:
                 duplicates.append(f"{name} (and {source_of[target]})")
                 continue
-            _copy_into(model, params, target, name, tensor)
+            if tensor is not None:  # None: scales whose weight is missing, which is reported below
+                _copy_into(model, params, target, name, tensor)
             source_of[target] = name
     missing = [hf for target, hf in expected.items() if target not in source_of]
     problems = mismatch_problems(missing, unexpected, duplicates)

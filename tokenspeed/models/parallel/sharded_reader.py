@@ -14,7 +14,10 @@ falls in (`fp8_sharding.scale_slice`); a per-tensor or per-channel
 `weight_scale` (a few bytes per row) is read whole, made one scale per row
 of the whole weight (`loader.scales_per_row`, which checks it), and cut to
 the rank's rows: all of them where the weight is split by its input
-features, its slice of rows where split by its output features.
+features, its slice of rows where split by its output features. A scale
+whose weight the checkpoint lacks cannot be cut (its weight's shape decides
+the cut): it comes as None, and the rank's loader reports the weight missing,
+as the one-device loader does.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from safetensors import safe_open
 
 from tokenspeed.models.loader import find_weight_files, scales_per_row, tensor_shapes
 from tokenspeed.models.parallel.fp8_sharding import scale_slice
-from tokenspeed.models.parallel.weight_sharding import ShardRule, TensorSlice, rule_for, slice_for_rank
+from tokenspeed.models.parallel.weight_sharding import WHOLE, ShardRule, TensorSlice, rule_for, slice_for_rank
 from tokenspeed.placement.parallel_config import Topology
 
 if TYPE_CHECKING:
@@ -73,12 +76,16 @@ class ShardedCheckpointReader:
         self.fp8 = fp8 if fp8 is not None and fp8.serialized else None
         self.stats = ReadStats()
 
+    def _weight_of_scale(self, name: str) -> str | None:
+        """The FP8 weight whose scales tensor `name` holds; None for any other tensor."""
+        return None if self.fp8 is None else self.fp8.weight_of_scale(name)
+
     def _rule_and_part(
         self, name: str, shape: tuple[int, ...], shapes: dict[str, tuple[int, ...]]
     ) -> tuple[ShardRule, TensorSlice | None]:
         """A tensor's sharding rule and this rank's slice of it; an FP8 weight's scales follow their weight."""
-        weight = None if self.fp8 is None else self.fp8.weight_of_scale(name)
-        if self.fp8 is None or weight is None or weight not in shapes:  # a scale without its weight: the loader says
+        weight = self._weight_of_scale(name)
+        if self.fp8 is None or weight is None:
             rule = rule_for(name, self.config, self.topology)
             return rule, slice_for_rank(name, rule, shape, self.topology, self.rank)
         rule = rule_for(weight, self.config, self.topology)
@@ -90,16 +97,22 @@ class ShardedCheckpointReader:
         """This rank's `part` of tensor `name` (`lazy`, its slice handle in open file `f`): per-tensor /
         per-channel scales read whole."""
         weight = None if self.fp8 is None else self.fp8.weight_of_row_scales(name)
-        if weight is not None and weight in shapes:  # one per row of the whole weight, then the rank's rows
+        if weight is not None:  # one per row of the whole weight, then the rank's rows
             return scales_per_row(self.fp8, name, f.get_tensor(name), shapes)[part.index(2)]
         return lazy[part.index(len(lazy.get_shape()))]
 
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor, TensorSlice]]:
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor | None, TensorSlice]]:
+        """(name, this rank's slice, the slice) per tensor the rank holds; (name, None, WHOLE) for an FP8
+        scale whose weight the checkpoint lacks (module docstring)."""
         shapes = tensor_shapes(self.files) if self.fp8 is not None else {}
         for path in self.files:
             with safe_open(str(path), framework="pt") as f:
                 for name in list(f.keys()):  # a safe_open handle is not iterable
                     if name.endswith(_IGNORED_SUFFIXES):
+                        continue
+                    weight = self._weight_of_scale(name)
+                    if weight is not None and weight not in shapes:
+                        yield name, None, WHOLE
                         continue
                     lazy = f.get_slice(name)
                     shape = tuple(lazy.get_shape())
