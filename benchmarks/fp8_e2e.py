@@ -225,6 +225,9 @@ def llama_batch(args: argparse.Namespace, models: dict[str, str]) -> None:
         release(llm)
     out["skinny_speedup"] = {f"bs{b}": round(out["fp8_no_skinny"][f"bs{b}"]["tpot_ms"] / out["fp8"][f"bs{b}"]["tpot_ms"], 3)
                              for b in batches}
+    from tokenspeed.kernels.gemm.fp8_skinny_triton import tuned_skinny_shapes
+
+    out["fp8_skinny_launches"] = tuned_picks(tuned_skinny_shapes(), "launch")  # the tuner's; none where a table has them
 
 
 def steady_decode(llm: Any, batch: int, prompt_len: int, steps: int, profile_path: Path | None = None) -> float:
@@ -418,7 +421,7 @@ def main() -> int:
     from tokenspeed.kernels.gemm.fp8_gemv_shapes import table_path
 
     shapes = table_path(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
-    RESULTS["fp8_gemv_shapes"] = str(shapes) if shapes else "built-in rules"  # the one-token FP8 GEMV's launches
+    RESULTS["fp8_gemv_shapes"] = str(shapes) if shapes else "built-in rules and launch tuner"  # the FP8 GEMVs' launches
     log(f"copy bandwidth {RESULTS['copy_bandwidth_gb_s']} GB/s")
     runners: dict[str, Callable[[argparse.Namespace, dict[str, str]], None]] = {
         "llama": llama, "llama_batch": llama_batch, "qwen3_moe": qwen3_moe, "kv_long": kv_long}

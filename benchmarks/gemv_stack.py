@@ -108,7 +108,8 @@ class Layers:
 
 
 def bench_form(stack: Layers, copy_gb_s: float, smoke: bool, sweep: bool = True) -> dict[str, Any]:
-    from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, gpu_name_of, launch_shapes
+    from tokenspeed.kernels.gemm.fp8_gemv_shapes import gpu_name_of
+    from tokenspeed.kernels.gemm.fp8_gemv_triton import choose_config, launch_shapes
 
     layers = len(stack.fp8)
 
@@ -213,6 +214,9 @@ def add_stack_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes (tests the script)")
     parser.add_argument("--per-channel", action="store_true",
                         help="fp8 weights with one scale per row (online `quantization=\"fp8\"`), not 128 x 128 blocks")
+    parser.add_argument("--write-shapes", type=Path, default=None, metavar="FILE",
+                        help="merge the best launch shapes into this table (`kernels/gemm/fp8_gemv_shapes.py`; "
+                             "`TOKENSPEED_FP8_GEMV_SHAPES=FILE` runs the engine with it)")
 
 
 @dataclass
@@ -232,14 +236,19 @@ class StackRun:
         out.with_suffix(".md").write_text(f"`{self.command}` on {self.device}, {date}\n\n{table}\n")
         print(table)
 
+    def write_shapes(self, path: Path | None, best: dict[str, dict[str, Any]]) -> None:
+        """`--write-shapes`: merge `best` ({table key: launch shape fields}) into the table at `path`."""
+        if path is not None:
+            from tokenspeed.kernels.gemm.fp8_gemv_shapes import write_table
+
+            write_table(path, self.device, self.command, best)
+            log(f"{len(best)} best shapes written to {path}")
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/fp8/gemv_stack.json"))
     parser.add_argument("--forms", default=",".join(FORMS), help="comma-separated subset of " + ",".join(FORMS))
-    parser.add_argument("--write-shapes", type=Path, default=None, metavar="FILE",
-                        help="merge each form's best shape into this launch-shapes table "
-                             "(`TOKENSPEED_FP8_GEMV_SHAPES=FILE` runs the engine with it)")
     add_stack_args(parser)
     args = parser.parse_args()
     run = stack_setup(parser, args, "gemv_stack.py")
@@ -253,12 +262,8 @@ def main() -> int:
     if len(stacks) == len(FORMS):
         metrics["layer"] = bench_layer(stacks, metrics["copy_bandwidth_gb_s"], args.smoke)
     run.finish(args.out, markdown(metrics))
-    if args.write_shapes:
-        from tokenspeed.kernels.gemm.fp8_gemv_shapes import write_table
-
-        best = {r["shapes_key"]: r["best_fp8_fields"] for r in metrics["forms"].values() if "best_fp8_fields" in r}
-        write_table(args.write_shapes, run.device, run.command, best)
-        log(f"{len(best)} best shapes written to {args.write_shapes}")
+    run.write_shapes(args.write_shapes, {r["shapes_key"]: r["best_fp8_fields"] for r in metrics["forms"].values()
+                                         if "best_fp8_fields" in r})
     return 0
 
 

@@ -76,13 +76,27 @@ def test_gemv_stack_per_channel_times_per_channel_weights(tmp_path: Path) -> Non
 
 
 def test_skinny_stack_smoke_times_every_launch_shape_against_the_gemm_and_bf16(tmp_path: Path) -> None:
-    metrics = _smoke("fp8_skinny_stack.py", tmp_path / "skinny_stack.json", "--tokens", "3")["metrics"]
-    from tokenspeed.kernels.gemm.fp8_skinny_triton import skinny_shapes
+    table = tmp_path / "shapes.json"
+    metrics = _smoke("fp8_skinny_stack.py", tmp_path / "skinny_stack.json", "--tokens", "2,3",
+                     "--write-shapes", str(table))["metrics"]  # fmt: skip
+    from tokenspeed.kernels.gemm.fp8_gemv_shapes import read_table
+    from tokenspeed.kernels.gemm.fp8_skinny_triton import SkinnyConfig, skinny_shapes
 
+    written = read_table(table)
     for form in ("qkv", "o", "gate_up", "down"):
-        row = metrics["forms"][form]["3"]
-        assert set(row["skinny"]) == {repr(c) for c in skinny_shapes()}  # every launch shape ran
-        assert row["skinny_chosen_us"] > 0 and row["gemm_us"] > 0 and row["bf16_us"] > 0
+        by_tokens = metrics["forms"][form]
+        for row in by_tokens.values():
+            assert set(row["skinny"]) == {repr(c) for c in skinny_shapes()}  # every launch shape ran
+            assert row["skinny_chosen_us"] > 0 and row["gemm_us"] > 0 and row["bf16_us"] > 0
+            assert row["skinny_chosen_from"] == "launch tuner"  # no table given to the run
+        # --write-shapes: the shape with the least time over both token counts, under its weight shape's key
+        [key] = [key for key in written if key.startswith(f"skinny/{SMOKE_SKINNY_WEIGHTS[form]}/")]
+        summed = {c: by_tokens["2"]["skinny"][c] + by_tokens["3"]["skinny"][c] for c in by_tokens["2"]["skinny"]}
+        assert repr(SkinnyConfig(**written[key])) == min(summed, key=summed.__getitem__)
+    assert len(written) == 4
+
+
+SMOKE_SKINNY_WEIGHTS = {"qkv": "96x128", "o": "64x128", "gate_up": "256x128", "down": "64x256"}  # gemv_stack.SMOKE_FORMS
 
 
 def test_moe_decode_stack_smoke_times_the_tuned_pick_and_every_tile(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The one-token FP8 GEMV's per-GPU launch-shape tables (`kernels/gemm/fp8_gemv_shapes.py`)."""
+"""The FP8 decode GEMMs' per-GPU launch-shape tables (`kernels/gemm/fp8_gemv_shapes.py`): the one-token GEMV's
+shapes by fused form, the skinny GEMM's by weight shape."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import pytest
 import torch
 
 from tokenspeed.kernels.gemm import fp8_gemv_triton as gemv
+from tokenspeed.kernels.gemm import fp8_skinny_triton as skinny
 from tokenspeed.kernels.gemm.fp8_gemv_shapes import (
     SHAPES_ENV,
     form_key,
     gpu_file_name,
     read_table,
+    skinny_key,
     table_for,
     write_table,
 )
@@ -36,6 +39,7 @@ def _forget_tables() -> None:
     """The env names another table: drop what the cached lookups read."""
     table_for.cache_clear()
     CHOOSE_CONFIG.cache_clear()
+    skinny.measured_skinny_shape.cache_clear()
 
 
 def test_form_keys_name_the_fused_form_the_row_length_and_the_scale_kind() -> None:
@@ -44,6 +48,8 @@ def test_form_keys_name_the_fused_form_the_row_length_and_the_scale_kind() -> No
     assert form_key(14336, norm=False, residual=True, silu_mul=False, whole_rows=True) == "residual/14336/rows"
     assert form_key(128, norm=False, residual=False, silu_mul=False, whole_rows=True) == "plain/128/rows"
     assert gpu_file_name("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3.json"
+    assert skinny_key(6144, 4096, whole_rows=True) == "skinny/6144x4096/rows"
+    assert skinny_key(4096, 14336, whole_rows=False) == "skinny/4096x14336/blocks"
 
 
 def test_a_table_from_the_env_decides_its_forms_and_only_those(tmp_path: Path, monkeypatch) -> None:
@@ -70,6 +76,11 @@ def test_a_malformed_table_is_a_clear_error(tmp_path: Path, monkeypatch) -> None
     bad.write_text(json.dumps({"shapes": {"norm/4096/rows": {"block_n": 8}}}))
     monkeypatch.setenv(SHAPES_ENV, str(bad))
     with pytest.raises(ValueError, match="must have exactly the fields"):
+        table_for("any")
+    # A skinny entry with the one-token GEMV's fields (f16_math, no split_k) is as wrong.
+    bad.write_text(json.dumps({"shapes": {"skinny/64x128/rows": asdict(SHAPE)}}))
+    _forget_tables()
+    with pytest.raises(ValueError, match="'skinny/64x128/rows' must have exactly the fields .*split_k"):
         table_for("any")
     monkeypatch.setenv(SHAPES_ENV, str(tmp_path / "missing.json"))
     _forget_tables()
@@ -110,3 +121,65 @@ def test_a_table_may_only_name_shapes_the_kernel_offers(tmp_path: Path, monkeypa
     monkeypatch.setenv(SHAPES_ENV, str(table))
     with pytest.raises(ValueError, match="norm/4096/rows names .* not one of the kernel's launch_shapes"):
         gemv.choose_config(4096, block_size=PER_CHANNEL_BLOCK, norm=True)
+
+
+SKINNY = skinny.SkinnyConfig(64, 2, 3, split_k=2)  # one of skinny_shapes(), not the tuner's default
+
+
+def test_a_table_decides_the_skinny_launch_of_its_weight_shapes_and_the_tuner_the_others(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Where the table has a weight shape (rows x K, scale kind) its shape launches and nothing is timed; another
+    shape or scale kind goes to the launch tuner, as without a table."""
+    table = tmp_path / "shapes.json"
+    write_table(table, "test gpu", "skinny sweep", {skinny_key(64, 128, whole_rows=True): asdict(SKINNY),
+                                                     skinny_key(64, 256, whole_rows=True): asdict(SKINNY)})
+    write_table(table, "test gpu", "one-token sweep", {"norm/128/rows": asdict(SHAPE)})  # both kinds in one table
+    monkeypatch.setenv(SHAPES_ENV, str(table))
+    launched: list[tuple[int, int]] = []  # (block_n, split_k) of each launch
+    monkeypatch.setattr(skinny, "for_tensor", lambda kernel, tensor: _Recorder(launched))
+    tuned: list[tuple] = []
+    monkeypatch.setattr(skinny, "_SKINNY_TUNER", _TunerSpy(tuned))
+    x = torch.randn(3, 128)
+    per_channel = quantize_weight_block(torch.randn(64, 128), PER_CHANNEL_BLOCK)
+    gemv.fp8_gemv_triton(x, *per_channel, block_size=PER_CHANNEL_BLOCK)
+    assert launched == [(SKINNY.block_n, 1)] and tuned == []  # K = 128 is one step: split 2 runs whole
+    assert skinny.measured_skinny_shape(64, 128, PER_CHANNEL_BLOCK, "") == SKINNY
+    blocks = quantize_weight_block(torch.randn(64, 256), (128, 128))  # two K blocks: the table has only "rows"
+    gemv.fp8_gemv_triton(torch.randn(3, 256), *blocks, block_size=(128, 128))
+    gemv.fp8_gemv_triton(x, *quantize_weight_block(torch.randn(32, 128), PER_CHANNEL_BLOCK), block_size=PER_CHANNEL_BLOCK)
+    assert [key[:2] for key in tuned] == [(64, 256), (32, 128)]  # the tuner for both
+    monkeypatch.setenv(SHAPES_ENV, "none")
+    _forget_tables()
+    assert skinny.measured_skinny_shape(64, 128, PER_CHANNEL_BLOCK, "") is None
+
+
+class _TunerSpy:
+    """The launch tuner's `choose`: records the key, answers the default (the CPU never times)."""
+
+    def __init__(self, keys: list[tuple]) -> None:
+        self.keys = keys
+
+    def choose(self, key, device, run):
+        self.keys.append(key)
+        return skinny.skinny_candidates(key)[0]
+
+
+class _Recorder:
+    def __init__(self, launched: list[tuple[int, int]]) -> None:
+        self.launched = launched
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launched.append((kwargs["BLOCK_N"], kwargs["SPLIT_K"]))
+
+        return launch
+
+
+def test_a_table_may_only_name_skinny_shapes_the_kernel_offers(tmp_path: Path, monkeypatch) -> None:
+    table = tmp_path / "shapes.json"
+    odd = skinny.SkinnyConfig(16, 1, 2, split_k=3)
+    write_table(table, "test gpu", "by hand", {skinny_key(64, 128, whole_rows=True): asdict(odd)})
+    monkeypatch.setenv(SHAPES_ENV, str(table))
+    with pytest.raises(ValueError, match="skinny/64x128/rows names .* not one of the skinny GEMM's skinny_shapes"):
+        skinny.measured_skinny_shape(64, 128, PER_CHANNEL_BLOCK, "")

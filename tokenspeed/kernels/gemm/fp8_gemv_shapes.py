@@ -1,25 +1,37 @@
-"""Launch shapes of the one-token FP8 GEMV measured on a given GPU model, by fused form.
+"""Launch shapes of the FP8 decode GEMMs measured on a given GPU model: the one-token GEMV by fused form, the
+skinny GEMM (2-16 tokens) by weight shape.
 
-Why a table per GPU: the kernel is fastest at different shapes on different
+Why a table per GPU: the kernels are fastest at different shapes on different
 cards (`benchmarks/gemv_stack.py` with 128 x 128 blocks on an H200 put qkv's
 best at 16 rows x 1024, 11% under the H100's 8 x 2048 there), and the shapes
 must be timed the way a decode step runs them (32 layers' weights in one CUDA
-graph, PDL on), which no launch tuner at first use can do (`fp8_gemv_triton.py`).
-So `gemv_stack.py --write-shapes FILE` writes the best shape of each form
-into a JSON table, a table that measured faster end to end than the rules
-ships beside this module for its GPU model (`fp8_gemv_shapes/<gpu>.json`;
-none yet: on an H100 the sweep's best shapes are the rules themselves,
-`benchmarks/results/h100/wave2/gemv_shapes_2026-12-07/`), and `choose_config`
-takes a table's shape where it has one, its built-in rules elsewhere.
+graph, PDL on), which no launch tuner at first use can do: timed alone, a
+launch pays the ramp-up and the L2 flush that no decode step pays. The skinny
+GEMM's tuner (`fp8_skinny_triton.py`) does time its four K splits that way,
+and its pick moved between runs of one tree (down: 4 or 8 splits, o: 2 or 8) and
+missed the graph's best by up to 10% (qkv at 4 tokens on an H100,
+`benchmarks/results/h100/wave2/fp8_2026-12-06f/call3/skinny_stack.json`).
+So `gemv_stack.py --write-shapes FILE` writes the best shape of each fused
+form and `fp8_skinny_stack.py --write-shapes FILE` the best of each weight
+shape (least time summed over the token counts it ran) into a JSON table; a
+table that measured faster end to end than the rules ships beside this
+module for its GPU model (`fp8_gemv_shapes/<gpu>.json`; none yet: on an
+H100 the one-token sweep's best shapes are the rules themselves, and the
+skinny sweep's made Llama-3.1-8B FP8 at 4 and 16 rows steadier, not faster:
+`benchmarks/results/h100/wave2/gemv_shapes_2026-12-07/`,
+`skinny_shapes_2026-12-07/`). Where a table has a
+key, its shape runs; elsewhere the one-token GEMV's built-in rules
+(`choose_config`) and the skinny GEMM's tuner.
 
 `TOKENSPEED_FP8_GEMV_SHAPES=FILE` reads that file instead of the shipped
 table (a GPU model we ship none for, or a new sweep to compare end to end);
-`TOKENSPEED_FP8_GEMV_SHAPES=none` uses the built-in rules alone.
+`TOKENSPEED_FP8_GEMV_SHAPES=none` uses the built-in rules and tuner alone.
 
-A form is the fused decode form and the row length: `norm` (RMSNorm prologue:
-qkv), `silu_mul` (gate/up), `residual` (o, down), `plain`; and whether the
-weight scales are per channel (`rows`) or in blocks (`blocks`), e.g.
-`norm/4096/rows`.
+Keys: the one-token GEMV's fused decode form and row length, `norm` (RMSNorm
+prologue: qkv), `silu_mul` (gate/up), `residual` (o, down), `plain`, e.g.
+`norm/4096/rows`; the skinny GEMM's weight shape, e.g. `skinny/6144x4096/rows`;
+each ending in whether the weight scales are per channel (`rows`) or in
+blocks (`blocks`).
 """
 
 from __future__ import annotations
@@ -31,15 +43,32 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import torch
+
 SHAPES_ENV = "TOKENSPEED_FP8_GEMV_SHAPES"
 SHIPPED_DIR = Path(__file__).with_name("fp8_gemv_shapes")
-CONFIG_FIELDS = ("block_n", "groups", "num_warps", "stages", "f16_math")
+CONFIG_FIELDS = ("block_n", "groups", "num_warps", "stages", "f16_math")  # `Fp8GemvConfig`'s
+SKINNY_FIELDS = ("block_n", "groups", "stages", "num_warps", "split_k")  # `SkinnyConfig`'s
+_SKINNY = "skinny/"
 
 
 def form_key(k: int, *, norm: bool, residual: bool, silu_mul: bool, whole_rows: bool) -> str:
     """The table key of a launch: fused form / K / scale kind (module docstring)."""
     form = "silu_mul" if silu_mul else "norm" if norm else "residual" if residual else "plain"
-    return f"{form}/{k}/{'rows' if whole_rows else 'blocks'}"
+    return f"{form}/{k}/{_scale_kind(whole_rows)}"
+
+
+def skinny_key(n: int, k: int, *, whole_rows: bool) -> str:
+    """The table key of a skinny GEMM launch: its weight's rows x K / scale kind (module docstring)."""
+    return f"{_SKINNY}{n}x{k}/{_scale_kind(whole_rows)}"
+
+
+def _scale_kind(whole_rows: bool) -> str:
+    return "rows" if whole_rows else "blocks"
+
+
+def _fields_of(key: str) -> tuple[str, ...]:
+    return SKINNY_FIELDS if key.startswith(_SKINNY) else CONFIG_FIELDS
 
 
 def gpu_file_name(gpu_name: str) -> str:
@@ -54,13 +83,14 @@ def read_table(path: Path) -> dict[str, dict[str, Any]]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{SHAPES_ENV} / shapes table {path}: cannot read its 'shapes' ({exc})") from exc
     for key, fields in shapes.items():
-        if not isinstance(fields, dict) or set(fields) != set(CONFIG_FIELDS):
-            raise ValueError(f"shapes table {path}: {key!r} must have exactly the fields {CONFIG_FIELDS}")
+        if not isinstance(fields, dict) or set(fields) != set(_fields_of(key)):
+            raise ValueError(f"shapes table {path}: {key!r} must have exactly the fields {_fields_of(key)}")
     return shapes
 
 
 def write_table(path: Path, gpu_name: str, command: str, shapes: dict[str, dict[str, Any]]) -> None:
-    """Merge `shapes` into the table at `path` (a sweep of per-channel scales keeps a block sweep's entries)."""
+    """Merge `shapes` into the table at `path` (a sweep of per-channel scales keeps a block sweep's entries,
+    the skinny sweep the one-token sweep's)."""
     table = {"gpu": gpu_name, "command": command, "shapes": {}}
     if path.exists():
         table["shapes"] = read_table(path)
@@ -84,3 +114,13 @@ def table_for(gpu_name: str) -> dict[str, dict[str, Any]]:
     """The measured shapes for a GPU model (`table_path`), {} where there is no table."""
     path = table_path(gpu_name)
     return {} if path is None else read_table(path)
+
+
+def gpu_name_of(device: torch.device) -> str:
+    """The GPU model's name (`table_for`'s key); "" off CUDA."""
+    return _cuda_name(device.index or 0) if device.type == "cuda" else ""
+
+
+@cache
+def _cuda_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)

@@ -99,7 +99,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
-from tokenspeed.kernels.gemm.fp8_gemv_shapes import form_key, table_for
+from tokenspeed.kernels.gemm.fp8_gemv_shapes import form_key, gpu_name_of, table_for
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
 from tokenspeed.kernels.gemm.fp8_skinny_triton import SKINNY_BLOCK_M, SkinnyConfig, fp8_skinny_gemm
 from tokenspeed.kernels.gemm.gemv_triton import load_rows
@@ -174,16 +174,6 @@ def choose_config(k: int, *, silu_mul: bool = False, block_size: BlockSize = WEI
     if k > 8192:
         return Fp8GemvConfig(block_n=8, groups=min(8, groups), num_warps=4, stages=3, f16_math=False)
     return Fp8GemvConfig(block_n=8, groups=min(16, groups), num_warps=4, stages=3)
-
-
-def gpu_name_of(device: torch.device) -> str:
-    """The GPU model's name (`fp8_gemv_shapes.table_for`'s key); "" off CUDA."""
-    return _cuda_name(device.index or 0) if device.type == "cuda" else ""
-
-
-@cache
-def _cuda_name(index: int) -> str:
-    return torch.cuda.get_device_name(index)
 
 
 @triton.jit

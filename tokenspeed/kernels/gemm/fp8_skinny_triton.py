@@ -30,10 +30,11 @@ K is split: each program stores its fp32 partial, and the row block's last
 program to arrive sums the partials in split order and writes the output
 (`kernels/arrival_counters.py`); no second kernel. A step is `groups` K
 groups of 128 (each its own dot, so block scales stay exact), 8-16 KB of
-weights, three steps in flight. The launch shape is timed per weight shape
-on first use (`kernels/autotune.py`, `skinny_candidates`);
-`benchmarks/fp8_skinny_stack.py` times every shape the way a decode step
-runs them.
+weights, three steps in flight. The launch shape: the one measured for the
+weight shape on this GPU model where a table has it (`fp8_gemv_shapes.py`:
+`benchmarks/fp8_skinny_stack.py --write-shapes` times every shape the way a
+decode step runs them), else timed per weight shape on first use
+(`kernels/autotune.py`, `skinny_candidates`).
 
 Measured (H100, `benchmarks/results/h100/wave2/fp8_2026-12-06e/` and
 `fp8_2026-12-06f/`): without split-K, at 4 tokens, us per launch in a
@@ -52,7 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import torch
@@ -62,6 +63,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tokenspeed.kernels.arrival_counters import arrival_counters
 from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
+from tokenspeed.kernels.gemm.fp8_gemv_shapes import gpu_name_of, skinny_key, table_for
 from tokenspeed.kernels.gemm.gemv_triton import load_rows
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, BlockSize, scales_whole_rows
@@ -102,8 +104,23 @@ _SKINNY_TUNER: LaunchTuner[SkinnyConfig] = LaunchTuner("gemm.fp8 skinny launch",
 
 
 def tuned_skinny_shapes() -> dict[tuple[Any, ...], TunedChoice[SkinnyConfig]]:
-    """The launch shape each weight shape got (and the candidates' times), for benchmarks."""
+    """The launch shape each weight shape got from the tuner (and the candidates' times), for benchmarks."""
     return _SKINNY_TUNER.chosen()
+
+
+@cache  # called by every eager launch: the table lookup and its check run once per weight shape
+def measured_skinny_shape(n: int, k: int, block_size: BlockSize, gpu_name: str) -> SkinnyConfig | None:
+    """The launch shape measured for an `n x k` weight on this GPU model (`fp8_gemv_shapes.py`), None where no
+    table has it. ValueError for a table's shape that is not one of `skinny_shapes` (the shapes the tests run)."""
+    key = skinny_key(n, k, whole_rows=scales_whole_rows(block_size, k))
+    measured = table_for(gpu_name).get(key)
+    if measured is None:
+        return None
+    config = SkinnyConfig(**measured)
+    if config not in skinny_shapes():
+        raise ValueError(f"FP8 GEMV shapes table for {gpu_name or 'this device'}: {key} names {config}, "
+                         "which is not one of the skinny GEMM's skinny_shapes")
+    return config
 
 
 @triton.jit
@@ -242,6 +259,8 @@ def fp8_skinny_gemm(
     n = weight.shape[0]
     if m > SKINNY_BLOCK_M:
         raise ValueError(f"the skinny GEMM serves at most {SKINNY_BLOCK_M} tokens, got {m}")
+    if config is None:
+        config = measured_skinny_shape(n, k, tuple(block_size), gpu_name_of(x2.device))
     if config is None:
         key = (n, k, tuple(block_size), x2.dtype, bias is not None)
         run = partial(fp8_skinny_gemm, x2, weight, scales, out, block_size=block_size, bias=bias)
