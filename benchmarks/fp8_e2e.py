@@ -18,7 +18,7 @@ Sections (`--sections`, comma separated; the JSON is rewritten after each):
   beside it. Roofline = (bytes of the weights a decode step reads + K/V bytes
   at the mean context) / copy bandwidth, the copy measured in this run.
   Targets: fp8 TPOT <= 1.15 x roofline, bf16 TPOT / fp8 TPOT >= 1.7.
-- `llama_batch`: Llama-3.1-8B at 4 and 16 rows (context 1024), where the FP8
+- `llama_batch`: Llama-3.1-8B at 4 and 16 rows (`--batches`; context 1024), where the FP8
   projections take the skinny tensor-core GEMM (2-16 tokens): FP8 with it,
   FP8 without it (`TOKENSPEED_FP8_SKINNY=0`, the FP8 GEMMs) and bf16; TPOT
   and tokens/s. The skinny GEMM's effect on a decode step, at short context.
@@ -210,7 +210,7 @@ def llama(args: argparse.Namespace, models: dict[str, str]) -> None:
 
 def llama_batch(args: argparse.Namespace, models: dict[str, str]) -> None:
     prompt_len, new_tokens = (8, 4) if args.smoke else (1024, 128)
-    batches = (2, 4) if args.smoke else (4, 16)
+    batches = (2, 4) if args.smoke else tuple(int(b) for b in args.batches.split(","))
     out: dict[str, Any] = RESULTS.setdefault("llama_batch", {"prompt_len": prompt_len, "new_tokens": new_tokens})
     variants = (("fp8", {"quantization": "fp8"}, "1"), ("fp8_no_skinny", {"quantization": "fp8"}, "0"),
                 ("bf16", {}, "1"))
@@ -402,6 +402,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/fp8/fp8_e2e.json"))
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma separated, of {', '.join(SECTIONS)}")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: checks the script, measures nothing")
+    parser.add_argument("--batches", default="4,16", help="llama_batch's row counts, comma separated (2-16)")
     parser.add_argument("--profile", action="store_true", help="a kernel table of the decode steps of each variant and batch")
     parser.add_argument("--repeats", type=int, default=3, choices=range(1, 100), metavar="N",
                         help="decode-step measurements per figure; their median is reported")
