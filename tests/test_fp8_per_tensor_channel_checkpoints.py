@@ -217,6 +217,25 @@ def test_a_rank_reports_the_weight_missing_beside_its_scale(
     assert uncut == ["model.layers.1.mlp.up_proj.weight_scale" + ("_inv" if fmt == "block" else "")]
 
 
+def test_an_expert_scale_without_its_weight_goes_to_the_expert_s_rank_only(
+    sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """Under expert parallelism the rank holding the expert is handed the orphan scale (and reports the weight
+    missing); the other rank skips it as it skips that expert's tensors, instead of calling it unexpected."""
+    from tokenspeed.models.config import ModelConfig
+    from tokenspeed.models.parallel.sharded_reader import ShardedCheckpointReader
+    from tokenspeed.placement.parallel_config import ParallelConfig
+
+    to_scaled_fp8(sources["qwen3_moe"], tmp_path / "fp8", "fp8_static")
+    rewrite_tensors(tmp_path / "fp8", lambda tensors: tensors.pop("model.layers.0.mlp.experts.6.up_proj.weight"))
+    config = ModelConfig.from_pretrained(tmp_path / "fp8")
+    fp8 = resolve_quantization(config.raw, None)
+    topology = ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True).topology()  # experts 4-7 on rank 1
+    uncut = [[name for name, tensor, _ in ShardedCheckpointReader(tmp_path / "fp8", config, topology, rank, fp8=fp8)
+              if tensor is None] for rank in (0, 1)]
+    assert uncut == [[], ["model.layers.0.mlp.experts.6.up_proj.weight_scale"]]
+
+
 def test_malformed_expert_scale_names_the_expert(sources: dict[str, Path], tmp_path: Path) -> None:
     to_scaled_fp8(sources["qwen3_moe"], tmp_path / "fp8", "ct_channel")
     rewrite_tensors(tmp_path / "fp8", _set("0.mlp.experts.3.down_proj.weight_scale", torch.ones(5, 1)))

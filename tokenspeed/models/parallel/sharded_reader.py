@@ -16,8 +16,8 @@ of the whole weight (`loader.scales_per_row`, which checks it), and cut to
 the rank's rows: all of them where the weight is split by its input
 features, its slice of rows where split by its output features. A scale
 whose weight the checkpoint lacks cannot be cut (its weight's shape decides
-the cut): it comes as None, and the rank's loader reports the weight missing,
-as the one-device loader does.
+the cut): it comes as None to the ranks that would hold the weight, whose
+loader reports the weight missing, as the one-device loader does.
 """
 
 from __future__ import annotations
@@ -32,7 +32,14 @@ from safetensors import safe_open
 
 from tokenspeed.models.loader import find_weight_files, scales_per_row, tensor_shapes
 from tokenspeed.models.parallel.fp8_sharding import scale_slice
-from tokenspeed.models.parallel.weight_sharding import WHOLE, ShardRule, TensorSlice, rule_for, slice_for_rank
+from tokenspeed.models.parallel.weight_sharding import (
+    WHOLE,
+    ShardRule,
+    TensorSlice,
+    rank_holds,
+    rule_for,
+    slice_for_rank,
+)
 from tokenspeed.placement.parallel_config import Topology
 
 if TYPE_CHECKING:
@@ -103,7 +110,7 @@ class ShardedCheckpointReader:
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor | None, TensorSlice]]:
         """(name, this rank's slice, the slice) per tensor the rank holds; (name, None, WHOLE) for an FP8
-        scale whose weight the checkpoint lacks (module docstring)."""
+        scale of a weight the rank would hold and the checkpoint lacks (module docstring)."""
         shapes = tensor_shapes(self.files) if self.fp8 is not None else {}
         for path in self.files:
             with safe_open(str(path), framework="pt") as f:
@@ -112,7 +119,10 @@ class ShardedCheckpointReader:
                         continue
                     weight = self._weight_of_scale(name)
                     if weight is not None and weight not in shapes:
-                        yield name, None, WHOLE
+                        if rank_holds(weight, rule_for(weight, self.config, self.topology), self.topology, self.rank):
+                            yield name, None, WHOLE
+                        else:  # another EP rank's expert: that rank reports it
+                            self.stats.tensors_skipped += 1
                         continue
                     lazy = f.get_slice(name)
                     shape = tuple(lazy.get_shape())

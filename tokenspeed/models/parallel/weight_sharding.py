@@ -176,6 +176,17 @@ def _even(name: str, shape: tuple[int, ...], dim: int, parts: int, index: int) -
     return TensorSlice(dim, index * size, (index + 1) * size)
 
 
+def rank_holds(name: str, rule: ShardRule, topology: Topology, rank: int) -> bool:
+    """Whether `rank` holds any of tensor `name`: all but other EP ranks' experts (their shapes need not be known)."""
+    if rule.kind not in (WeightKind.EXPERT_COLUMN, WeightKind.EXPERT_ROW):
+        return True
+    assert rule.expert is not None
+    per_rank = rule.num_experts // topology.moe_ep  # EP rank i holds experts [i * per_rank, (i+1) * per_rank)
+    if rule.num_experts % topology.moe_ep or not 0 <= rule.expert < rule.num_experts:
+        raise WeightShardingError(f"{name}: expert {rule.expert} of {rule.num_experts} over EP={topology.moe_ep}")
+    return rule.expert // per_rank == topology.ep_index(rank)
+
+
 def slice_for_rank(
     name: str, rule: ShardRule, shape: tuple[int, ...], topology: Topology, rank: int
 ) -> TensorSlice | None:
@@ -183,13 +194,9 @@ def slice_for_rank(
     kind = rule.kind
     if kind is WeightKind.REPLICATED:
         return WHOLE
+    if not rank_holds(name, rule, topology, rank):
+        return None
     if kind in (WeightKind.EXPERT_COLUMN, WeightKind.EXPERT_ROW):
-        assert rule.expert is not None
-        per_rank = rule.num_experts // topology.moe_ep  # EP rank i holds experts [i * per_rank, (i+1) * per_rank)
-        if rule.num_experts % topology.moe_ep or not 0 <= rule.expert < rule.num_experts:
-            raise WeightShardingError(f"{name}: expert {rule.expert} of {rule.num_experts} over EP={topology.moe_ep}")
-        if rule.expert // per_rank != topology.ep_index(rank):
-            return None
         dim = 0 if kind is WeightKind.EXPERT_COLUMN else 1
         if topology.moe_tp == 1:
             return WHOLE
