@@ -126,21 +126,26 @@ def test_engine_tokens_identical_with_gemv_on_and_off(tmp_path, monkeypatch) -> 
     assert tokens[""] == tokens["reference"]
 
 
-def test_engine_tokens_identical_with_pdl_on_and_off(tmp_path, monkeypatch) -> None:
-    """bf16 with CUDA graphs: PDL changes only when kernels are scheduled, so tokens must be identical."""
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_engine_tokens_identical_with_pdl_on_and_off(quantization, tmp_path, monkeypatch) -> None:
+    """bf16 and FP8 weights with CUDA graphs, one row and four (where the norms and SiLU-and-mul run as their own
+    kernels): PDL changes only when kernels are scheduled, so tokens must be identical."""
     folder = make_checkpoint(
         "llama", tmp_path, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
         num_attention_heads=8, num_key_value_heads=2, vocab_size=4096, initializer_range=0.05,
     )
-    prompt = [t % 4096 for t in prompts(1, seed=4, min_len=60, max_len=61)[0]]
+    batch = [[t % 4096 for t in p] for p in prompts(4, seed=4, min_len=60, max_len=90)]
     greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    monkeypatch.setenv("TOKENSPEED_AUTOTUNE", "0")  # launch shapes timed per run could differ, and their sums' order
     tokens = {}
     for pdl in ("1", "0"):
         monkeypatch.setenv("TOKENSPEED_PDL", pdl)
         llm = LLM(str(folder), skip_tokenizer_init=True, dtype="bfloat16", device="cuda", num_kv_pages=512,
-                  max_model_len=512, max_num_seqs=8, show_progress=False)
+                  max_model_len=512, max_num_seqs=8, show_progress=False, quantization=quantization)
         assert llm.core.executor.cuda_graphs_enabled
-        tokens[pdl] = llm.generate([{"prompt_token_ids": prompt}], greedy, use_tqdm=False)[0].outputs[0].token_ids
+        outs = llm.generate([{"prompt_token_ids": batch[0]}], greedy, use_tqdm=False)  # bs1 steps
+        outs += llm.generate([{"prompt_token_ids": p} for p in batch], greedy, use_tqdm=False)
+        tokens[pdl] = [o.outputs[0].token_ids for o in outs]
         del llm
         gc.collect()
         torch.cuda.empty_cache()

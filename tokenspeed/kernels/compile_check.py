@@ -143,7 +143,7 @@ def serving_configs() -> Iterator[KernelConfig]:
     yield KernelConfig(
         "norm.rms residual",
         rms_triton._rms_norm_kernel,
-        dict(INNER=1, N=4096, BLOCK=4096, HAS_RESIDUAL=True),
+        dict(INNER=1, N=4096, BLOCK=4096, HAS_RESIDUAL=True, USE_PDL=True),
         num_warps=16,
     )
     yield KernelConfig(
@@ -162,7 +162,9 @@ def serving_configs() -> Iterator[KernelConfig]:
             pointers={"positions_ptr": "i64", "slot_ptr": "i64", "cos_ptr": "fp32", "sin_ptr": "fp32"}
             | (_FP8_KV if fp8 else _KV_SCALES),
         )
-    yield KernelConfig("activation.silu_and_mul", silu_triton._silu_and_mul_kernel, dict(D=14336, BLOCK=1024))
+    yield KernelConfig(
+        "activation.silu_and_mul", silu_triton._silu_and_mul_kernel, dict(D=14336, BLOCK=1024, USE_PDL=True)
+    )
     from tokenspeed.kernels.moe.compile_configs import moe_compile_configs
 
     yield from moe_compile_configs()

@@ -23,6 +23,14 @@ attention read these before the wait (a step shorter by ~1% at bs1, H100:
 so that the loads after the wait hit the L2; the L2 is coherent, so a line
 the predecessor then writes is read new after the wait.
 
+RMSNorm and SiLU-and-mul (the kernels a decode layer of 2-16 rows runs
+between its GEMMs) launch with PDL too, so that their launch overlaps the
+GEMM before them, but never trigger: their dependents launch as they end.
+Triggered early, the FP8 skinny GEMM after a norm launched its programs to
+wait on SMs and Llama-3.1-8B FP8 at 16 rows was 2.3% slower; untriggered,
+FP8 and bf16 at 2 and 16 rows were 0.5-2.8% faster in every pair (H100,
+`benchmarks/results/h100/wave2/pdl_norm_act_2026-12-07/`).
+
 `TOKENSPEED_PDL=0` turns it off everywhere (the switch its tests flip);
 it is off on the CPU, under Triton's interpreter and before sm_90.
 """

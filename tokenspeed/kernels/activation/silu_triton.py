@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor
 
@@ -18,7 +20,11 @@ _BLOCK = 1024
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, D: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(
+    x_ptr, out_ptr, stride_x, D: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr
+):
+    if USE_PDL:  # wait for the previous kernel before any access; never triggers (kernels/pdl.py)
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < D
@@ -42,6 +48,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     if rows and d:
         block = min(_BLOCK, triton.next_power_of_2(d))
         for_tensor(_silu_and_mul_kernel, x)[(rows, triton.cdiv(d, block))](
-            x2, out, x2.stride(0), D=d, BLOCK=block, num_warps=4
+            x2, out, x2.stride(0), D=d, BLOCK=block, num_warps=4,
+            **pdl_launch_options(pdl_enabled(x.device)),
         )
     return out

@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
+from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.registry import Band, register_kernel
 from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
@@ -36,10 +38,14 @@ def _rms_norm_kernel(
     N: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
+    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # a parameter: read before the wait
+    if USE_PDL:  # wait for the previous kernel before touching x, residual or the outputs; never triggers (kernels/pdl.py)
+        gdc_wait()
     x_row = x_ptr + (r // INNER) * stride_x_outer + (r % INNER) * stride_x_inner
     x = tl.load(x_row + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
@@ -50,7 +56,6 @@ def _rms_norm_kernel(
     h = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(h * h, 0) / N + eps)
     normed = (h * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + r * N + offs, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -101,5 +106,6 @@ def rms_norm_triton(
             BLOCK=block,
             HAS_RESIDUAL=residual is not None,
             num_warps=min(16, max(1, block // 256)),
+            **pdl_launch_options(pdl_enabled(x.device)),
         )
     return out if residual is None else (out, summed)
