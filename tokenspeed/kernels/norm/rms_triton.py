@@ -44,7 +44,7 @@ def _rms_norm_kernel(
     offs = tl.arange(0, BLOCK)
     mask = offs < N
     w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # a parameter: read before the wait
-    if USE_PDL:  # wait for the previous kernel before touching x, residual or the outputs; never triggers (kernels/pdl.py)
+    if USE_PDL:  # wait before touching x, residual or the outputs; never triggers (kernels/pdl.py)
         gdc_wait()
     x_row = x_ptr + (r // INNER) * stride_x_outer + (r % INNER) * stride_x_inner
     x = tl.load(x_row + offs, mask=mask, other=0.0)
