@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.registry import Band, register_kernel
@@ -23,7 +23,7 @@ _BLOCK = 1024
 def _silu_and_mul_kernel(
     x_ptr, out_ptr, stride_x, D: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr
 ):
-    if USE_PDL:  # wait for the previous kernel before any access (kernels/pdl.py)
+    if USE_PDL:  # wait for the previous kernel before any access; never triggers (kernels/pdl.py)
         gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -31,8 +31,6 @@ def _silu_and_mul_kernel(
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + D + offs, mask=mask, other=0.0).to(tl.float32)
     act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
-    if USE_PDL:  # a late trigger: the next kernel launches during the stores, not while this one waits
-        gdc_launch_dependents()
     tl.store(out_ptr + row * D + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 

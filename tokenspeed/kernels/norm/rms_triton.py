@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.registry import Band, register_kernel
@@ -44,7 +44,7 @@ def _rms_norm_kernel(
     offs = tl.arange(0, BLOCK)
     mask = offs < N
     w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # a parameter: read before the wait
-    if USE_PDL:  # wait before touching x, residual or the outputs (kernels/pdl.py)
+    if USE_PDL:  # wait before touching x, residual or the outputs; never triggers (kernels/pdl.py)
         gdc_wait()
     x_row = x_ptr + (r // INNER) * stride_x_outer + (r % INNER) * stride_x_inner
     x = tl.load(x_row + offs, mask=mask, other=0.0)
@@ -56,8 +56,6 @@ def _rms_norm_kernel(
     h = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(h * h, 0) / N + eps)
     normed = (h * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
-    if USE_PDL:  # a late trigger: the next kernel launches during the stores, not while this one waits
-        gdc_launch_dependents()
     tl.store(out_ptr + r * N + offs, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 
