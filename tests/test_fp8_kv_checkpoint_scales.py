@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from tests.checkpoints import make_checkpoint, prompts
 from tests.fp8_agreement import fp8_kv_agreement
+from tests.fp8_checkpoints import rewrite_tensors
 from tests.multi_rank_runs import assert_same, engine, run_workloads
 from tokenspeed import LLM, SamplingParams
 from tokenspeed.models import ModelConfig, WeightLoadError
@@ -38,16 +38,17 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _variant(base: Path, folder: Path, scales: dict[str, torch.Tensor], v_gain: float = V_GAIN) -> Path:
     """`base` with its value projections times `v_gain` and `scales` (by last name) added to every layer."""
     shutil.copytree(base, folder)
-    path = folder / "model.safetensors"
-    weights = load_file(str(path))
-    layers = sorted({name.split(".")[2] for name in weights if name.startswith("model.layers.")})
-    for name in list(weights):
-        if name.endswith("self_attn.v_proj.weight"):
-            weights[name] = weights[name] * v_gain
-    for layer in layers:
-        for scale, value in scales.items():
-            weights[f"model.layers.{layer}.self_attn.{scale}"] = value.clone()
-    save_file(weights, str(path), metadata={"format": "pt"})
+
+    def change(weights: dict[str, torch.Tensor]) -> None:
+        layers = sorted({name.split(".")[2] for name in weights if name.startswith("model.layers.")})
+        for name in list(weights):
+            if name.endswith("self_attn.v_proj.weight"):
+                weights[name] = weights[name] * v_gain
+        for layer in layers:
+            for scale, value in scales.items():
+                weights[f"model.layers.{layer}.self_attn.{scale}"] = value.clone()
+
+    rewrite_tensors(folder, change)
     return folder
 
 
@@ -95,10 +96,7 @@ def test_malformed_scales_are_clear_weight_load_errors(base: Path, tmp_path: Pat
 
 def test_a_scale_without_an_attention_layer_is_still_unexpected(base: Path, tmp_path: Path) -> None:
     folder = _variant(base, tmp_path / "stray", {}, v_gain=1.0)
-    path = folder / "model.safetensors"
-    weights = load_file(str(path))
-    weights["model.layers.0.mlp.k_scale"] = torch.tensor(1.0)
-    save_file(weights, str(path), metadata={"format": "pt"})
+    rewrite_tensors(folder, lambda weights: weights.update({"model.layers.0.mlp.k_scale": torch.tensor(1.0)}))
     with pytest.raises(WeightLoadError, match=r"unexpected tensors: model\.layers\.0\.mlp\.k_scale"):
         LLM(str(folder), skip_tokenizer_init=True, show_progress=False)
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -285,16 +286,13 @@ def _plan(
     at all are returned for dropping instead of reported missing; one that is only
     partly present is still an error.
     """
-    expected = name_map.expected()
+    match = TensorMatch(name_map)
     shards_of: dict[str, list[_Target]] = {}
-    for wanted in expected:
+    for wanted in match.expected:
         if wanted.shard is not None:
             shards_of.setdefault(wanted.param, []).append(wanted)
     plan: dict[Path, list[tuple[str, _Target]]] = {}
-    seen: set[_Target] = set()
-    source_of: dict[_Target, str] = {}  # which checkpoint tensor fills each target
-    unexpected: list[str] = []
-    duplicates: list[str] = []
+    whole: set[_Target] = set()  # shards filled by a whole tensor
     for path in files:
         with safe_open(str(path), framework="pt") as f:
             names = list(f.keys())
@@ -304,29 +302,17 @@ def _plan(
             if target is None:
                 continue
             if target.shard is None and target.param in shards_of:
-                seen.update(shards_of[target.param])
+                whole.update(shards_of[target.param])
                 entries.append((name, target))
-                continue
-            if target not in expected and not name_map.is_optional(target):
-                unexpected.append(name)
-                continue
-            if target in source_of:
-                duplicates.append(f"{name} (and {source_of[target]})")
-                continue
-            source_of[target] = name
-            seen.add(target)
-            entries.append((name, target))
+            elif match.accept(name, target):
+                entries.append((name, target))
+    filled = whole | match.source_of.keys()
     absent = [
         prefix
         for prefix in _optional_modules(model)
-        if not any(t.param.startswith(prefix + ".") for t in seen)
+        if not any(t.param.startswith(prefix + ".") for t in filled)
     ]
-    missing = [
-        hf
-        for target, hf in expected.items()
-        if target not in seen and not any(target.param.startswith(p + ".") for p in absent)
-    ]
-    problems = mismatch_problems(missing, unexpected, duplicates)
+    problems = match.problems(lambda t: t in whole or any(t.param.startswith(p + ".") for p in absent))
     if problems:
         architecture = getattr(getattr(model, "config", None), "architecture", type(model).__name__)
         folder = files[0].parent
@@ -334,16 +320,41 @@ def _plan(
     return plan, absent
 
 
-def mismatch_problems(missing: list[str], unexpected: list[str], duplicates: list[str]) -> list[str]:
-    """What a WeightLoadError says of a checkpoint that does not match the model (one device or a rank's part)."""
-    problems = []
-    if missing:
-        problems.append(f"missing tensors: {_shown(missing)}")
-    if unexpected:
-        problems.append(f"unexpected tensors: {_shown(unexpected)}")
-    if duplicates:  # e.g. an FP8 weight with both `weight_scale` and `weight_scale_inv`
-        problems.append(f"tensors loading the same parameter twice: {_shown(duplicates)}")
-    return problems
+class TensorMatch:
+    """Checkpoint tensors matched to a model's targets, at most one tensor a target: what a loader (of one
+    device, or of a rank's part) then reports as missing, unexpected, or loading one parameter twice."""
+
+    def __init__(self, name_map: _NameMap) -> None:
+        self.name_map = name_map
+        self.expected = name_map.expected()
+        self.source_of: dict[_Target, str] = {}  # which checkpoint tensor fills each target
+        self.unexpected: list[str] = []
+        self.duplicates: list[str] = []
+
+    def accept(self, name: str, target: _Target) -> bool:
+        """Whether checkpoint tensor `name` loads into `target`: one the model expects (or an optional scale)
+        that no other tensor fills; otherwise it is recorded as unexpected or duplicate."""
+        if target not in self.expected and not self.name_map.is_optional(target):
+            self.unexpected.append(name)
+            return False
+        if target in self.source_of:  # e.g. an FP8 weight with both `weight_scale` and `weight_scale_inv`
+            self.duplicates.append(f"{name} (and {self.source_of[target]})")
+            return False
+        self.source_of[target] = name
+        return True
+
+    def problems(self, excused: Callable[[_Target], bool] = lambda target: False) -> list[str]:
+        """What a WeightLoadError says: expected targets no tensor filled (but the `excused`), unexpected tensors
+        and duplicates; empty when the checkpoint matches."""
+        missing = [hf for t, hf in self.expected.items() if t not in self.source_of and not excused(t)]
+        problems = []
+        if missing:
+            problems.append(f"missing tensors: {_shown(missing)}")
+        if self.unexpected:
+            problems.append(f"unexpected tensors: {_shown(self.unexpected)}")
+        if self.duplicates:
+            problems.append(f"tensors loading the same parameter twice: {_shown(self.duplicates)}")
+        return problems
 
 
 def _optional_modules(model: nn.Module) -> list[str]:

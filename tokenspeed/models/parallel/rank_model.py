@@ -31,14 +31,7 @@ from torch import nn
 from tokenspeed.layers.fp8_weights import fp8_weight_allocation
 from tokenspeed.models.config import ModelConfig
 from tokenspeed.models.fp8_model import finish_fp8, prepare_fp8
-from tokenspeed.models.loader import (
-    WeightLoadError,
-    _copy_into,
-    _NameMap,
-    _Target,
-    load_dummy_weights,
-    mismatch_problems,
-)
+from tokenspeed.models.loader import TensorMatch, WeightLoadError, _copy_into, _NameMap, load_dummy_weights
 from tokenspeed.models.parallel.fp8_sharding import amax_reducer
 from tokenspeed.models.parallel.local_config import local_model_config
 from tokenspeed.models.parallel.planned_model import PlannedModel
@@ -90,30 +83,17 @@ def load_rank_weights(
     fp8: Fp8Config | None = None,
 ) -> ReadStats:
     reader = ShardedCheckpointReader(folder, config, groups.topology, groups.rank, fp8=fp8)
-    name_map = _NameMap(model, fp8)
-    expected = name_map.expected()
+    match = TensorMatch(_NameMap(model, fp8))
     params = dict(model.named_parameters())
-    source_of: dict[_Target, str] = {}  # which checkpoint tensor filled each target
-    unexpected: list[str] = []
-    duplicates: list[str] = []
     with torch.no_grad():
         for name, tensor, _part in reader:
             if _is_mtp_layer(name, config):
                 continue  # not built on N ranks (`local_config.py`)
-            target = name_map.resolve(name)
-            if target is None:
-                continue
-            if target not in expected and not name_map.is_optional(target):
-                unexpected.append(name)
-                continue
-            if target in source_of:
-                duplicates.append(f"{name} (and {source_of[target]})")
-                continue
-            if tensor is not None:  # None: scales whose weight is missing, which is reported below
+            target = match.name_map.resolve(name)
+            # tensor None: scales whose weight is missing, which `problems` reports
+            if target is not None and match.accept(name, target) and tensor is not None:
                 _copy_into(model, params, target, name, tensor)
-            source_of[target] = name
-    missing = [hf for target, hf in expected.items() if target not in source_of]
-    problems = mismatch_problems(missing, unexpected, duplicates)
+    problems = match.problems()
     if problems:
         raise WeightLoadError(
             f"checkpoint {folder} does not match {config.architecture} on rank {groups.rank}: " + "; ".join(problems)
