@@ -38,6 +38,9 @@ pytestmark = [
 
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from tests.paged_kernels import capture_cuda_graph  # noqa: E402
 from tokenspeed.kernels import arrival_counters  # noqa: E402
 from tokenspeed.kernels.autotune import LaunchTuner  # noqa: E402
@@ -63,6 +66,7 @@ from tokenspeed.kernels.quant.fp8 import (  # noqa: E402
     quantize_per_token_group,
     quantize_weight_block,
 )
+from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated  # noqa: E402
 from tokenspeed.kernels.quant.quantize_triton import quantize_per_token_group_triton  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -93,6 +97,28 @@ def test_per_token_group_quantisation_is_bit_exact(shape: tuple[int, int], dtype
     want_q, want_scales = quantize_per_token_group(x)
     assert torch.equal(scales, want_scales)
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+
+
+@triton.jit
+def _to_f16_saturated_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, to_f16_saturated(tl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float32])
+def test_activation_conversion_to_fp16_rounds_to_nearest_even_and_saturates(dtype: torch.dtype) -> None:
+    """The skinny GEMM, the w8a16 MoE tile and the fp16 attention kernels convert activations and queries
+    with one `cvt.rn.satfinite` for two values: in range as `.half()`, beyond +-65504 held there, infinities
+    too, NaN kept; an odd count exercises the packing's lone last value."""
+    edges = [65504.0, 65519.0, 65520.0, 1e6, float("inf"), float("nan"), 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11,
+             2.0**-25, 2.0**-24, 6e-8, 0.0]
+    x = torch.tensor(edges + [-v for v in edges] + [3.0], device="cuda")
+    x = torch.cat([x, torch.randn(4000, device="cuda") * torch.logspace(-9, 6, 4000, device="cuda")]).to(dtype)
+    out = torch.empty(x.numel(), device="cuda", dtype=torch.float16)
+    _to_f16_saturated_kernel[(1,)](x, out, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    want = x.float().clamp(-65504.0, 65504.0).half()
+    assert torch.equal(out.isnan(), want.isnan())
+    assert torch.equal(out[~want.isnan()].view(torch.int16), want[~want.isnan()].view(torch.int16))
 
 
 @pytest.mark.parametrize("m", [1, 4, 16, 17, 256, 4096])
