@@ -14,6 +14,7 @@ from tokenspeed.kernels.gemm import fp8_gemv_triton as gemv
 from tokenspeed.kernels.gemm import fp8_skinny_triton as skinny
 from tokenspeed.kernels.gemm.fp8_gemv_shapes import (
     SHAPES_ENV,
+    SHIPPED_DIR,
     form_key,
     gpu_file_name,
     read_table,
@@ -183,3 +184,20 @@ def test_a_table_may_only_name_skinny_shapes_the_kernel_offers(tmp_path: Path, m
     monkeypatch.setenv(SHAPES_ENV, str(table))
     with pytest.raises(ValueError, match="skinny/64x128/rows names .* not one of the skinny GEMM's skinny_shapes"):
         skinny.measured_skinny_shape(64, 128, PER_CHANNEL_BLOCK, "")
+
+
+def test_every_shipped_table_names_only_shapes_its_kernel_offers() -> None:
+    """A shipped table is read on its GPU model only, where CI never runs: each of its entries is checked here, as
+    the kernels would check it at their first launch there."""
+    shipped = sorted(SHIPPED_DIR.glob("*.json"))
+    assert shipped, "the H100 table ships with the package"
+    for path in shipped:
+        shapes = read_table(path)
+        assert path.name == gpu_file_name(json.loads(path.read_text())["gpu"])
+        for key, fields in shapes.items():
+            n_by_k, scales = key.split("/")[-2:]
+            assert scales in ("rows", "blocks"), key
+            if key.startswith("skinny/"):
+                assert skinny.SkinnyConfig(**fields) in skinny.skinny_shapes(), (path.name, key)
+            else:
+                assert gemv.Fp8GemvConfig(**fields) in gemv.launch_shapes(int(n_by_k)), (path.name, key)

@@ -15,12 +15,15 @@ So `gemv_stack.py --write-shapes FILE` writes the best shape of each fused
 form and `fp8_skinny_stack.py --write-shapes FILE` the best of each weight
 shape (least time summed over the token counts it ran) into a JSON table; a
 table that measured faster end to end than the rules ships beside this
-module for its GPU model (`fp8_gemv_shapes/<gpu>.json`; none yet: on an
-H100 the one-token sweep's best shapes are the rules themselves, and the
-skinny sweep's made Llama-3.1-8B FP8 at 4 and 16 rows steadier, not faster:
-`benchmarks/results/h100/wave2/gemv_shapes_2026-12-07/`,
-`skinny_shapes_2026-12-07/`). Where a table has a
-key, its shape runs; elsewhere the one-token GEMV's built-in rules
+module for its GPU model (`fp8_gemv_shapes/<gpu>.json`). The H100 SXM's
+has one entry: o_proj (4096 x 4096, per-channel scales) at 8 K splits. The
+tuner took 2, 4 or 8 there from run to run (timed alone they are within
+a few percent); Llama-3.1-8B FP8 decoded 4-5% slower at 2-16 rows with 2
+than with 8, and 1.5% slower at 16 rows with 4
+(`benchmarks/results/h100/wave2/satfinite_2026-12-07/`). The rest of the
+H100 sweeps' best shapes were no faster end to end than the rules and the
+tuner (`gemv_shapes_2026-12-07/`, `skinny_shapes_2026-12-07/` there).
+Where a table has a key, its shape runs; elsewhere the one-token GEMV's built-in rules
 (`choose_config`) and the skinny GEMM's tuner.
 
 `TOKENSPEED_FP8_GEMV_SHAPES=FILE` reads that file instead of the shipped
