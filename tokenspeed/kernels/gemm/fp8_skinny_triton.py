@@ -85,9 +85,14 @@ class SkinnyConfig:
 
 
 def skinny_shapes() -> list[SkinnyConfig]:
-    """The launch shapes worth timing (`benchmarks/fp8_skinny_stack.py` sweeps them; the GPU tests run each)."""
+    """The launch shapes worth timing (`benchmarks/fp8_skinny_stack.py` sweeps them; the GPU tests run each).
+
+    The two-warp shapes are there for their instruction count: every warp converts the whole activation tile
+    for its dot, so two warps over 64 rows issue 0.073 warp instructions per weight byte where four issue
+    0.111, and two over 128 rows one K group deep 0.056 (`sass_loops skinny`, sm_90; not yet timed)."""
     return [*skinny_candidates(()), SkinnyConfig(64, 2, 4), SkinnyConfig(64, 1, 6), SkinnyConfig(32, 2, 4),
-            SkinnyConfig(32, 2, 4, split_k=8), SkinnyConfig(64, 1, 4, split_k=8), SkinnyConfig(128, 1, 4, 8, split_k=4)]
+            SkinnyConfig(32, 2, 4, split_k=8), SkinnyConfig(64, 1, 4, split_k=8), SkinnyConfig(128, 1, 4, 8, split_k=4),
+            *(SkinnyConfig(64, 2, 3, 2, split_k=split) for split in (1, 4, 8)), SkinnyConfig(128, 1, 3, 2)]
 
 
 def skinny_candidates(key: tuple[Any, ...]) -> list[SkinnyConfig]:
