@@ -45,7 +45,8 @@ BLOCK = (128, 128)
 
 
 def extra_tiles() -> list[Any]:
-    """Tiles beyond the tuner's candidates: narrower down tiles and two-warp programs (more programs per SM)."""
+    """Tiles beyond the tuner's candidates: narrower down tiles and two-warp programs (more programs per SM; at
+    64 gate/up rows, fewer warp instructions per weight byte: each warp converts the whole activation tile)."""
     from tokenspeed.kernels.moe.experts_triton import TileConfig
 
     return [
@@ -53,6 +54,7 @@ def extra_tiles() -> list[Any]:
         TileConfig(block_m=16, block_n_up=16, block_n_down=32, block_k=128, num_warps=2, num_stages=4),
         TileConfig(block_m=16, block_n_up=32, block_n_down=64, block_k=128, num_warps=2, num_stages=4),
         TileConfig(block_m=16, block_n_up=64, block_n_down=64, block_k=128, num_warps=4, num_stages=3),
+        TileConfig(block_m=16, block_n_up=64, block_n_down=128, block_k=128, num_warps=2, num_stages=3),
     ]
 
 
