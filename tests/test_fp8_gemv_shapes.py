@@ -22,7 +22,7 @@ from tokenspeed.kernels.gemm.fp8_gemv_shapes import (
     table_for,
     write_table,
 )
-from tokenspeed.kernels.quant.fp8 import PER_CHANNEL_BLOCK, quantize_weight_block
+from tokenspeed.kernels.quant.fp8 import PER_CHANNEL_BLOCK, WEIGHT_BLOCK, quantize_weight_block
 
 CHOOSE_CONFIG = gemv.choose_config  # the cached function itself (one test wraps it in a spy)
 SHAPE = gemv.Fp8GemvConfig(block_n=16, groups=8, num_warps=4, stages=3)  # one of launch_shapes(4096)
@@ -187,17 +187,20 @@ def test_a_table_may_only_name_skinny_shapes_the_kernel_offers(tmp_path: Path, m
 
 
 def test_every_shipped_table_names_only_shapes_its_kernel_offers() -> None:
-    """A shipped table is read on its GPU model only, where CI never runs: each of its entries is checked here, as
-    the kernels would check it at their first launch there."""
+    """A shipped table is read on its GPU model only, where CI never runs: each entry goes through the kernels'
+    own lookups here, which must find it under its key and accept its shape."""
     shipped = sorted(SHIPPED_DIR.glob("*.json"))
     assert shipped, "the H100 table ships with the package"
     for path in shipped:
-        shapes = read_table(path)
-        assert path.name == gpu_file_name(json.loads(path.read_text())["gpu"])
-        for key, fields in shapes.items():
-            n_by_k, scales = key.split("/")[-2:]
-            assert scales in ("rows", "blocks"), key
-            if key.startswith("skinny/"):
-                assert skinny.SkinnyConfig(**fields) in skinny.skinny_shapes(), (path.name, key)
+        gpu = json.loads(path.read_text())["gpu"]
+        assert path.name == gpu_file_name(gpu)
+        for key, fields in read_table(path).items():
+            form, size, scales = key.split("/")
+            block = {"rows": PER_CHANNEL_BLOCK, "blocks": WEIGHT_BLOCK}[scales]
+            if form == "skinny":
+                n, k = (int(v) for v in size.split("x"))
+                assert skinny.measured_skinny_shape(n, k, block, gpu) == skinny.SkinnyConfig(**fields), (gpu, key)
             else:
-                assert gemv.Fp8GemvConfig(**fields) in gemv.launch_shapes(int(n_by_k)), (path.name, key)
+                forms = {"norm": form == "norm", "residual": form == "residual", "silu_mul": form == "silu_mul"}
+                got = gemv.choose_config(int(size), block_size=block, gpu_name=gpu, **forms)
+                assert got == gemv.Fp8GemvConfig(**fields), (gpu, key)
