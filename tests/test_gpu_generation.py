@@ -120,6 +120,23 @@ def test_cuda_graphs_and_overlap_give_identical_tokens(llama_small):
     assert graphs_on, "the decode attention kernel should be capturable on CUDA"
 
 
+def test_greedy_draw_kernels_give_identical_tokens(llama_small):
+    """The one-launch Triton argmax (the default on CUDA) against torch's (`sampling.argmax=reference`)."""
+    from tokenspeed.kernels.sampling.argmax_triton import argmax_triton
+    from tokenspeed.kernels.sampling.reference import argmax_reference
+
+    batch = [[t % LLAMA_SMALL["vocab_size"] for t in p] for p in prompts(8, seed=6, min_len=10, max_len=300)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    results = {}
+    for kernel, impl in (("triton", argmax_triton), ("reference", argmax_reference)):
+        llm = _engine(llama_small, kernel_overrides=(f"sampling.argmax={kernel}",))
+        assert llm.core.executor.runner.sampler._kernels_of(torch.device("cuda")).argmax is impl
+        results[kernel] = _generate(llm, batch, greedy)
+        del llm
+        free_cuda()
+    assert results["triton"] == results["reference"]
+
+
 def test_preset_runs_at_full_shape_with_dummy_weights():
     llm = LLM("llama-3.1-8b", skip_tokenizer_init=True, dtype="bfloat16", device="cuda",
               max_model_len=4096, num_kv_pages=1024, max_num_seqs=8, show_progress=False)

@@ -294,6 +294,24 @@ def test_sampler_full_vocabulary_thresholds_greedy_and_keys() -> None:
     assert torch.equal(tokens, sample_triton(logits, *params, seeds, indices))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("vocab", [128256, 151936, 32000])
+def test_greedy_argmax_full_vocabulary(vocab: int, dtype: torch.dtype) -> None:
+    """First maximum of each row (ties planted across and within chunks) for 1-256 rows, as torch.argmax."""
+    from tokenspeed.kernels import arrival_counters
+    from tokenspeed.kernels.sampling.argmax_triton import CHUNK, argmax_triton
+
+    gen = torch.Generator().manual_seed(vocab)
+    for rows in (1, 3, 64, 256):
+        logits = (torch.randn(rows, vocab, generator=gen) * 3).to(dtype)
+        logits[0, [CHUNK + 1, vocab - 1]] = 40.0
+        if rows > 1:
+            logits[1, [vocab - 2, vocab - 1]] = 40.0
+        logits = logits.cuda()
+        assert torch.equal(argmax_triton(logits), torch.argmax(logits.float(), dim=-1)), rows
+    assert arrival_counters.all_at_rest()
+
+
 def test_layers_select_triton_on_cuda_and_honour_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     from tokenspeed.layers.mlp import GatedMLP
     from tokenspeed.layers.norm import RMSNorm

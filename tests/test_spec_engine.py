@@ -120,7 +120,7 @@ def test_fast_greedy_verify_on_and_off_give_the_same_tokens(
     fast_steps = []
     greedy = SpeculativeDecoder._greedy
     monkeypatch.setattr(SpeculativeDecoder, "_greedy", staticmethod(
-        lambda logits, batch: fast_steps.append(1) or greedy(logits, batch)))
+        lambda logits, batch, sampler: fast_steps.append(1) or greedy(logits, batch, sampler)))
     prompts = agent_prompts(4, seed=9)
     params = [GREEDY, GREEDY,
               SamplingParams(temperature=0.0, max_tokens=24, min_tokens=12, stop_token_ids=[7, 9, 11, 13]),

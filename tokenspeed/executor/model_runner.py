@@ -119,7 +119,7 @@ class ModelRunner:
         self.model = model
         self.kv = kv
         self.device = device
-        self.sampler = Sampler()
+        self.sampler = Sampler(device)
         self.staging = StagingRing(device)
         self.scratch_page = scratch_page if scratch_page is not None else 0
         self.page_tables = RequestPageTables(device, scratch_page=self.scratch_page)

@@ -126,18 +126,6 @@ def mask_stop_tokens_before_min(logits: torch.Tensor, specs: Sequence[SampleSpec
     return masked
 
 
-def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """Row-wise argmax (first maximum). A long row is reduced in two stages on a GPU: one block per
-    row takes ~27 us on 128K logits, 64 chunks in parallel then one small pass take a few."""
-    rows, vocab = logits.shape
-    chunks = next((c for c in (64, 32, 16) if vocab % c == 0 and vocab // c >= 1024), 1)
-    if chunks == 1 or not logits.is_cuda:
-        return torch.argmax(logits, dim=-1)
-    values, index = logits.view(rows, chunks, vocab // chunks).max(dim=-1)
-    best = torch.argmax(values, dim=-1, keepdim=True)  # first chunk holding the maximum
-    return (best.squeeze(1) * (vocab // chunks) + index.gather(1, best).squeeze(1)).to(torch.int64)
-
-
 def token_logprobs(logprobs: torch.Tensor, token_ids: Sequence[int], top_k: int) -> list[TokenLogprob]:
     """Per row of `logprobs`: the chosen token's logprob, its rank (1 = best) and the top-k alternatives."""
     chosen = torch.tensor(list(token_ids), dtype=torch.int64, device=logprobs.device)
@@ -204,13 +192,24 @@ class SamplerOutput:
 
 
 BatchedSampleKernel = Callable[..., torch.Tensor]
+ArgmaxKernel = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class _PlatformKernels:
+    sample: BatchedSampleKernel | None  # None where only the (host-syncing) reference fits: row by row instead
+    argmax: ArgmaxKernel
 
 
 class Sampler:
     """Turns one logits row per `SampleSpec` into a token id (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self._batched: dict[str, BatchedSampleKernel | None] = {}  # per platform, chosen once
+    def __init__(self, device: torch.device | None = None) -> None:
+        """`device`: choose its platform's kernels now, under the engine's kernel overrides (the engine builds
+        its sampler inside `scoped_kernel_overrides`); other platforms' are chosen at their first step."""
+        self._kernels: dict[str, _PlatformKernels] = {}
+        if device is not None:
+            self._kernels_of(device)
 
     def __call__(self, logits: torch.Tensor, specs: Sequence[SampleSpec]) -> SamplerOutput:
         """Sample and wait: the ids and logprobs on the host."""
@@ -253,7 +252,8 @@ class Sampler:
 
     def _draw(self, logits: torch.Tensor, specs: Sequence[SampleSpec], *, row_by_row: bool) -> torch.Tensor:
         random_rows = [i for i, s in enumerate(specs) if not s.sampling.greedy]
-        batched = None if row_by_row or not random_rows else self._batched_kernel(logits.device)
+        kernels = self._kernels_of(logits.device)
+        batched = None if row_by_row or not random_rows else kernels.sample
         if batched is not None:
             d = logits.device
             params = [s.sampling for s in specs]
@@ -269,8 +269,8 @@ class Sampler:
                 )
             except Exception:  # e.g. a kernel that fails to compile here: sample row by row instead
                 logger.warning("batched sampling kernel failed; falling back to per-row sampling", exc_info=True)
-                self._batched[platform_of(d)] = None
-        tokens = greedy_argmax(logits)
+                kernels = self._kernels[platform_of(d)] = _PlatformKernels(None, kernels.argmax)
+        tokens = kernels.argmax(logits)
         if random_rows:
             tokens = tokens.clone()
             for i in random_rows:
@@ -281,16 +281,22 @@ class Sampler:
                 )
         return tokens
 
-    def _batched_kernel(self, device: torch.device) -> BatchedSampleKernel | None:
-        """The `sampling.sample` kernel of this platform, unless only the (host-syncing) reference fits."""
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Each row's first argmax, int64 on the device: the greedy draw (`sampling.argmax`; on GPUs one Triton
+        launch, `--kernel sampling.argmax=reference` for torch's two-stage reduction)."""
+        return self._kernels_of(logits.device).argmax(logits)
+
+    def _kernels_of(self, device: torch.device) -> _PlatformKernels:
         platform = platform_of(device)
-        if platform not in self._batched:
-            impl: BatchedSampleKernel | None = None
+        kernels = self._kernels.get(platform)
+        if kernels is None:
+            sample: BatchedSampleKernel | None = None
             if platform != "cpu":
                 try:
                     spec = select_kernel("sampling", "sample", platform=platform)
-                    impl = None if spec.name == "reference" else spec.impl
+                    sample = None if spec.name == "reference" else spec.impl
                 except LookupError:
-                    impl = None
-            self._batched[platform] = impl
-        return self._batched[platform]
+                    sample = None
+            argmax = select_kernel("sampling", "argmax", platform=platform).impl
+            kernels = self._kernels[platform] = _PlatformKernels(sample, argmax)
+        return kernels

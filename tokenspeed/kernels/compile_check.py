@@ -88,7 +88,7 @@ def serving_configs() -> Iterator[KernelConfig]:
     from tokenspeed.kernels.kvstore import rope_write_triton, write_triton
     from tokenspeed.kernels.norm import rms_triton
     from tokenspeed.kernels.rope import rope_triton
-    from tokenspeed.kernels.sampling import sample_triton
+    from tokenspeed.kernels.sampling import argmax_triton, sample_triton
 
     tables = {"page_table_ptr": "i32", "seq_lens_ptr": "i32", "query_start_ptr": "i32"}
     partials = {"part_out_ptr": "fp32", "part_lse_ptr": "fp32"}
@@ -186,6 +186,15 @@ def serving_configs() -> Iterator[KernelConfig]:
             pointee="fp32",
             pointers={"out_ptr": "i64", "top_k_ptr": "i32", "keys_ptr": "i64", "threshold_ptr": "i32"},
             num_warps=8,
+        )
+    for dtype in ("fp32", "bf16"):
+        yield KernelConfig(
+            f"sampling.argmax {dtype}",
+            argmax_triton._argmax_kernel,
+            dict(CHUNKS=32, CHUNK_SIZE=argmax_triton.CHUNK, CHUNKS_P2=32),
+            pointee="fp32",
+            pointers={"logits_ptr": dtype, "first_ptr": "i32", "counters_ptr": "i32", "out_ptr": "i64"},
+            num_warps=argmax_triton.NUM_WARPS,
         )
 
 

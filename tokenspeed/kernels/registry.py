@@ -80,6 +80,7 @@ _TRITON_MODULES = (
     "tokenspeed.kernels.rope.rope_triton",
     "tokenspeed.kernels.activation.silu_triton",
     "tokenspeed.kernels.sampling.sample_triton",
+    "tokenspeed.kernels.sampling.argmax_triton",
     "tokenspeed.kernels.sampling.bitmask_triton",
     "tokenspeed.kernels.moe.experts_triton",
     "tokenspeed.kernels.moe.experts_fp8_triton",

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from tokenspeed.executor.sampler import greedy_argmax
 from tokenspeed.executor.speculator import DraftRows, ProposedDrafts, StepTail, VerifyBatch, VerifyOutcome
 from tokenspeed.spec.verify import accept_drafts, filtered_probs, rejection_sample
 
@@ -107,7 +106,7 @@ class SpeculativeDecoder:
 
     def verify(self, logits: torch.Tensor, batch: VerifyBatch, sampler: Sampler) -> VerifyOutcome:
         if batch.greedy:
-            return self._greedy(logits, batch)
+            return self._greedy(logits, batch, sampler)
         device = logits.device
         counts = batch.num_draft_tokens
         width = batch.max_draft_tokens + 1
@@ -127,12 +126,12 @@ class SpeculativeDecoder:
         return VerifyOutcome(tokens, emitted)
 
     @staticmethod
-    def _greedy(logits: torch.Tensor, batch: VerifyBatch) -> VerifyOutcome:
+    def _greedy(logits: torch.Tensor, batch: VerifyBatch, sampler: Sampler) -> VerifyOutcome:
         """Every row plain greedy: the argmax of each position (as `Sampler.draw` takes it), drafts accepted
         while equal (`verify.accept_drafts`, in fewer ops). Host work: two small uploads, whatever k."""
         device = logits.device
         rows, width = len(batch.num_draft_tokens), batch.max_draft_tokens + 1
-        drawn = greedy_argmax(logits.float())
+        drawn = sampler.argmax(logits.float())
         meta = _values(batch.offsets + batch.num_draft_tokens, torch.int64, device).view(2, rows, 1)  # one upload
         offsets, counts = meta[0], meta[1]
         cells = torch.arange(width, device=device)
