@@ -4,8 +4,8 @@ A greedy decode step ends with an argmax over the vocabulary (128K logits
 for Llama-3). One program per row reads a row at one SM's rate; torch's
 two-stage form (`reference.argmax_reference`: 64 chunk maxima, then their
 argmax, a gather and index arithmetic) spreads the reads but costs five
-launches, ~17 us of kernels a step at one row on an H200, most of it launch
-latency (`benchmarks/results/h200/fp8/2026-12-06b/call1/accept_e2e.fp8.profile.txt`).
+launches, ~20 us of kernels a step at one row on an H200 (12.6 of them the
+chunk maxima), most of it latency (`benchmarks/results/h200/fp8/2026-12-06b/call1/accept_e2e.fp8.profile.txt`).
 
 Here a row is cut into CHUNK-wide pieces, one program each: every program
 finds its piece's maximum and the first position holding it, stores that
