@@ -57,7 +57,9 @@ def test_argmax_reads_strided_rows() -> None:
 
 
 def test_sampler_greedy_draw_honours_the_argmax_override() -> None:
-    """The engine builds its sampler under its kernel overrides (`--kernel sampling.argmax=...`)."""
+    """The engine builds its sampler under its kernel overrides (`--kernel sampling.argmax=...`), so the sampler
+    must choose its kernels when built: an override that cannot serve the device fails there (the CPU has only
+    the reference, so the second block is what tells a lazy choice, made after the overrides' scope, apart)."""
     from tokenspeed.executor.sampler import Sampler
     from tokenspeed.kernels.registry import KernelSelectionError
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -269,7 +269,7 @@ class Sampler:
                 )
             except Exception:  # e.g. a kernel that fails to compile here: sample row by row instead
                 logger.warning("batched sampling kernel failed; falling back to per-row sampling", exc_info=True)
-                kernels = self._kernels[platform_of(d)] = _PlatformKernels(None, kernels.argmax)
+                kernels = self._kernels[platform_of(d)] = replace(kernels, sample=None)
         tokens = kernels.argmax(logits)
         if random_rows:
             tokens = tokens.clone()
