@@ -262,7 +262,11 @@ def _decode_case(dev: str, shape: dict[str, int], batch: int) -> dict[str, Any]:
 def bench_decode_attention(
     timer: Timer, shape: dict[str, int], copy_gb_s: float, split_sweep: tuple[int, ...]
 ) -> dict[str, Any]:
-    from tokenspeed.kernels.attention.decode_triton import choose_num_splits
+    from tokenspeed.kernels.attention.decode_triton import (
+        choose_num_splits,
+        fp8_launch_candidates,
+        tuned_fp8_launches,
+    )
     from tokenspeed.kernels.registry import select_kernel
 
     dev = timer.device
@@ -289,10 +293,13 @@ def bench_decode_attention(
         "fp8_ms": round(fp8_us / 1e3, 4),
         "fp8_bw_fraction": fraction(case, "fp8", fp8_us),
         "fp8_speedup": round(bf16_us / fp8_us, 2),
+        # the fp8 launch its tuner took (timed on its own few long rows, `tuning_case`) and each candidate's time
+        "fp8_launches": {repr(key): {"launch": repr(c.config), "timed_us": c.timings_us}
+                         for key, c in tuned_fp8_launches().items()},
     }
     del case
     # Splits per row against the default (`choose_num_splits`), at this batch and at the 4 long rows of
-    # fp8_e2e.py's kv_long: bandwidth fraction per cache.
+    # fp8_e2e.py's kv_long: bandwidth fraction per cache; and every fp8 launch at the default splits.
     sweep: dict[str, Any] = {}
     for batch in sorted({shape["batch"], min(4, shape["batch"])}):
         case = _decode_case(dev, shape, batch)
@@ -301,7 +308,10 @@ def bench_decode_attention(
         for splits in sorted({default, *split_sweep}):
             by_splits[splits] = {cache: fraction(case, cache, us(case, cache, num_splits=splits))
                                  for cache in ("bf16", "fp8")}  # fmt: skip
-        sweep[f"batch {batch}"] = {"default_splits": default, "bw_fraction_by_splits": by_splits}
+        by_launch = {repr(launch): fraction(case, "fp8", us(case, "fp8", launch=launch))
+                     for launch in fp8_launch_candidates((shape["dim"],))}  # fmt: skip
+        sweep[f"batch {batch}"] = {"default_splits": default, "bw_fraction_by_splits": by_splits,
+                                   "fp8_bw_fraction_by_launch": by_launch}  # fmt: skip
         del case
     result["split_sweep"] = sweep
     log(f"decode attention: {result}")
@@ -370,7 +380,7 @@ def markdown(metrics: dict[str, Any]) -> str:
              "| gemm | M | selected | TFLOP/s | per-channel | triton | gemm only | scaled_mm rowwise | tensorwise "
              "| bf16 | selected / rowwise |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for name, by_m in metrics["gemm"].items():
+    for name, by_m in metrics.get("gemm", {}).items():
         for m, r in by_m.items():
             lines.append(_row([
                 name, m, r["selected"], r["selected_tflops"], r["selected_per_channel"], r["triton"],
@@ -379,12 +389,14 @@ def markdown(metrics: dict[str, Any]) -> str:
             ]))  # fmt: skip
     lines += ["", "| gemv (1 token) | us | roofline us | fraction | bf16 cuBLAS us | bf16 Triton GEMV us | speedup "
               "| tuned config |", "|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
-    for name, r in metrics["gemv"].items():
+    for name, r in metrics.get("gemv", {}).items():
         lines.append(_row([
             name, r["us"], r["roofline_us"], r["roofline_fraction"], r["bf16_cublas_us"], r["bf16_triton_gemv_us"],
             r["speedup_vs_bf16"], r["config"],
         ]))  # fmt: skip
-    a = metrics["decode_attention"]
+    a = metrics.get("decode_attention", {"kernel": "-", "batch": "-", "context": "-", "fp8_ms": "-",
+                                          "fp8_bw_fraction": "-", "bf16_ms": "-", "bf16_bw_fraction": "-",
+                                          "fp8_speedup": "-"})  # fmt: skip
     lines += ["", f"decode attention ({a['kernel']}, {a['batch']} x {a['context']}): fp8 {a['fp8_ms']} ms "
               f"(bw fraction {a['fp8_bw_fraction']}), bf16 {a['bf16_ms']} ms ({a['bf16_bw_fraction']}), "
               f"speedup {a['fp8_speedup']}", "",
@@ -393,10 +405,13 @@ def markdown(metrics: dict[str, Any]) -> str:
         for splits, r in sweep["bw_fraction_by_splits"].items():
             mark = " (default)" if int(splits) == sweep["default_splits"] else ""
             lines.append(_row([rows, f"{splits}{mark}", r["bf16"], r["fp8"]]))
+    lines += ["", "| rows | fp8 launch (default splits) | fp8 bw fraction |", "|---|---|---:|"]
+    for rows, sweep in a.get("split_sweep", {}).items():
+        lines += [_row([rows, launch, f]) for launch, f in sweep.get("fp8_bw_fraction_by_launch", {}).items()]
     lines += ["",
               "| moe T | operands | fp8 us | bf16 us | speedup | weight GB/s | bw fraction | TFLOP/s | tiles |",
               "|---:|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
-    for t, r in metrics["moe"]["by_tokens"].items():
+    for t, r in metrics.get("moe", {}).get("by_tokens", {}).items():
         lines.append(_row([
             t, r["operands"], r["fp8_us"], r["bf16_us"], r["fp8_speedup"], r["fp8_weight_gb_s"],
             r["fp8_weight_bw_fraction"], r["fp8_tflops"], r.get("tiles", "-"),
@@ -422,6 +437,7 @@ def _sweep_configs() -> None:
 
 
 GEMM_SWEEP: list[Any] = []
+SECTIONS = ("gemm", "gemv", "decode_attention", "moe")
 
 
 def main() -> int:
@@ -433,7 +449,12 @@ def main() -> int:
     parser.add_argument(
         "--sweep", action="store_true", help="also time other tiles of the Triton GEMM"
     )
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help="comma-separated subset of " + ",".join(SECTIONS))  # fmt: skip
     args = parser.parse_args()
+    chosen = args.sections.split(",")
+    if unknown := set(chosen) - set(SECTIONS):
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {','.join(SECTIONS)}")
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
     elif not torch.cuda.is_available():
@@ -448,17 +469,19 @@ def main() -> int:
     log(f"ceilings: {metrics['ceilings']}")
     copy = metrics["ceilings"]["copy_bandwidth_gb_s"]
     shapes = SMOKE_GEMM_SHAPES if args.smoke else GEMM_SHAPES
-    sections: list[Callable[[], dict[str, Any]]] = [
-        partial(bench_gemm, timer, shapes, (2, 20) if args.smoke else (4, 16, 256, 4096), args.sweep),
-        partial(bench_gemv, timer, shapes, copy),
-        partial(bench_decode_attention, timer, SMOKE_ATTENTION if args.smoke else ATTENTION, copy,
-                (2, 4) if args.smoke else (8, 16, 32, 64, 128)),
-        partial(
+    sections: dict[str, Callable[[], dict[str, Any]]] = {
+        "gemm": partial(bench_gemm, timer, shapes, (2, 20) if args.smoke else (4, 16, 256, 4096), args.sweep),
+        "gemv": partial(bench_gemv, timer, shapes, copy),
+        "decode_attention": partial(bench_decode_attention, timer, SMOKE_ATTENTION if args.smoke else ATTENTION,
+                                    copy, (2, 4) if args.smoke else (8, 16, 32, 64, 128)),  # fmt: skip
+        "moe": partial(
             bench_moe, timer, SMOKE_MOE if args.smoke else MOE, (1, 8) if args.smoke else (1, 64, 1024), copy
         ),
-    ]
-    for section in sections:  # the file is rewritten after each, so a timeout keeps what finished
-        metrics |= section()
+    }
+    for name in SECTIONS:  # the file is rewritten after each, so a timeout keeps what finished
+        if name not in chosen:
+            continue
+        metrics |= sections[name]()
         date = save(args.out, command, device, metrics)
     table = markdown(metrics)
     args.out.with_suffix(".md").write_text(f"`{command}` on {device}, {date}\n\n{table}\n")

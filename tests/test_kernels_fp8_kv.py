@@ -237,6 +237,47 @@ def test_triton_decode_on_fp8_matches_reference(
 
 
 @interpreted
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_fp8_launch_tuner_times_long_rows_of_the_cache_itself(q_len: int) -> None:
+    """What the fp8 launch tuner times: the engine's first call of a shape is its CUDA-graph probe (rows
+    one position long), so the tuner's run decodes a few long rows on distinct pages of the call's own
+    cache instead, and falls back to the call's rows where the cache holds too few pages."""
+    from tokenspeed.kernels.attention import decode_triton
+
+    gen = torch.Generator().manual_seed(7)
+    heads, kv_heads, page_size = 4, 2, 16
+    k8, v8, _, k_scale, v_scale = _fp8_paged_kv([4800], page_size, kv_heads, 32, "per-head", gen)
+    num_pages = k8.shape[0]  # 302: 75 pages a row for the tuner's 4 rows
+    probe_q = torch.randn(2 * q_len, heads, 32, generator=gen).to(torch.float16)
+    probe_table = torch.zeros(2, 1, dtype=torch.int32)
+    probe_lens = torch.full((2,), q_len, dtype=torch.int32)
+
+    q, table, seq_lens = decode_triton.tuning_case(probe_q, k8, q_len)  # type: ignore[misc]
+    rows = decode_triton._TUNING_ROWS
+    assert q.shape == (rows * q_len, heads, 32) and q.dtype == torch.float16
+    assert table.shape == (rows, num_pages // rows) and table.dtype == torch.int32
+    assert table.unique().numel() == table.numel() and int(table.max()) < num_pages
+    assert seq_lens.tolist() == [table.shape[1] * page_size] * rows
+
+    kwargs = dict(scale=32**-0.5, sliding_window=None, k_scale=k_scale, v_scale=v_scale)
+    run = decode_triton._tuning_run(probe_q, k8, v8, probe_table, probe_lens, q_len=q_len, num_splits=1, **kwargs)
+    launch = fp8_launch_candidates((32,))[-1]
+    out = run(launch)  # the tuning rows, not the probe's
+    expected = decode_triton._paged_decode(q, k8, v8, table, seq_lens, q_len=q_len, num_splits=None, launch=launch,
+                                           **kwargs)  # fmt: skip
+    assert out.shape == q.shape
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+    small = k8[: rows * 2], v8[: rows * 2]  # 2 pages a row: 32 positions, too short to time a split on
+    assert decode_triton.tuning_case(probe_q, small[0], q_len) is None
+    out = decode_triton._tuning_run(probe_q, *small, probe_table, probe_lens, q_len=q_len, num_splits=1, **kwargs)(launch)
+    own = decode_triton._paged_decode(probe_q, *small, probe_table, probe_lens, q_len=q_len, num_splits=1,
+                                      launch=launch, **kwargs)  # fmt: skip
+    assert out.shape == probe_q.shape
+    torch.testing.assert_close(out, own, rtol=0, atol=0)
+
+
+@interpreted
 @pytest.mark.parametrize(
     ("dtype", "heads", "kv_heads", "page_size", "window", "kind"),
     [(torch.float32, 6, 3, 4, None, "per-head"), (torch.float16, 8, 2, 16, 9, "per-tensor")],

@@ -27,6 +27,8 @@ from tokenspeed.executor.batch_builder import RowSpec, build_forward_batch
 from tokenspeed.kernels.activation.reference import silu_and_mul_reference
 from tokenspeed.kernels.activation.silu_triton import silu_and_mul_triton
 from tokenspeed.kernels.attention.decode_triton import (
+    SplitLaunch,
+    _paged_decode,
     choose_fold,
     choose_num_splits,
     decode_attention_triton,
@@ -121,6 +123,38 @@ def test_decode_attention_matches_reference(
     assert out.dtype == dtype
     torch.testing.assert_close(out.float(), expected.float(), rtol=TOL[dtype], atol=TOL[dtype])
     assert bool((out[1] == 0).all())
+
+
+PAGE_LIST_CASES = [
+    # dtype, page_size, q_len, num_splits, window
+    (torch.float32, 4, 1, 1, None),  # chunks of 448 positions: rows of 1000 and 2100 cross several
+    (torch.float16, 16, 1, 2, 300),  # chunks of 1984 positions; a window that starts mid-page
+    (torch.float32, 4, 1, 1, 1499),  # a window from mid-page over several chunks: each spans 113 pages
+    (torch.float32, 4, 3, 3, 50),  # verify rows, three tokens folded
+]
+
+
+@interpreted
+@pytest.mark.parametrize(("dtype", "page_size", "q_len", "num_splits", "window"), PAGE_LIST_CASES)
+def test_page_list_launch_gives_the_in_loop_lookup_bit_for_bit(
+    dtype: torch.dtype, page_size: int, q_len: int, num_splits: int, window: int | None
+) -> None:
+    """`SplitLaunch.page_list` (a split's page ids read per chunk into registers, each tile's taken from
+    there) runs the same tiles in the same order as the lookup inside the loop: the same output bit for
+    bit, over rows that cross chunk boundaries, and the reference's."""
+    gen = torch.Generator().manual_seed(page_size * 10 + q_len)
+    heads, kv_heads, dim = 8, 2, 32
+    lengths = [1000, 0, q_len + 2, 2100]
+    k_cache, v_cache, table = _paged_kv(lengths, page_size, kv_heads, dim, dtype, gen)
+    q = torch.randn(len(lengths) * q_len, heads, dim, generator=gen).to(dtype)
+    args = (q, k_cache, v_cache, table, torch.tensor(lengths, dtype=torch.int32))
+    kwargs = dict(q_len=q_len, scale=dim**-0.5, sliding_window=window, num_splits=num_splits, k_scale=None,
+                  v_scale=None)  # fmt: skip
+    listed = _paged_decode(*args, launch=SplitLaunch(64, 3, page_list=True), **kwargs)
+    looked_up = _paged_decode(*args, launch=SplitLaunch(64, 3), **kwargs)
+    torch.testing.assert_close(listed, looked_up, rtol=0, atol=0)
+    expected = verify_attention_reference(*args, q_len=q_len, scale=dim**-0.5, sliding_window=window)
+    torch.testing.assert_close(listed.float(), expected.float(), rtol=TOL[dtype], atol=TOL[dtype])
 
 
 # --- attention.verify: q_len tokens per row (speculative verification) ------------------------------

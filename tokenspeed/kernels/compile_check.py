@@ -100,7 +100,8 @@ def serving_configs() -> Iterator[KernelConfig]:
             decode_triton._decode_split_kernel,
             dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=splits, G_BLOCKS=1)
             | dict(BLOCK_G=16, BLOCK_D=128, BLOCK_N=decode_triton.positions_per_step(128, 1 if fp8 else 2))
-            | dict(HAS_WINDOW=window, IEEE=False, USE_PDL=True, HAS_SCALE=fp8, SCALE_STRIDE=1, F16_DOTS=fp8),
+            | dict(HAS_WINDOW=window, IEEE=False, USE_PDL=True, HAS_SCALE=fp8, SCALE_STRIDE=1, F16_DOTS=fp8)
+            | dict(PAGE_LIST=False),
             pointers=tables | partials | (_FP8_KV if fp8 else _KV_SCALES),
         )
     for launch in decode_triton.fp8_launch_candidates((128,))[1:]:  # the other launches its tuner may pick
@@ -109,12 +110,13 @@ def serving_configs() -> Iterator[KernelConfig]:
             decode_triton._decode_split_kernel,
             dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=8, G_BLOCKS=1, BLOCK_G=16)
             | dict(BLOCK_D=128, BLOCK_N=launch.block_n, HAS_WINDOW=False, IEEE=False, USE_PDL=True)
-            | dict(HAS_SCALE=True, SCALE_STRIDE=1, F16_DOTS=True),
+            | dict(HAS_SCALE=True, SCALE_STRIDE=1, F16_DOTS=True, PAGE_LIST=launch.page_list),
             pointers=tables | partials | _FP8_KV,
+            num_warps=launch.num_warps,
             num_stages=launch.num_stages,
             max_registers=launch.max_registers,
-            # capped at 96 registers it spills 32 B and still made the decode step fastest (five programs an SM)
-            spill_allowance=32 if launch.max_registers else 0,
+            # capped, they spill 32-72 B; the 96-register cap still made the decode step fastest (five programs an SM)
+            spill_allowance=72 if launch.max_registers else 0,
         )
     yield KernelConfig(
         "attention.decode reduce",

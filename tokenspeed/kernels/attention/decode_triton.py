@@ -35,8 +35,9 @@ conversion per value, and the value tile is widened in registers before
 Triton transposes it for the dot (`fp8_cast.widen_fp8`). On the H200 the
 first version (bf16 dots, values transposed byte by byte in shared memory)
 ran at half the copy bandwidth, barely faster than a bf16 cache. Positions
-per step, pipeline depth and register cap of an fp8 cache are timed per
-model shape on first use (`kernels/autotune.py`, `fp8_launch_candidates`).
+per step, pipeline depth, register cap and warps of an fp8 cache are timed
+per model shape on first use (`kernels/autotune.py`, `fp8_launch_candidates`),
+on four long rows of the cache's own pages (`tuning_case`).
 Uncapped, the fp8 kernel takes 160-168 registers, so three programs share an
 SM against the bf16 kernel's five; Nsight Compute on an H200 saw it at 66%
 of DRAM throughput (bf16: 90%) with no eligible warp 63% of cycles. Capped at
@@ -47,8 +48,8 @@ H100 (`benchmarks/results/h100/wave2/fp8_2026-12-06g/`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -74,6 +75,29 @@ LOG2E = 1.4426950408889634
 _MIN_TOKENS_PER_SPLIT = 128
 _MAX_SPLITS = 64
 _MAX_TILE_ROWS = 64  # query rows of one program: a group's heads, times the tokens folded in
+_LIST_PAGES = tl.constexpr(128)  # page ids a program holds in registers at once (`SplitLaunch.page_list`)
+# The decode the fp8 launch tuner times (`tuning_case`): a few rows of a long context.
+_TUNING_ROWS = 4
+_TUNING_CONTEXT = 16384
+
+
+@triton.jit
+def _fold_tile(q, k_cache_ptr, v_cache_ptr, page, pos, end, q_pos, window, scale_log2e, kv_head, stride_kp, stride_ks,
+               stride_kh, stride_vp, stride_vs, stride_vh, offs_d, d_mask, m_i, l_i, acc, PAGE_SIZE: tl.constexpr,
+               HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """One tile of positions `pos` (on pages `page`) into the split's online softmax: the query rows' scores
+    against its keys, masked to the keys each row sees, and its values."""
+    n_mask = pos < end
+    slot = pos % PAGE_SIZE
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = gather_kv_tile(k_cache_ptr, page, slot, kv_head, stride_kp, stride_ks, stride_kh, offs_d, kv_mask)
+    scores = dot(q, tl.trans(widen_fp8(k, q.dtype, False)), IEEE)
+    visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+    if HAS_WINDOW:
+        visible = visible & (pos[None, :] > q_pos[:, None] - window)
+    scores = tl.where(visible, scores * scale_log2e, float("-inf"))
+    v = gather_kv_tile(v_cache_ptr, page, slot, kv_head, stride_vp, stride_vs, stride_vh, offs_d, kv_mask)
+    return online_softmax_step(scores, widen_fp8(v, q.dtype, True), m_i, l_i, acc, IEEE)
 
 
 @triton.jit
@@ -119,6 +143,7 @@ def _decode_split_kernel(
     USE_PDL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     SCALE_STRIDE: tl.constexpr,
+    PAGE_LIST: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1) // (G_BLOCKS * T_GROUPS)
@@ -176,20 +201,28 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    for block_start in range(start, end, BLOCK_N):
-        pos = block_start + tl.arange(0, BLOCK_N)
-        n_mask = pos < end
-        page = tl.load(table + pos // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
-        slot = pos % PAGE_SIZE
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = gather_kv_tile(k_cache_ptr, page, slot, kv_head, stride_kp, stride_ks, stride_kh, offs_d, kv_mask)
-        scores = dot(q, tl.trans(widen_fp8(k, q.dtype, False)), IEEE)
-        visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
-        if HAS_WINDOW:
-            visible = visible & (pos[None, :] > q_pos[:, None] - window)
-        scores = tl.where(visible, scores * scale_log2e, float("-inf"))
-        v = gather_kv_tile(v_cache_ptr, page, slot, kv_head, stride_vp, stride_vs, stride_vh, offs_d, kv_mask)
-        m_i, l_i, acc = online_softmax_step(scores, widen_fp8(v, q.dtype, True), m_i, l_i, acc, IEEE)
+    if PAGE_LIST:  # the chunk's page ids in registers: no load between a tile's address and the loop (SplitLaunch)
+        CHUNK: tl.constexpr = (_LIST_PAGES - 1) * PAGE_SIZE // BLOCK_N * BLOCK_N  # whole tiles, any start
+        offs_p = tl.arange(0, _LIST_PAGES)
+        for chunk_start in range(start, end, CHUNK):
+            chunk_end = tl.minimum(chunk_start + CHUNK, end)
+            first_page = chunk_start // PAGE_SIZE
+            pages = tl.load(table + first_page + offs_p, mask=offs_p <= (chunk_end - 1) // PAGE_SIZE - first_page,
+                            other=0)  # fmt: skip
+            for block_start in range(chunk_start, chunk_end, BLOCK_N):
+                pos = block_start + tl.arange(0, BLOCK_N)
+                listed = tl.minimum(pos // PAGE_SIZE - first_page, _LIST_PAGES - 1)  # masked positions: any page
+                page = tl.gather(pages, listed, 0).to(tl.int64)
+                m_i, l_i, acc = _fold_tile(q, k_cache_ptr, v_cache_ptr, page, pos, end, q_pos, window, scale_log2e,
+                                           kv_head, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                                           offs_d, d_mask, m_i, l_i, acc, PAGE_SIZE, HAS_WINDOW, IEEE)  # fmt: skip
+    else:
+        for block_start in range(start, end, BLOCK_N):
+            pos = block_start + tl.arange(0, BLOCK_N)
+            page = tl.load(table + pos // PAGE_SIZE, mask=pos < end, other=0).to(tl.int64)
+            m_i, l_i, acc = _fold_tile(q, k_cache_ptr, v_cache_ptr, page, pos, end, q_pos, window, scale_log2e,
+                                       kv_head, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                                       offs_d, d_mask, m_i, l_i, acc, PAGE_SIZE, HAS_WINDOW, IEEE)  # fmt: skip
     if HAS_SCALE:
         acc = acc * tl.load(v_scale_ptr + kv_head * SCALE_STRIDE)
 
@@ -258,20 +291,40 @@ def choose_num_splits(
 
 @dataclass(frozen=True, slots=True)
 class SplitLaunch:
-    """Cached positions per loop step and pipeline stages of `_decode_split_kernel`, and a register cap
-    (`maxnreg`; None: the compiler's choice) that lets more programs share an SM."""
+    """How `_decode_split_kernel` is launched: cached positions a loop step, pipeline stages, a register
+    cap (`maxnreg`; None: the compiler's choice) that lets more programs share an SM, warps a program,
+    and where a tile's page ids come from.
+
+    The pipeline issues a tile's loads as many steps ahead as its addresses allow. Read from the page
+    table inside the loop (`page_list` False), the addresses of a tile wait on a load of the step
+    before, and the compiler keeps one K and one V tile in flight whatever the stages: an fp8 program
+    then has half the bytes in flight of a bf16 one at the same positions. With `page_list`, a program
+    reads up to 128 page ids of its split at once into registers and takes each tile's from there
+    (`tl.gather`), so `num_stages` s keep s - 1 tiles in flight (shared memory grows a tile a stage:
+    `compile_check`).
+    """
 
     block_n: int
     num_stages: int
     max_registers: int | None = None
+    num_warps: int = 4
+    page_list: bool = False
 
 
 def fp8_launch_candidates(key: tuple[Any, ...]) -> list[SplitLaunch]:
     """Launches an fp8 cache may take (`LaunchTuner`; the first is the default): key = (head_dim, ...).
-    The last, capped at 96 registers, is the one that fits five programs on an SM (module docstring)."""
+
+    The fourth, capped at 96 registers, fits five programs on an SM (module docstring), each with one
+    tile (16 KB at 128 dims) in flight. The page-list launches (`SplitLaunch`) at 64 positions keep two
+    tiles in flight at three stages (55 KB of shared memory: four programs an SM, 128 KB in flight) and
+    three at four stages (72 KB: three programs, 144 KB), capped at 96 registers, or 64 over eight warps
+    (four programs); on sm_90 the caps spill 32-72 bytes (`compile_check`).
+    """
     per_step = positions_per_step(max(16, next_power_of_2(key[0])), 1)
-    return [SplitLaunch(per_step, 2), SplitLaunch(per_step, 3), SplitLaunch(per_step // 2, 3),
-            SplitLaunch(per_step // 2, 2, 96)]
+    half = per_step // 2
+    return [SplitLaunch(per_step, 2), SplitLaunch(per_step, 3), SplitLaunch(half, 3), SplitLaunch(half, 2, 96),
+            SplitLaunch(half, 3, 96, page_list=True), SplitLaunch(half, 4, 96, page_list=True),
+            SplitLaunch(half, 3, 64, 8, page_list=True)]
 
 
 # Tuned once per model shape (not per batch or table width, which may change every eager step).
@@ -281,6 +334,48 @@ _FP8_TUNER: LaunchTuner[SplitLaunch] = LaunchTuner("attention.decode fp8 launch"
 def tuned_fp8_launches() -> dict[tuple[Any, ...], TunedChoice[SplitLaunch]]:
     """The launch each fp8-cache shape got (and the candidates' times), for benchmarks."""
     return _FP8_TUNER.chosen()
+
+
+def tuning_case(
+    q: torch.Tensor, k_cache: torch.Tensor, q_len: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(q, page_table, seq_lens) of the decode the fp8 launch tuner times: `_TUNING_ROWS` rows of up to
+    `_TUNING_CONTEXT` positions on distinct pages of the cache itself, in shuffled order.
+
+    The engine's first call of a shape is its CUDA-graph probe, rows one position long: timed there,
+    every candidate is launch overhead, and the pick is noise. A few long rows are the agent's
+    operating point and where the launches differ (the cache's contents do not change a launch's
+    time, and the kernel only reads the cache). None where the cache holds too few pages for it.
+    """
+    num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
+    pages_per_row = min(_TUNING_CONTEXT // page_size, num_pages // _TUNING_ROWS)
+    if pages_per_row * page_size < _MIN_TOKENS_PER_SPLIT:
+        return None
+    gen = torch.Generator(device=q.device).manual_seed(0)
+    pages = torch.randperm(num_pages, generator=gen, device=q.device)[: _TUNING_ROWS * pages_per_row]
+    table = pages.view(_TUNING_ROWS, pages_per_row).to(torch.int32)
+    seq_lens = torch.full((_TUNING_ROWS,), pages_per_row * page_size, dtype=torch.int32, device=q.device)
+    queries = torch.randn((_TUNING_ROWS * q_len, *q.shape[1:]), generator=gen, device=q.device).to(q.dtype)
+    return queries, table, seq_lens
+
+
+def _tuning_run(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor,
+    *, q_len: int, num_splits: int, **kwargs: Any,
+) -> Callable[[SplitLaunch], torch.Tensor]:
+    """The fp8 launch tuner's run: a candidate on `tuning_case`, built at the first (untimed) run; on the
+    call's own rows where the cache is too small for it."""
+    cases: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int | None]] = []
+
+    def run(launch: SplitLaunch) -> torch.Tensor:
+        if not cases:
+            case = tuning_case(q, k_cache, q_len)
+            cases.append((*case, None) if case is not None else (q, page_table, seq_lens, num_splits))
+        queries, table, lens, splits = cases[0]
+        return _paged_decode(queries, k_cache, v_cache, table, lens, q_len=q_len, num_splits=splits, launch=launch,
+                             **kwargs)  # fmt: skip
+
+    return run
 
 
 def choose_fold(group: int, q_len: int, block: int = _MAX_TILE_ROWS) -> int:
@@ -394,12 +489,12 @@ def _paged_decode(
     g_blocks = -(-group // block_g) if fold == 1 else 1
     block_d = max(16, next_power_of_2(head_dim))
     if launch is None and k_cache.dtype == FP8_DTYPE and q.dtype != torch.float32:
-        run = partial(
-            _paged_decode, q, k_cache, v_cache, page_table, seq_lens, q_len=q_len, scale=scale,
-            sliding_window=sliding_window, num_splits=num_splits, k_scale=k_scale, v_scale=v_scale, fold=fold,
+        run = _tuning_run(
+            q, k_cache, v_cache, page_table, seq_lens, q_len=q_len, num_splits=num_splits, scale=scale,
+            sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale, fold=fold,
         )  # fmt: skip
         key = (head_dim, num_heads, num_kv_heads, page_size, q.dtype, q_len, fold)
-        launch = _FP8_TUNER.choose(key, q.device, lambda chosen: run(launch=chosen))
+        launch = _FP8_TUNER.choose(key, q.device, run)
     launch = launch or SplitLaunch(positions_per_step(block_d, k_cache.element_size()), 2)
     pdl = pdl_enabled(q.device)
     if num_splits > 1:
@@ -448,7 +543,8 @@ def _paged_decode(
         HAS_SCALE=has_scale,
         SCALE_STRIDE=scale_stride,
         F16_DOTS=k_cache.dtype == FP8_DTYPE and q.dtype == torch.bfloat16,
-        num_warps=4,
+        PAGE_LIST=launch.page_list,
+        num_warps=launch.num_warps,
         num_stages=launch.num_stages,
         **pdl_launch_options(pdl),
         **({"maxnreg": launch.max_registers} if launch.max_registers else {}),
