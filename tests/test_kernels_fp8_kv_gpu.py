@@ -13,6 +13,8 @@ step (write + attend) is captured in a CUDA graph and replayed.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -115,6 +117,11 @@ def test_decode_on_fp8_long_contexts(page_size: int, per_head: bool) -> None:
     for launch in fp8_launch_candidates((DIM,)):  # every launch its tuner may pick
         out = decode_attention_triton(*args, scale=SCALE, launch=launch, **scales)
         torch.testing.assert_close(out.float(), expected, **ATTN_TOL)
+        if launch.page_list:  # one split a row: the 32K row crosses many chunks of listed pages
+            listed = decode_attention_triton(*args, scale=SCALE, num_splits=1, launch=launch, **scales)
+            looked_up = replace(launch, page_list=False)
+            torch.testing.assert_close(listed, decode_attention_triton(*args, scale=SCALE, num_splits=1,
+                                                                       launch=looked_up, **scales), rtol=0, atol=0)
 
 
 def test_fp8_decode_step_replays_in_a_cuda_graph() -> None:
