@@ -299,7 +299,7 @@ def bench_decode_attention(
     }
     del case
     # Splits per row against the default (`choose_num_splits`), at this batch and at the 4 long rows of
-    # fp8_e2e.py's kv_long: bandwidth fraction per cache; and every fp8 launch at the default splits.
+    # fp8_e2e.py's kv_long: bandwidth fraction per cache (the fp8 cache at its tuned launch), and at every fp8 launch.
     sweep: dict[str, Any] = {}
     for batch in sorted({shape["batch"], min(4, shape["batch"])}):
         case = _decode_case(dev, shape, batch)
@@ -308,10 +308,11 @@ def bench_decode_attention(
         for splits in sorted({default, *split_sweep}):
             by_splits[splits] = {cache: fraction(case, cache, us(case, cache, num_splits=splits))
                                  for cache in ("bf16", "fp8")}  # fmt: skip
-        by_launch = {repr(launch): fraction(case, "fp8", us(case, "fp8", launch=launch))
-                     for launch in fp8_launch_candidates((shape["dim"],))}  # fmt: skip
+        by_launch = {splits: {repr(launch): fraction(case, "fp8", us(case, "fp8", num_splits=splits, launch=launch))
+                              for launch in fp8_launch_candidates((shape["dim"],))}
+                     for splits in sorted({default, *split_sweep})}  # fmt: skip
         sweep[f"batch {batch}"] = {"default_splits": default, "bw_fraction_by_splits": by_splits,
-                                   "fp8_bw_fraction_by_launch": by_launch}  # fmt: skip
+                                   "fp8_bw_fraction_by_splits_and_launch": by_launch}  # fmt: skip
         del case
     result["split_sweep"] = sweep
     log(f"decode attention: {result}")
@@ -405,9 +406,10 @@ def markdown(metrics: dict[str, Any]) -> str:
         for splits, r in sweep["bw_fraction_by_splits"].items():
             mark = " (default)" if int(splits) == sweep["default_splits"] else ""
             lines.append(_row([rows, f"{splits}{mark}", r["bf16"], r["fp8"]]))
-    lines += ["", "| rows | fp8 launch (default splits) | fp8 bw fraction |", "|---|---|---:|"]
+    lines += ["", "| rows | splits per row | fp8 launch | fp8 bw fraction |", "|---|---:|---|---:|"]
     for rows, sweep in a.get("split_sweep", {}).items():
-        lines += [_row([rows, launch, f]) for launch, f in sweep.get("fp8_bw_fraction_by_launch", {}).items()]
+        for splits, by_launch in sweep.get("fp8_bw_fraction_by_splits_and_launch", {}).items():
+            lines += [_row([rows, splits, launch, f]) for launch, f in by_launch.items()]
     lines += ["",
               "| moe T | operands | fp8 us | bf16 us | speedup | weight GB/s | bw fraction | TFLOP/s | tiles |",
               "|---:|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
