@@ -112,11 +112,10 @@ def serving_configs() -> Iterator[KernelConfig]:
             | dict(BLOCK_D=128, BLOCK_N=launch.block_n, HAS_WINDOW=False, IEEE=False, USE_PDL=True)
             | dict(HAS_SCALE=True, SCALE_STRIDE=1, F16_DOTS=True, PAGE_LIST=launch.page_list),
             pointers=tables | partials | _FP8_KV,
-            num_warps=launch.num_warps,
             num_stages=launch.num_stages,
             max_registers=launch.max_registers,
-            # capped, they spill 32-72 B; the 96-register cap still made the decode step fastest (five programs an SM)
-            spill_allowance=72 if launch.max_registers else 0,
+            # capped at 96 registers they spill 32-48 B, and were still the fastest launches on an H100
+            spill_allowance=48 if launch.max_registers else 0,
         )
     yield KernelConfig(
         "attention.decode reduce",

@@ -35,7 +35,7 @@ conversion per value, and the value tile is widened in registers before
 Triton transposes it for the dot (`fp8_cast.widen_fp8`). On the H200 the
 first version (bf16 dots, values transposed byte by byte in shared memory)
 ran at half the copy bandwidth, barely faster than a bf16 cache. Positions
-per step, pipeline depth, register cap and warps of an fp8 cache are timed
+per step, pipeline depth, register cap and page lookup of an fp8 cache are timed
 per model shape on first use (`kernels/autotune.py`, `fp8_launch_candidates`),
 on four long rows of the cache's own pages (`tuning_case`).
 Uncapped, the fp8 kernel takes 160-168 registers, so three programs share an
@@ -292,8 +292,8 @@ def choose_num_splits(
 @dataclass(frozen=True, slots=True)
 class SplitLaunch:
     """How `_decode_split_kernel` is launched: cached positions a loop step, pipeline stages, a register
-    cap (`maxnreg`; None: the compiler's choice) that lets more programs share an SM, warps a program,
-    and where a tile's page ids come from.
+    cap (`maxnreg`; None: the compiler's choice) that lets more programs share an SM, and where a tile's
+    page ids come from.
 
     The pipeline issues a tile's loads as many steps ahead as its addresses allow. Read from the page
     table inside the loop (`page_list` False), the addresses of a tile wait on a load of the step
@@ -307,7 +307,6 @@ class SplitLaunch:
     block_n: int
     num_stages: int
     max_registers: int | None = None
-    num_warps: int = 4
     page_list: bool = False
 
 
@@ -315,16 +314,17 @@ def fp8_launch_candidates(key: tuple[Any, ...]) -> list[SplitLaunch]:
     """Launches an fp8 cache may take (`LaunchTuner`; the first is the default): key = (head_dim, ...).
 
     The fourth, capped at 96 registers, fits five programs on an SM (module docstring), each with one
-    tile (16 KB at 128 dims) in flight. The page-list launches (`SplitLaunch`) at 64 positions keep two
-    tiles in flight at three stages (55 KB of shared memory: four programs an SM, 128 KB in flight) and
-    three at four stages (72 KB: three programs, 144 KB), capped at 96 registers, or 64 over eight warps
-    (four programs); on sm_90 the caps spill 32-72 bytes (`compile_check`).
+    tile (16 KB at 128 dims) in flight. The page-list launches (`SplitLaunch`) at 64 positions, capped
+    at 96 registers too, keep two tiles in flight at three stages (55 KB of shared memory: four
+    programs an SM, 128 KB in flight) and three at four stages (72 KB: three programs, 144 KB); on
+    sm_90 the caps spill 32-48 bytes (`compile_check`). On an H100 the three-stage one read fastest at
+    every row and split count timed (32 x 32K: 0.927 of copy against 0.892 for the fourth; 4 x 32K:
+    0.727 against 0.684; `benchmarks/results/h100/wave2/fp8_page_list_2026-12-07/`).
     """
     per_step = positions_per_step(max(16, next_power_of_2(key[0])), 1)
     half = per_step // 2
     return [SplitLaunch(per_step, 2), SplitLaunch(per_step, 3), SplitLaunch(half, 3), SplitLaunch(half, 2, 96),
-            SplitLaunch(half, 3, 96, page_list=True), SplitLaunch(half, 4, 96, page_list=True),
-            SplitLaunch(half, 3, 64, 8, page_list=True)]
+            SplitLaunch(half, 3, 96, page_list=True), SplitLaunch(half, 4, 96, page_list=True)]
 
 
 # Tuned once per model shape (not per batch or table width, which may change every eager step).
@@ -544,7 +544,7 @@ def _paged_decode(
         SCALE_STRIDE=scale_stride,
         F16_DOTS=k_cache.dtype == FP8_DTYPE and q.dtype == torch.bfloat16,
         PAGE_LIST=launch.page_list,
-        num_warps=launch.num_warps,
+        num_warps=4,
         num_stages=launch.num_stages,
         **pdl_launch_options(pdl),
         **({"maxnreg": launch.max_registers} if launch.max_registers else {}),

@@ -16,13 +16,15 @@ form and `fp8_skinny_stack.py --write-shapes FILE` the best of each weight
 shape (least time summed over the token counts it ran) into a JSON table; a
 table that measured faster end to end than the rules ships beside this
 module for its GPU model (`fp8_gemv_shapes/<gpu>.json`). The H100 SXM's
-has one entry: o_proj (4096 x 4096, per-channel scales) at 8 K splits. The
-tuner took 2, 4 or 8 there from run to run (timed alone they are within
-a few percent); Llama-3.1-8B FP8 decoded 4-5% slower at 2-16 rows with 2
-than with 8, and 1.5% slower at 16 rows with 4
-(`benchmarks/results/h100/wave2/satfinite_2026-12-07/`). The rest of the
-H100 sweeps' best shapes were no faster end to end than the rules and the
-tuner (`gemv_shapes_2026-12-07/`, `skinny_shapes_2026-12-07/` there).
+holds the skinny GEMM's four Llama-3.1-8B weight shapes (per-channel
+scales) from a sweep with the two-warp shapes: Llama-3.1-8B FP8 decoded
+0.9% / 1.4% faster at 2 / 16 rows than with o_proj's entry alone, in every
+pair (`benchmarks/results/h100/wave2/skinny_table_2026-12-07/`). o_proj's
+8 K splits were measured first: the tuner took 2, 4 or 8 there from run to
+run (timed alone they are within a few percent), and Llama-3.1-8B FP8
+decoded 4-5% slower at 2-16 rows with 2 than with 8
+(`satfinite_2026-12-07/` there). The one-token GEMV's H100 sweep was no
+faster end to end than its rules (`gemv_shapes_2026-12-07/`).
 Where a table has a key, its shape runs; elsewhere the one-token GEMV's built-in rules
 (`choose_config`) and the skinny GEMM's tuner.
 

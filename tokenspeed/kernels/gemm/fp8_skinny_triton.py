@@ -89,7 +89,8 @@ def skinny_shapes() -> list[SkinnyConfig]:
 
     The two-warp shapes are there for their instruction count: every warp converts the whole activation tile
     for its dot, so two warps over 64 rows issue 0.073 warp instructions per weight byte where four issue
-    0.111, and two over 128 rows one K group deep 0.056 (`sass_loops skinny`, sm_90; not yet timed)."""
+    0.111, and two over 128 rows one K group deep 0.056 (`sass_loops skinny`, sm_90). The last is the H100
+    table's gate/up launch (`fp8_gemv_shapes`; 42.4 against 43.6 us at two tokens in a decode graph)."""
     return [*skinny_candidates(()), SkinnyConfig(64, 2, 4), SkinnyConfig(64, 1, 6), SkinnyConfig(32, 2, 4),
             SkinnyConfig(32, 2, 4, split_k=8), SkinnyConfig(64, 1, 4, split_k=8), SkinnyConfig(128, 1, 4, 8, split_k=4),
             *(SkinnyConfig(64, 2, 3, 2, split_k=split) for split in (1, 4, 8)), SkinnyConfig(128, 1, 3, 2)]

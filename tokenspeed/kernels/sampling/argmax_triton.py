@@ -13,7 +13,8 @@ pair, and counts its arrival on the row's counter
 (`kernels/arrival_counters.py`); the row's last program to arrive reduces the
 pairs in chunk order, so the first maximum of the row wins whatever the
 arrival order, and writes the token. One launch, no host synchronisation,
-no scratch beyond the pairs.
+no scratch beyond the pairs. On an H100 it took 22-24 us off a Llama-3.1-8B bs1 step, FP8 and bf16
+alike (a 3.9 us kernel for the torch draw's five; `benchmarks/results/h100/wave2/argmax_2026-12-07/`).
 
 Semantics are torch.argmax's: the first maximum; a NaN counts as larger
 than every number (the first NaN wins); a row of -inf gives 0.
