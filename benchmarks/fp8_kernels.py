@@ -262,11 +262,8 @@ def _decode_case(dev: str, shape: dict[str, int], batch: int) -> dict[str, Any]:
 def bench_decode_attention(
     timer: Timer, shape: dict[str, int], copy_gb_s: float, split_sweep: tuple[int, ...]
 ) -> dict[str, Any]:
-    from tokenspeed.kernels.attention.decode_triton import (
-        choose_num_splits,
-        fp8_launch_candidates,
-        tuned_fp8_launches,
-    )
+    from tokenspeed.kernels.attention.decode_plan import choose_num_splits, fp8_launch_candidates
+    from tokenspeed.kernels.attention.decode_triton import tuned_fp8_launches
     from tokenspeed.kernels.registry import select_kernel
 
     dev = timer.device
@@ -480,9 +477,7 @@ def main() -> int:
             bench_moe, timer, SMOKE_MOE if args.smoke else MOE, (1, 8) if args.smoke else (1, 64, 1024), copy
         ),
     }
-    for name in SECTIONS:  # the file is rewritten after each, so a timeout keeps what finished
-        if name not in chosen:
-            continue
+    for name in (n for n in SECTIONS if n in chosen):  # the file is rewritten after each: a timeout keeps those done
         metrics |= sections[name]()
         date = save(args.out, command, device, metrics)
     table = markdown(metrics)

@@ -273,7 +273,7 @@ def kernel_ms(fn: Any, reps: int = 20) -> float:
 
 def kernels_section(smoke: bool, out: Path, command: str) -> None:
     from tokenspeed.kernels import select_kernel
-    from tokenspeed.kernels.attention.decode_triton import choose_fold as gqa_fold
+    from tokenspeed.kernels.attention.decode_plan import choose_fold as gqa_fold
     from tokenspeed.kernels.mla.decode_plan import choose_fold as mla_fold
 
     device = torch.device("cuda" if CUDA else "cpu")

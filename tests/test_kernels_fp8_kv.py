@@ -22,8 +22,9 @@ from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything 
     fresh_process_test,
     interpreted,
 )
+from tokenspeed.kernels.attention.decode_plan import fp8_launch_candidates
 from tokenspeed.kernels.attention.decode_torch_batched import decode_attention_torch_batched
-from tokenspeed.kernels.attention.decode_triton import decode_attention_triton, fp8_launch_candidates
+from tokenspeed.kernels.attention.decode_triton import decode_attention_triton
 from tokenspeed.kernels.attention.extend_triton import extend_attention_triton
 from tokenspeed.kernels.attention.paged_reference import (
     decode_attention_reference,
@@ -242,7 +243,7 @@ def test_fp8_launch_tuner_times_long_rows_of_the_cache_itself(q_len: int) -> Non
     """What the fp8 launch tuner times: the engine's first call of a shape is its CUDA-graph probe (rows
     one position long), so the tuner's run decodes a few long rows on distinct pages of the call's own
     cache instead, and falls back to the call's rows where the cache holds too few pages."""
-    from tokenspeed.kernels.attention import decode_triton
+    from tokenspeed.kernels.attention import decode_plan, decode_triton
 
     gen = torch.Generator().manual_seed(7)
     heads, kv_heads, page_size = 4, 2, 16
@@ -252,8 +253,8 @@ def test_fp8_launch_tuner_times_long_rows_of_the_cache_itself(q_len: int) -> Non
     probe_table = torch.zeros(2, 1, dtype=torch.int32)
     probe_lens = torch.full((2,), q_len, dtype=torch.int32)
 
-    q, table, seq_lens = decode_triton.tuning_case(probe_q, k8, q_len)  # type: ignore[misc]
-    rows = decode_triton._TUNING_ROWS
+    q, table, seq_lens = decode_plan.tuning_case(probe_q, k8, q_len)  # type: ignore[misc]
+    rows = decode_plan._TUNING_ROWS
     assert q.shape == (rows * q_len, heads, 32) and q.dtype == torch.float16
     assert table.shape == (rows, num_pages // rows) and table.dtype == torch.int32
     assert table.unique().numel() == table.numel() and int(table.max()) < num_pages
@@ -269,7 +270,7 @@ def test_fp8_launch_tuner_times_long_rows_of_the_cache_itself(q_len: int) -> Non
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
     small = k8[: rows * 2], v8[: rows * 2]  # 2 pages a row: 32 positions, too short to time a split on
-    assert decode_triton.tuning_case(probe_q, small[0], q_len) is None
+    assert decode_plan.tuning_case(probe_q, small[0], q_len) is None
     out = decode_triton._tuning_run(probe_q, *small, probe_table, probe_lens, q_len=q_len, num_splits=1, **kwargs)(launch)
     own = decode_triton._paged_decode(probe_q, *small, probe_table, probe_lens, q_len=q_len, num_splits=1,
                                       launch=launch, **kwargs)  # fmt: skip

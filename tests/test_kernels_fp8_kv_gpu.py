@@ -26,7 +26,8 @@ pytestmark = [
 pytest.importorskip("triton")
 
 from tests.paged_kernels import capture_cuda_graph, shuffled_page_table  # noqa: E402
-from tokenspeed.kernels.attention.decode_triton import decode_attention_triton, fp8_launch_candidates  # noqa: E402
+from tokenspeed.kernels.attention.decode_plan import fp8_launch_candidates  # noqa: E402
+from tokenspeed.kernels.attention.decode_triton import decode_attention_triton  # noqa: E402
 from tokenspeed.kernels.attention.extend_triton import extend_attention_triton  # noqa: E402
 from tokenspeed.kernels.attention.paged_reference import (  # noqa: E402
     decode_attention_reference,

@@ -26,11 +26,9 @@ from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything 
 from tokenspeed.executor.batch_builder import RowSpec, build_forward_batch
 from tokenspeed.kernels.activation.reference import silu_and_mul_reference
 from tokenspeed.kernels.activation.silu_triton import silu_and_mul_triton
+from tokenspeed.kernels.attention.decode_plan import SplitLaunch, choose_fold, choose_num_splits
 from tokenspeed.kernels.attention.decode_triton import (
-    SplitLaunch,
     _paged_decode,
-    choose_fold,
-    choose_num_splits,
     decode_attention_triton,
     verify_attention_triton,
 )

@@ -31,7 +31,8 @@ from tokenspeed.kernels.sampling.reference import filter_probs_reference  # noqa
 pytest.importorskip("triton")
 
 from tokenspeed.kernels.activation.silu_triton import silu_and_mul_triton  # noqa: E402
-from tokenspeed.kernels.attention.decode_triton import choose_num_splits, decode_attention_triton  # noqa: E402
+from tokenspeed.kernels.attention.decode_plan import choose_num_splits  # noqa: E402
+from tokenspeed.kernels.attention.decode_triton import decode_attention_triton  # noqa: E402
 from tokenspeed.kernels.attention.extend_triton import extend_attention_triton  # noqa: E402
 from tokenspeed.kernels.kvstore.rope_write_triton import rope_write_triton  # noqa: E402
 from tokenspeed.kernels.kvstore.write_triton import write_kv_triton  # noqa: E402

@@ -84,7 +84,7 @@ def _signature(config: KernelConfig) -> tuple[dict[str, Any], dict[tuple[int, ..
 
 def serving_configs() -> Iterator[KernelConfig]:
     from tokenspeed.kernels.activation import silu_triton
-    from tokenspeed.kernels.attention import decode_triton, extend_triton
+    from tokenspeed.kernels.attention import decode_plan, decode_triton, extend_triton
     from tokenspeed.kernels.kvstore import rope_write_triton, write_triton
     from tokenspeed.kernels.norm import rms_triton
     from tokenspeed.kernels.rope import rope_triton
@@ -99,12 +99,12 @@ def serving_configs() -> Iterator[KernelConfig]:
             f"attention.decode splits={splits} window={window} fp8={fp8}",
             decode_triton._decode_split_kernel,
             dict(NUM_HEADS=32, GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, NUM_SPLITS=splits, G_BLOCKS=1)
-            | dict(BLOCK_G=16, BLOCK_D=128, BLOCK_N=decode_triton.positions_per_step(128, 1 if fp8 else 2))
+            | dict(BLOCK_G=16, BLOCK_D=128, BLOCK_N=decode_plan.positions_per_step(128, 1 if fp8 else 2))
             | dict(HAS_WINDOW=window, IEEE=False, USE_PDL=True, HAS_SCALE=fp8, SCALE_STRIDE=1, F16_DOTS=fp8)
             | dict(PAGE_LIST=False),
             pointers=tables | partials | (_FP8_KV if fp8 else _KV_SCALES),
         )
-    for launch in decode_triton.fp8_launch_candidates((128,))[1:]:  # the other launches its tuner may pick
+    for launch in decode_plan.fp8_launch_candidates((128,))[1:]:  # the other launches its tuner may pick
         yield KernelConfig(
             f"attention.decode splits=8 fp8=True {launch}",
             decode_triton._decode_split_kernel,

@@ -49,7 +49,6 @@ H100 (`benchmarks/results/h100/wave2/fp8_2026-12-06g/`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -57,6 +56,15 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tokenspeed.kernels.attention.decode_plan import (
+    MAX_TILE_ROWS,
+    SplitLaunch,
+    choose_fold,
+    choose_num_splits,
+    fp8_launch_candidates,
+    positions_per_step,
+    tuning_case,
+)
 from tokenspeed.kernels.attention.paged_tiles import (
     dot,
     gather_kv_tile,
@@ -69,16 +77,10 @@ from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options, prefetch_row
 from tokenspeed.kernels.quant.fp8 import FP8_DTYPE, kv_scale_args
 from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
 from tokenspeed.kernels.registry import Band, register_kernel
-from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2, sm_count_of
+from tokenspeed.kernels.triton_launch import FLOAT_DTYPES, for_tensor, next_power_of_2
 
 LOG2E = 1.4426950408889634
-_MIN_TOKENS_PER_SPLIT = 128
-_MAX_SPLITS = 64
-_MAX_TILE_ROWS = 64  # query rows of one program: a group's heads, times the tokens folded in
 _LIST_PAGES = tl.constexpr(128)  # page ids a program holds in registers at once (`SplitLaunch.page_list`)
-# The decode the fp8 launch tuner times (`tuning_case`): a few rows of a long context.
-_TUNING_ROWS = 4
-_TUNING_CONTEXT = 16384
 
 
 @triton.jit
@@ -264,69 +266,6 @@ def _decode_reduce_kernel(
     tl.store(dst, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
-def positions_per_step(block_d: int, cache_element_size: int) -> int:
-    """Cached positions per loop step: 64 (32 for head dims over 128), doubled for 1-byte fp8 caches."""
-    return (64 if block_d <= 128 else 32) * max(1, 2 // cache_element_size)
-
-
-def choose_num_splits(
-    num_rows: int, num_kv_heads: int, max_seq_len: int, device: torch.device | str | None = None
-) -> int:
-    """Splits per row: about 32 programs per SM, never under 128 tokens per split, at most 64.
-
-    Many small programs rather than one wave of big ones: each SM holds ~4 of
-    these programs at a time, and with only 1-3 waves the last, partly empty
-    wave would cost up to a third of the bandwidth. The partial results cost
-    little (4 bytes per head dim per split, against thousands of cached bytes).
-    For CUDA graphs call it once per batch bucket with the longest context the
-    pool allows: the extra splits of a short row are programs that exit at once.
-    """
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    programs = max(1, num_rows * num_kv_heads)
-    wanted = -(-32 * sm_count_of(torch.device(device)) // programs)
-    by_length = max(1, max_seq_len // _MIN_TOKENS_PER_SPLIT)
-    return max(1, min(wanted, by_length, _MAX_SPLITS))
-
-
-@dataclass(frozen=True, slots=True)
-class SplitLaunch:
-    """How `_decode_split_kernel` is launched: cached positions a loop step, pipeline stages, a register
-    cap (`maxnreg`; None: the compiler's choice) that lets more programs share an SM, and where a tile's
-    page ids come from.
-
-    The pipeline issues a tile's loads as many steps ahead as its addresses allow. Read from the page
-    table inside the loop (`page_list` False), the addresses of a tile wait on a load of the step
-    before, and the compiler keeps one K and one V tile in flight whatever the stages: an fp8 program
-    then has half the bytes in flight of a bf16 one at the same positions. With `page_list`, a program
-    reads up to 128 page ids of its split at once into registers and takes each tile's from there
-    (`tl.gather`), so `num_stages` s keep s - 1 tiles in flight (shared memory grows a tile a stage:
-    `compile_check`).
-    """
-
-    block_n: int
-    num_stages: int
-    max_registers: int | None = None
-    page_list: bool = False
-
-
-def fp8_launch_candidates(key: tuple[Any, ...]) -> list[SplitLaunch]:
-    """Launches an fp8 cache may take (`LaunchTuner`; the first is the default): key = (head_dim, ...).
-
-    The fourth, capped at 96 registers, fits five programs on an SM (module docstring), each with one
-    tile (16 KB at 128 dims) in flight. The page-list launches (`SplitLaunch`) at 64 positions, capped
-    at 96 registers too, keep two tiles in flight at three stages (55 KB of shared memory: four
-    programs an SM, 128 KB in flight) and three at four stages (72 KB: three programs, 144 KB); on
-    sm_90 the caps spill 32-48 bytes (`compile_check`). On an H100 the three-stage one read fastest at
-    every row and split count timed (32 x 32K: 0.927 of copy against 0.892 for the fourth; 4 x 32K:
-    0.727 against 0.684; `benchmarks/results/h100/wave2/fp8_page_list_2026-12-07/`).
-    """
-    per_step = positions_per_step(max(16, next_power_of_2(key[0])), 1)
-    half = per_step // 2
-    return [SplitLaunch(per_step, 2), SplitLaunch(per_step, 3), SplitLaunch(half, 3), SplitLaunch(half, 2, 96),
-            SplitLaunch(half, 3, 96, page_list=True), SplitLaunch(half, 4, 96, page_list=True)]
-
-
 # Tuned once per model shape (not per batch or table width, which may change every eager step).
 _FP8_TUNER: LaunchTuner[SplitLaunch] = LaunchTuner("attention.decode fp8 launch", fp8_launch_candidates)
 
@@ -334,29 +273,6 @@ _FP8_TUNER: LaunchTuner[SplitLaunch] = LaunchTuner("attention.decode fp8 launch"
 def tuned_fp8_launches() -> dict[tuple[Any, ...], TunedChoice[SplitLaunch]]:
     """The launch each fp8-cache shape got (and the candidates' times), for benchmarks."""
     return _FP8_TUNER.chosen()
-
-
-def tuning_case(
-    q: torch.Tensor, k_cache: torch.Tensor, q_len: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(q, page_table, seq_lens) of the decode the fp8 launch tuner times: `_TUNING_ROWS` rows of up to
-    `_TUNING_CONTEXT` positions on distinct pages of the cache itself, in shuffled order.
-
-    The engine's first call of a shape is its CUDA-graph probe, rows one position long: timed there,
-    every candidate is launch overhead, and the pick is noise. A few long rows are the agent's
-    operating point and where the launches differ (the cache's contents do not change a launch's
-    time, and the kernel only reads the cache). None where the cache holds too few pages for it.
-    """
-    num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
-    pages_per_row = min(_TUNING_CONTEXT // page_size, num_pages // _TUNING_ROWS)
-    if pages_per_row * page_size < _MIN_TOKENS_PER_SPLIT:
-        return None
-    gen = torch.Generator(device=q.device).manual_seed(0)
-    pages = torch.randperm(num_pages, generator=gen, device=q.device)[: _TUNING_ROWS * pages_per_row]
-    table = pages.view(_TUNING_ROWS, pages_per_row).to(torch.int32)
-    seq_lens = torch.full((_TUNING_ROWS,), pages_per_row * page_size, dtype=torch.int32, device=q.device)
-    queries = torch.randn((_TUNING_ROWS * q_len, *q.shape[1:]), generator=gen, device=q.device).to(q.dtype)
-    return queries, table, seq_lens
 
 
 def _tuning_run(
@@ -376,16 +292,6 @@ def _tuning_run(
                              **kwargs)  # fmt: skip
 
     return run
-
-
-def choose_fold(group: int, q_len: int, block: int = _MAX_TILE_ROWS) -> int:
-    """Query tokens one program serves: the largest divisor F of q_len with group * F <= `block` rows.
-
-    Folding reads a row's K/V once for F tokens instead of once per token, and
-    the tile's rows (group x F, padded to 16 for the MMA) are mostly free: a
-    decode tile of group 4 leaves 12 of its 16 rows empty.
-    """
-    return max(f for f in range(1, q_len + 1) if q_len % f == 0 and (f == 1 or group * f <= block))
 
 
 @register_kernel(
@@ -479,13 +385,13 @@ def _paged_decode(
         return out
     group = num_heads // num_kv_heads
     fold = choose_fold(group, q_len) if fold is None else fold
-    if q_len % fold or (fold > 1 and group * fold > _MAX_TILE_ROWS):
-        raise ValueError(f"fold {fold} must divide q_len {q_len} and keep group * fold <= {_MAX_TILE_ROWS}")
+    if q_len % fold or (fold > 1 and group * fold > MAX_TILE_ROWS):
+        raise ValueError(f"fold {fold} must divide q_len {q_len} and keep group * fold <= {MAX_TILE_ROWS}")
     t_groups = q_len // fold
     if num_splits is None:
         num_splits = choose_num_splits(rows * t_groups, num_kv_heads, page_table.shape[1] * page_size, q.device)
     k_scale_arg, v_scale_arg, has_scale, scale_stride = kv_scale_args(k_scale, v_scale, k_cache, num_kv_heads)
-    block_g = max(16, min(_MAX_TILE_ROWS, next_power_of_2(group * fold)))
+    block_g = max(16, min(MAX_TILE_ROWS, next_power_of_2(group * fold)))
     g_blocks = -(-group // block_g) if fold == 1 else 1
     block_d = max(16, next_power_of_2(head_dim))
     if launch is None and k_cache.dtype == FP8_DTYPE and q.dtype != torch.float32:
