@@ -366,6 +366,23 @@ def _row(cells: list[Any]) -> str:
     return "| " + " | ".join(str(x) for x in cells) + " |"
 
 
+def _attention_lines(a: dict[str, Any]) -> list[str]:
+    """The decode attention section of `markdown`: the headline, splits per row, every fp8 launch."""
+    lines = ["", f"decode attention ({a['kernel']}, {a['batch']} x {a['context']}): fp8 {a['fp8_ms']} ms "
+             f"(bw fraction {a['fp8_bw_fraction']}), bf16 {a['bf16_ms']} ms ({a['bf16_bw_fraction']}), "
+             f"speedup {a['fp8_speedup']}", "",
+             "| rows | splits per row | bf16 bw fraction | fp8 bw fraction |", "|---|---:|---:|---:|"]  # fmt: skip
+    for rows, sweep in a.get("split_sweep", {}).items():
+        for splits, r in sweep["bw_fraction_by_splits"].items():
+            mark = " (default)" if int(splits) == sweep["default_splits"] else ""
+            lines.append(_row([rows, f"{splits}{mark}", r["bf16"], r["fp8"]]))
+    lines += ["", "| rows | splits per row | fp8 launch | fp8 bw fraction |", "|---|---:|---|---:|"]
+    for rows, sweep in a.get("split_sweep", {}).items():
+        for splits, by_launch in sweep.get("fp8_bw_fraction_by_splits_and_launch", {}).items():
+            lines += [_row([rows, splits, launch, f]) for launch, f in by_launch.items()]
+    return lines
+
+
 def markdown(metrics: dict[str, Any]) -> str:
     c = metrics["ceilings"]
     lines = [f"ceilings: copy {c['copy_bandwidth_gb_s']} GB/s (every fraction below divides by it; the same copy "
@@ -392,21 +409,8 @@ def markdown(metrics: dict[str, Any]) -> str:
             name, r["us"], r["roofline_us"], r["roofline_fraction"], r["bf16_cublas_us"], r["bf16_triton_gemv_us"],
             r["speedup_vs_bf16"], r["config"],
         ]))  # fmt: skip
-    a = metrics.get("decode_attention", {"kernel": "-", "batch": "-", "context": "-", "fp8_ms": "-",
-                                          "fp8_bw_fraction": "-", "bf16_ms": "-", "bf16_bw_fraction": "-",
-                                          "fp8_speedup": "-"})  # fmt: skip
-    lines += ["", f"decode attention ({a['kernel']}, {a['batch']} x {a['context']}): fp8 {a['fp8_ms']} ms "
-              f"(bw fraction {a['fp8_bw_fraction']}), bf16 {a['bf16_ms']} ms ({a['bf16_bw_fraction']}), "
-              f"speedup {a['fp8_speedup']}", "",
-              "| rows | splits per row | bf16 bw fraction | fp8 bw fraction |", "|---|---:|---:|---:|"]  # fmt: skip
-    for rows, sweep in a.get("split_sweep", {}).items():
-        for splits, r in sweep["bw_fraction_by_splits"].items():
-            mark = " (default)" if int(splits) == sweep["default_splits"] else ""
-            lines.append(_row([rows, f"{splits}{mark}", r["bf16"], r["fp8"]]))
-    lines += ["", "| rows | splits per row | fp8 launch | fp8 bw fraction |", "|---|---:|---|---:|"]
-    for rows, sweep in a.get("split_sweep", {}).items():
-        for splits, by_launch in sweep.get("fp8_bw_fraction_by_splits_and_launch", {}).items():
-            lines += [_row([rows, splits, launch, f]) for launch, f in by_launch.items()]
+    if "decode_attention" in metrics:
+        lines += _attention_lines(metrics["decode_attention"])
     lines += ["",
               "| moe T | operands | fp8 us | bf16 us | speedup | weight GB/s | bw fraction | TFLOP/s | tiles |",
               "|---:|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
@@ -442,14 +446,9 @@ SECTIONS = ("gemm", "gemv", "decode_attention", "moe")
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200/fp8/fp8_kernels.json"))
-    parser.add_argument(
-        "--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes (tests the script)"
-    )
-    parser.add_argument(
-        "--sweep", action="store_true", help="also time other tiles of the Triton GEMM"
-    )
-    parser.add_argument("--sections", default=",".join(SECTIONS),
-                        help="comma-separated subset of " + ",".join(SECTIONS))  # fmt: skip
+    parser.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny shapes (tests the script)")
+    parser.add_argument("--sweep", action="store_true", help="also time other tiles of the Triton GEMM")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
     args = parser.parse_args()
     chosen = args.sections.split(",")
     if unknown := set(chosen) - set(SECTIONS):
