@@ -137,6 +137,25 @@ def test_greedy_draw_kernels_give_identical_tokens(llama_small):
     assert results["triton"] == results["reference"]
 
 
+def test_staging_kernels_give_identical_tokens(llama_small):
+    """A step's inputs by the one-launch staging kernel (the default on CUDA, writing into the graphs' buffers)
+    against torch's ops (`staging.step_inputs=reference`), graphs and overlap on, greedy and seeded sampling."""
+    from tokenspeed.kernels.staging.step_inputs import step_inputs_reference
+    from tokenspeed.kernels.staging.step_inputs_triton import step_inputs_triton
+
+    batch = [[t % LLAMA_SMALL["vocab_size"] for t in p] for p in prompts(8, seed=7, min_len=10, max_len=300)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=13, max_tokens=NEW_TOKENS, ignore_eos=True)
+    results = {}
+    for kernel, impl in (("triton", step_inputs_triton), ("reference", step_inputs_reference)):
+        llm = _engine(llama_small, kernel_overrides=(f"staging.step_inputs={kernel}",))
+        assert llm.core.executor.runner.staging.resolve is impl and llm.core.executor.cuda_graphs_enabled
+        results[kernel] = (_generate(llm, batch, greedy), _generate(llm, batch[:3], sampled))
+        del llm
+        free_cuda()
+    assert results["triton"] == results["reference"]
+
+
 def test_preset_runs_at_full_shape_with_dummy_weights():
     llm = LLM("llama-3.1-8b", skip_tokenizer_init=True, dtype="bfloat16", device="cuda",
               max_model_len=4096, num_kv_pages=1024, max_num_seqs=8, show_progress=False)

@@ -18,6 +18,7 @@ pytestmark = [
 ]
 
 from tests.paged_kernels import capture_cuda_graph, shuffled_page_table  # noqa: E402
+from tests.staging_cases import assert_same_inputs, staged_case  # noqa: E402
 from tokenspeed.kernels.activation.reference import silu_and_mul_reference  # noqa: E402
 from tokenspeed.kernels.attention.paged_reference import (  # noqa: E402
     decode_attention_reference,
@@ -27,6 +28,7 @@ from tokenspeed.kernels.kvstore.reference import rope_write_reference, write_kv_
 from tokenspeed.kernels.norm.rms_reference import rms_norm_reference  # noqa: E402
 from tokenspeed.kernels.rope.reference import apply_rope_reference  # noqa: E402
 from tokenspeed.kernels.sampling.reference import filter_probs_reference  # noqa: E402
+from tokenspeed.kernels.staging.step_inputs import step_inputs_reference  # noqa: E402
 
 pytest.importorskip("triton")
 
@@ -39,6 +41,7 @@ from tokenspeed.kernels.kvstore.write_triton import write_kv_triton  # noqa: E40
 from tokenspeed.kernels.norm.rms_triton import rms_norm_triton  # noqa: E402
 from tokenspeed.kernels.rope.rope_triton import apply_rope_triton  # noqa: E402
 from tokenspeed.kernels.sampling.sample_triton import kept_threshold_bits, sample_triton  # noqa: E402
+from tokenspeed.kernels.staging.step_inputs_triton import step_inputs_triton  # noqa: E402
 
 HEADS, KV_HEADS, DIM = 32, 8, 128
 SCALE = DIM**-0.5
@@ -337,3 +340,12 @@ def test_layers_select_triton_on_cuda_and_honour_overrides(monkeypatch: pytest.M
     monkeypatch.delenv("TOKENSPEED_KERNEL_KVSTORE_ROPE_WRITE")
     monkeypatch.setenv("TOKENSPEED_KERNEL_NORM_RMS", "reference")
     assert RMSNorm(64, 1e-6, dtype=BF16, device="cuda")._kernel is rms_norm_reference
+
+
+@pytest.mark.parametrize("placeholders, request_table", [(True, True), (False, False)])
+@pytest.mark.parametrize("tokens, rows, width", [(1, 1, 1), (64, 64, 2048), (8192, 3, 600)])
+def test_step_inputs_equals_the_reference(placeholders: bool, request_table: bool, tokens: int, rows: int,
+                                          width: int) -> None:
+    """A step's device inputs in one launch: decode at 64 rows of 32K tokens, a prefill chunk of 8K tokens."""
+    staged = staged_case(tokens, rows, width, placeholders, request_table, device="cuda")
+    assert_same_inputs(step_inputs_triton(staged), step_inputs_reference(staged))

@@ -2,14 +2,14 @@
 
 Input preparation is index arithmetic on the host (numpy, no per-token Python
 loop) written into one pinned staging buffer and sent with a single
-non-blocking host-to-device copy; the int32 views the kernels want are cast on
-the device. Nothing here waits for the device.
+non-blocking host-to-device copy; one kernel (`staging.step_inputs`) turns it
+into what the forward reads. Nothing here waits for the device.
 
 Overlap scheduling: a token id `PLACEHOLDER_TOKEN_ID` in a row's input means
 "the token this stream sampled in the previous step", which is still on the
 device when this step is prepared. `placeholder_sources` records, per token,
-which element of the previous step's sampled-ids tensor to read; the runner
-resolves it with one gather on the device.
+which element of the previous step's sampled-ids tensor to read; that kernel
+resolves it on the device.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import numpy as np
 import torch
 
 from tokenspeed.batch.forward_batch import AttentionMetadata, ForwardBatch, HostBatch
+from tokenspeed.kernels.registry import platform_of, select_kernel
+from tokenspeed.kernels.staging.step_inputs import StagedInputs, StepInputs
 from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID
 
 if TYPE_CHECKING:
@@ -164,6 +166,7 @@ class StagingRing:
     def __init__(self, device: torch.device, slots: int = 3) -> None:
         self.device = device
         self.pinned = device.type == "cuda"
+        self.resolve = select_kernel("staging", "step_inputs", platform=platform_of(device)).impl
         self._buffers: list[torch.Tensor | None] = [None] * slots
         self._events: list[torch.cuda.Event | None] = [None] * slots
         self._next = 0
@@ -202,40 +205,48 @@ def to_forward_batch(
     page_size: int,
     previous_samples: torch.Tensor | None = None,
     tables: RequestPageTables | None = None,
+    out: StepInputs | None = None,
 ) -> ForwardBatch:
-    """Send a HostBatch to the device and resolve placeholder tokens from `previous_samples`.
+    """Send a HostBatch to the device and resolve it there (`staging.step_inputs`): placeholder tokens
+    from `previous_samples`, the page table from `tables` for a batch built on them, int32 lengths.
 
-    A batch built on `tables` gets its page table gathered from them on the device.
+    `out`: where the device inputs go (a CUDA graph's static buffers); new tensors when None.
     """
     views = staging.upload(host.arrays())
     input_ids, positions, slots, logits_indices, seq_lens, query_start, table = views[:7]
     rest = views[7:]
+    sources = None
     if host.placeholder_sources is not None:
         if previous_samples is None:
             raise RuntimeError("placeholder tokens but no previous samples to read them from")
         sources, rest = rest[0], rest[1:]
-        gathered = previous_samples.index_select(0, sources.clamp(min=0))
-        input_ids = torch.where(sources >= 0, gathered, input_ids)
     rows = int(host.seq_lens.size)
     if host.page_table is not None:
-        page_table = table.view(rows, -1).to(torch.int32)
+        table, table_rows = table.view(rows, -1), None
     else:
         if tables is None:
             raise RuntimeError("this batch's pages are in a RequestPageTables, but none was given")
         updates = (rest[0], rest[1]) if host.table_updates is not None else None
-        page_table = tables.gather(table, host.table_width, updates)
+        table, table_rows = tables.device_table(updates), table
+    staged = StagedInputs(
+        input_ids, positions, slots, seq_lens, query_start, table, table_rows, host.table_width, sources,
+        previous_samples,
+    )  # fmt: skip
+    inputs = staging.resolve(staged, out)
     attn = AttentionMetadata(
         page_size=page_size,
         query_start=host.query_start.tolist(),
         seq_lens=host.seq_lens.tolist(),
-        page_table=page_table,
-        slot_mapping=slots,
+        page_table=inputs.page_table,
+        slot_mapping=inputs.slot_mapping,
         max_query_len=host.max_query_len,
         max_seq_len=int(host.seq_lens.max()) if rows else 0,
-        seq_lens_tensor=seq_lens.to(torch.int32),
-        query_start_tensor=query_start.to(torch.int32),
+        seq_lens_tensor=inputs.seq_lens,
+        query_start_tensor=inputs.query_start,
     )
-    return ForwardBatch(input_ids=input_ids, positions=positions, attn=attn, logits_indices=logits_indices)
+    return ForwardBatch(
+        input_ids=inputs.input_ids, positions=inputs.positions, attn=attn, logits_indices=logits_indices
+    )
 
 
 def build_forward_batch(

@@ -22,8 +22,8 @@ so one graph per (bucket, k+1) serves every draft length, and rows keep
 their real positions at the row's end. They are captured for the buckets
 whose tokens stay within `VERIFY_MAX_TOKENS`; larger verify steps run eagerly.
 
-Inputs live in static buffers that every replay overwrites (a handful of
-device-to-device copies from the step's staging upload); the graph computes
+Inputs live in static buffers that every step overwrites (the staging
+kernel writes them, `step_inputs`, or replay copies them in); the graph computes
 hidden states and fp32 logits for every row, and sampling runs after the
 replay, outside the graph, so any sampling parameters work.
 
@@ -43,6 +43,7 @@ import torch
 
 from tokenspeed.batch.forward_batch import AttentionMetadata, ForwardBatch, GraphGuardList, NotCapturable
 from tokenspeed.batch.kv_storage import PagedKVStorage
+from tokenspeed.kernels.staging.step_inputs import StepInputs
 from tokenspeed.models.interface import CausalLM
 
 logger = logging.getLogger("tokenspeed.executor")
@@ -254,6 +255,15 @@ class DecodeGraphs:
             return None
         return next(b for b in self.sizes if b >= num_rows)
 
+    def step_inputs(self, bs: int, q_len: int, width: int) -> StepInputs:
+        """Where a step this graph runs puts its inputs (`staging.step_inputs`): the static buffers the graph
+        reads, so `replay` copies nothing; query starts, constant in the graph, go to a tensor of their own."""
+        tokens = bs * q_len
+        return StepInputs(
+            self.input_ids[:tokens], self.positions[:tokens], self.slot_mapping[:tokens], self.seq_lens[:bs],
+            torch.empty(bs + 1, dtype=torch.int32, device=self.device), self.page_table[:bs, :width],
+        )  # fmt: skip
+
     def replay(self, batch: ForwardBatch, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the graph of `batch` (already padded to `bs` rows of the same token count) and its split
         count; (hidden states `[bs * q_len, hidden]`, fp32 logits `[bs * q_len, vocab]`)."""
@@ -262,10 +272,14 @@ class DecodeGraphs:
         entry = self._graphs[(bs, tokens // bs, attn.num_kv_splits)]
         assert attn.seq_lens_tensor is not None
         pages = attn.page_table.shape[1]
-        self.input_ids[:tokens].copy_(batch.input_ids, non_blocking=True)
-        self.positions[:tokens].copy_(batch.positions, non_blocking=True)
-        self.slot_mapping[:tokens].copy_(attn.slot_mapping, non_blocking=True)
-        self.seq_lens[:bs].copy_(attn.seq_lens_tensor, non_blocking=True)
-        self.page_table[:bs, :pages].copy_(attn.page_table, non_blocking=True)
+        for static, given in (
+            (self.input_ids[:tokens], batch.input_ids),
+            (self.positions[:tokens], batch.positions),
+            (self.slot_mapping[:tokens], attn.slot_mapping),
+            (self.seq_lens[:bs], attn.seq_lens_tensor),
+            (self.page_table[:bs, :pages], attn.page_table),
+        ):
+            if given.data_ptr() != static.data_ptr():  # not written in place by `step_inputs`
+                static.copy_(given, non_blocking=True)
         entry.graph.replay()
         return entry.hidden, entry.logits

@@ -181,9 +181,13 @@ class ModelRunner:
             table_slots=table_slots,
             pad_row_tokens=q_len,
         )
+        graph_inputs = None
+        if bucket is not None and self.graphs is not None:
+            graph_inputs = self.graphs.step_inputs(bucket, q_len, host.table_width)
         batch = to_forward_batch(
-            host, self.staging, self.kv.page_size, None if previous is None else previous.sampled, self.page_tables
-        )
+            host, self.staging, self.kv.page_size, None if previous is None else previous.sampled, self.page_tables,
+            out=graph_inputs,
+        )  # fmt: skip
         if uniform and self.max_model_len is not None:
             bound = context_class(batch.attn.max_seq_len, self.max_model_len)
             batch.attn.num_kv_splits = decode_kv_splits(

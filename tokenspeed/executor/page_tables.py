@@ -5,7 +5,8 @@ request gained since its previous row, and a plan names the tables to drop.
 This object applies them. Each request owns one row ("slot") of a table kept
 on the host and, on a GPU, mirrored on the device; the changed entries go to
 the device with the step's one staging upload and are scattered there, and a
-step's `[rows, pages]` page table is gathered from the slots on the device.
+step's `[rows, pages]` page table is gathered from the slots on the device
+(`staging.step_inputs`).
 So the host work per step is proportional to the rows and the pages that
 changed, never to the context length: a 128K-token row costs the host what a
 1K-token row does (`benchmarks/scheduler_overhead.py`).
@@ -91,19 +92,19 @@ class RequestPageTables:
         self._changed.clear()
         return index, self.host.reshape(-1)[index]
 
-    def gather(self, slots: torch.Tensor, width: int, updates: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        """The batch's page table `[len(slots), width]` int32 on the device, after applying `updates`."""
+    def device_table(self, updates: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """Every slot's page ids on the device (`[slots, width]`; int32 on a GPU), after applying `updates`;
+        a step gathers its rows from it (`kernels/staging`)."""
         if self.device.type != "cuda":
             self._changed.clear()
-            table = torch.from_numpy(self.host[:, :width])
-            return table.index_select(0, slots).to(torch.int32)
+            return torch.from_numpy(self.host)
         if self._device_table is None:
             self._device_table = torch.from_numpy(self.host).to(self.device, torch.int32)
             self._changed.clear()
         elif updates is not None:
             index, values = updates
             self._device_table.view(-1).index_copy_(0, index, values.to(torch.int32))
-        return self._device_table[:, :width].index_select(0, slots)
+        return self._device_table
 
     # ---- slots -------------------------------------------------------------------
 

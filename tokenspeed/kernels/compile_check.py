@@ -89,6 +89,7 @@ def serving_configs() -> Iterator[KernelConfig]:
     from tokenspeed.kernels.norm import rms_triton
     from tokenspeed.kernels.rope import rope_triton
     from tokenspeed.kernels.sampling import argmax_triton, sample_triton
+    from tokenspeed.kernels.staging import step_inputs_triton
 
     tables = {"page_table_ptr": "i32", "seq_lens_ptr": "i32", "query_start_ptr": "i32"}
     partials = {"part_out_ptr": "fp32", "part_lse_ptr": "fp32"}
@@ -196,6 +197,15 @@ def serving_configs() -> Iterator[KernelConfig]:
             pointee="fp32",
             pointers={"logits_ptr": dtype, "first_ptr": "i32", "counters_ptr": "i32", "out_ptr": "i64"},
             num_warps=argmax_triton.NUM_WARPS,
+        )
+    for sources, table_rows in ((True, True), (False, False)):
+        yield KernelConfig(
+            f"staging.step_inputs sources={sources} table_rows={table_rows}",
+            step_inputs_triton._step_inputs_kernel,
+            dict(HAS_SOURCES=sources, HAS_TABLE_ROWS=table_rows, BLOCK=step_inputs_triton.BLOCK),
+            pointee="i64",
+            pointers={"out_seq_ptr": "i32", "out_qs_ptr": "i32", "out_table_ptr": "i32"}
+            | {"table_ptr": "i32" if table_rows else "i64"},
         )
 
 

@@ -69,6 +69,7 @@ _BUILTIN_MODULES = (
     "tokenspeed.kernels.moe.experts_grouped_mm",
     "tokenspeed.kernels.moe.experts_fp8_reference",
     "tokenspeed.kernels.comm.reference",
+    "tokenspeed.kernels.staging.step_inputs",
 )
 # Triton (PORTABLE) kernels: skipped, with a debug note, where triton is not installed.
 _TRITON_MODULES = (
@@ -95,6 +96,7 @@ _TRITON_MODULES = (
     "tokenspeed.kernels.gemm.fp8_scaled_mm",
     "tokenspeed.kernels.quant.quantize_triton",
     "tokenspeed.kernels.comm.fused_allreduce_rmsnorm_triton",
+    "tokenspeed.kernels.staging.step_inputs_triton",
 )
 
 

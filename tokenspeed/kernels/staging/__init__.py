@@ -1,0 +1,1 @@
+"""Staging kernels: turning a step's uploaded index arrays into the device inputs its forward reads."""
