@@ -8,7 +8,7 @@ import torch
 from tokenspeed.batch.forward_batch import GraphGuardList, NotCapturable
 from tokenspeed.batch.kv_storage import PagedKVStorage
 from tokenspeed.executor.batch_builder import RowSpec, StagingRing, build_host_batch, to_forward_batch
-from tokenspeed.executor.cuda_graphs import graph_batch_sizes
+from tokenspeed.executor.cuda_graphs import VERIFY_MAX_TOKENS, graph_batch_sizes, verify_graph_sizes
 from tokenspeed.models import ModelConfig, build_model, load_weights
 from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID
 
@@ -17,6 +17,11 @@ def test_bucket_sizes():
     assert graph_batch_sizes(1) == [1]
     assert graph_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
     assert graph_batch_sizes(64) == [1, 2, 4, 8, 16, 32, 48, 64]
+    # verify graphs: the decode buckets whose k+1 tokens a row fit VERIFY_MAX_TOKENS (512)
+    assert verify_graph_sizes(64, 5) == graph_batch_sizes(64)
+    assert verify_graph_sizes(512, 16) == [1, 2, 4, 8, 16, 32]
+    assert max(verify_graph_sizes(512, 9)) * 9 <= VERIFY_MAX_TOKENS < (max(verify_graph_sizes(512, 9)) + 16) * 9
+    assert verify_graph_sizes(64, None) == []
 
 
 def test_guard_list_knows_its_length_but_refuses_elements():

@@ -100,6 +100,14 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
     return sorted(sizes)
 
 
+def verify_graph_sizes(max_bs: int, verify_query_len: int | None) -> list[int]:
+    """The batch sizes verify graphs are captured for: those whose rows of `verify_query_len` tokens stay
+    within VERIFY_MAX_TOKENS."""
+    if not verify_query_len:
+        return []
+    return [b for b in graph_batch_sizes(max_bs) if b * verify_query_len <= VERIFY_MAX_TOKENS]
+
+
 @dataclass(slots=True)
 class _Graph:
     graph: torch.cuda.CUDAGraph
@@ -131,7 +139,7 @@ class DecodeGraphs:
         self.sizes = graph_batch_sizes(max_bs)
         self.max_bs = self.sizes[-1]
         self.verify_query_len = verify_query_len
-        self.verify_sizes = [b for b in self.sizes if verify_query_len and b * verify_query_len <= VERIFY_MAX_TOKENS]
+        self.verify_sizes = verify_graph_sizes(max_bs, verify_query_len)
         tokens = max([self.max_bs] + [b * (verify_query_len or 1) for b in self.verify_sizes])
         b, d = self.max_bs, self.device
         self.input_ids = torch.zeros(tokens, dtype=torch.int64, device=d)

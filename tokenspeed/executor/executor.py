@@ -42,7 +42,7 @@ from tokenspeed.errors import ContextTooLong, EngineDead, InvalidRequest
 from tokenspeed.executor.attention_ranks import AttentionRanks
 from tokenspeed.executor.cpu_decode import CPUDecodeForward
 from tokenspeed.executor.cpu_threads import apply_cpu_threads
-from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes, verify_graph_sizes
 from tokenspeed.executor.kv_tiers import HostKVTier, default_host_kv_cache_bytes
 from tokenspeed.executor.memory_check import check_fits, weight_bytes
 from tokenspeed.executor.model_runner import ModelRunner, StepHandle
@@ -309,14 +309,17 @@ class Executor:
     @property
     def verify_shape(self) -> tuple[int, int | None] | None:
         """(drafts every verify row is padded to, the most tokens a verify step replays from a graph: None
-        without verify graphs), or None where verify rows run unpadded (the CPU, or no speculation). The
-        scheduler prices a drafting step by it (`scheduler/speculation.py`)."""
+        where verify graphs failed their probe), or None where verify rows run unpadded (the CPU, or no
+        speculation). The scheduler prices a drafting step by it (`scheduler/speculation.py`). Without
+        graphs (`enforce_eager`) steps are priced as the graphs would run them: graphs on and off then plan
+        the same steps, and give the same tokens in bf16 too, where a token's rounding depends on the step
+        that computed it."""
         q_len = self.runner.verify_query_len
         if q_len <= 1:
             return None
         graphs = self.runner.graphs
-        tokens = max(graphs.verify_sizes) * q_len if graphs is not None and graphs.verify_sizes else None
-        return q_len - 1, tokens
+        sizes = graphs.verify_sizes if graphs is not None else verify_graph_sizes(self._graph_max_bs(), q_len)
+        return q_len - 1, max(sizes) * q_len if sizes else None
 
     def _graph_max_bs(self) -> int:
         return min(self.config.cuda_graph_max_bs or _MAX_GRAPH_BS, self.config.max_num_seqs)

@@ -27,7 +27,8 @@ small step is launch- and memory-bound (its extra positions nearly free, so
 one user at bs1 still drafts 15), a full one pays c per position (c: the
 cost measured at a full graph). When R * (k_max + 1) exceeds the largest
 verify graph the step would run eagerly at many times a decode step's cost:
-no drafts. Host
+no drafts. Without graphs (`enforce_eager`) the executor reports the graphs'
+bounds all the same, so graphs on and off plan the same steps. Host
 drafts are proposed before the step gate and pages are allocated after it,
 so a step that does not pay allocates nothing.
 
