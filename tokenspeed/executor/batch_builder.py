@@ -216,9 +216,7 @@ def to_forward_batch(
     input_ids, positions, slots, logits_indices, seq_lens, query_start, table = views[:7]
     rest = views[7:]
     sources = None
-    if host.placeholder_sources is not None:
-        if previous_samples is None:
-            raise RuntimeError("placeholder tokens but no previous samples to read them from")
+    if host.placeholder_sources is not None:  # resolved from `previous_samples` (the kernel checks it is given)
         sources, rest = rest[0], rest[1:]
     rows = int(host.seq_lens.size)
     if host.page_table is not None:

@@ -9,6 +9,9 @@ pieces. At decode sizes that is one program a row, all in one wave.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
+import torch
 import triton
 import triton.language as tl
 
@@ -56,13 +59,14 @@ def _step_inputs_kernel(
 @register_kernel("staging", "step_inputs", name="triton", band=Band.PORTABLE, platforms=("cuda",))
 def step_inputs_triton(staged: StagedInputs, out: StepInputs | None = None) -> StepInputs:
     """`step_inputs_reference`'s result in one launch (written into `out` when given)."""
+    if staged.sources is not None and staged.previous is None:
+        raise RuntimeError("placeholder tokens but no previous samples to read them from")
     num_tokens, num_rows, width = int(staged.input_ids.shape[0]), staged.num_rows, staged.width
     if out is None:
         out = StepInputs.empty(num_tokens, num_rows, width, staged.input_ids.device)
-    if staged.sources is not None and staged.previous is None:
-        raise RuntimeError("placeholder tokens but no previous samples to read them from")
+    tensors = [getattr(x, f.name) for x in (staged, out) for f in fields(x)]
+    assert all(t.stride(-1) == 1 for t in tensors if isinstance(t, torch.Tensor)), "rows must be contiguous"
     table = staged.table
-    assert table.stride(1) == 1 and out.page_table.stride(1) == 1, "page-table rows must be contiguous"
     sources = staged.sources if staged.sources is not None else staged.input_ids
     previous = staged.previous if staged.previous is not None else staged.input_ids
     table_rows = staged.table_rows if staged.table_rows is not None else staged.input_ids
