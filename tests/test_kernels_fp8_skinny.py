@@ -46,6 +46,22 @@ def test_fp8_skinny_gemm_matches_reference(
         fp8_gemv_triton(x, w8, scales, block_size=block_size, config=SkinnyConfig(16, 1, 2), residual=x[:, :n])
 
 
+@interpreted
+@pytest.mark.parametrize("m", [1, 5])
+def test_no_scale_is_read_past_the_tensor_where_k_ends_inside_a_step(m: int) -> None:
+    """K = 300 with 256-wide steps of two 128-groups: the last step's second group lies wholly past K and has
+    no scale column. The scales sit right before NaNs, so a read past them shows in the output (seen failing:
+    the skinny GEMM read it for the last row block's rows)."""
+    x, w8, scales, bias = _gemm_case(m, 40, 300, (16, 128), torch.float32)
+    padded = torch.full((scales.numel() + 64,), float("nan"))
+    padded[: scales.numel()] = scales.reshape(-1)
+    scales = padded[: scales.numel()].view(scales.shape)  # contiguous, NaNs after its end
+    want = fp8_gemm_reference(x, w8, scales, block_size=(16, 128), bias=bias)
+    for config in [None, *skinny_shapes()] if m > 1 else [None]:
+        got = fp8_gemv_triton(x, w8, scales, block_size=(16, 128), bias=bias, config=config)
+        assert _rel_err(got, want) < TOL[torch.float32], config
+
+
 def test_skinny_switch_sends_two_to_sixteen_tokens_back_to_the_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOKENSPEED_FP8_SKINNY", "0")
     cuda = select_fp8_gemm_by_batch(platform="cuda", dtype=torch.bfloat16)

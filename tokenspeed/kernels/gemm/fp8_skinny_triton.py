@@ -146,7 +146,10 @@ def _skinny_group(acc, w, x_rows, scale_rows, k, offs_k, m_mask, n_mask, K: tl.c
     else:
         acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
     if not ROW_SCALE:
-        acc = acc_in + acc * tl.load(scale_rows + k // SCALE_BK, mask=n_mask, other=0.0)[None, :]
+        # A group wholly past K (the last step's second, say, where K is not a whole number of steps) has no
+        # scale column: reading one would take whatever lies past the scales (a NaN times its zero product).
+        in_k = n_mask if EVEN else n_mask & (k < K)
+        acc = acc_in + acc * tl.load(scale_rows + k // SCALE_BK, mask=in_k, other=0.0)[None, :]
     return acc
 
 
