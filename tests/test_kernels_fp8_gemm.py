@@ -244,9 +244,18 @@ GEMM_CASES = [  # (tokens, N, K, block_size)
 def _gemm_case(
     m: int, n: int, k: int, block_size: tuple[int, int], dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Activations, fp8 weights, their scales (`followed_by_nans`) and a bias."""
     gen = torch.Generator().manual_seed(m * 7 + n + k)
     w8, scales = quantize_weight_block(torch.randn(n, k, generator=gen), block_size)
-    return torch.randn(m, k, generator=gen).to(dtype), w8, scales, torch.randn(n, generator=gen).to(dtype)
+    return torch.randn(m, k, generator=gen).to(dtype), w8, followed_by_nans(scales), torch.randn(n, generator=gen).to(dtype)
+
+
+def followed_by_nans(t: torch.Tensor) -> torch.Tensor:
+    """`t`, contiguous, in a buffer whose next values are NaN: a kernel that reads past it (a scale of a K group
+    wholly past K, say) shows it in its output instead of reading whatever happens to lie there."""
+    padded = torch.full((t.numel() + 64,), float("nan"), dtype=t.dtype)
+    padded[: t.numel()] = t.reshape(-1)
+    return padded[: t.numel()].view(t.shape)
 
 
 @interpreted

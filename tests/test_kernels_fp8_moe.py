@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.test_kernels_fp8_gemm import followed_by_nans
 from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything imports triton
     fresh_process_test,
     interpreted,
@@ -53,7 +54,7 @@ def _fp8_experts(
     )
     ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)]).to(torch.int32)
     weights = torch.rand(tokens, top_k, generator=gen).softmax(-1)
-    return x, w13, w2, s13, s2, weights, ids
+    return x, w13, w2, followed_by_nans(s13), followed_by_nans(s2), weights, ids
 
 
 def test_reference_is_the_bf16_reference_on_dequantised_experts() -> None:
