@@ -135,3 +135,20 @@ def test_fast_greedy_verify_on_and_off_give_the_same_tokens(
         assert stats is not None and stats.num_accepted_tokens > 0
         assert bool(fast_steps) == fast  # on: the fast path ran (once the sampled row is done); off: never
     assert token_ids(outputs[True]) == token_ids(outputs[False]) == token_ids(base)
+
+
+def test_an_engine_without_graphs_prices_verify_steps_as_its_graphs_would(folders: dict[str, Path]) -> None:
+    """Padded verify rows but no CUDA graphs (`enforce_eager` on a GPU; here the CPU told to pad as a GPU does):
+    the executor reports the verify-step bound its graphs would have, so the scheduler's adaptive drafting plans
+    the same steps with graphs on and off (in bf16 a token's rounding depends on the step that computes it)."""
+    from tokenspeed import LLM
+    from tokenspeed.executor.cuda_graphs import VERIFY_MAX_TOKENS, verify_graph_sizes
+
+    llm = LLM(str(folders["llama"]), speculative_config=HOST_METHODS["suffix"], show_progress=False,
+              skip_tokenizer_init=True, max_num_seqs=64)  # fmt: skip
+    executor = llm.core.executor
+    assert executor.runner.graphs is None and executor.verify_shape is None  # the CPU pads nothing by itself
+    executor.runner.verify_query_len = 7
+    largest = max(verify_graph_sizes(64, 7))  # 64 rows x 7 tokens: 448, within VERIFY_MAX_TOKENS
+    assert largest == 64 and largest * 7 <= VERIFY_MAX_TOKENS
+    assert executor.verify_shape == (6, 448)
