@@ -6,11 +6,14 @@ and `to_forward_batch` giving the same batch with and without such buffers."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from tests.staging_cases import assert_same_inputs, staged_case
+from tests.test_page_tables import row
 from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything imports triton
     fresh_process_test,
     interpreted,
@@ -19,7 +22,7 @@ from tokenspeed.executor.batch_builder import RowSpec, StagingRing, build_host_b
 from tokenspeed.executor.page_tables import RequestPageTables
 from tokenspeed.kernels.staging.step_inputs import StepInputs, step_inputs_reference
 from tokenspeed.kernels.staging.step_inputs_triton import BLOCK, step_inputs_triton
-from tokenspeed.scheduler import ExecutionPlan, SamplingParams, ScheduledRow
+from tokenspeed.scheduler import ExecutionPlan
 from tokenspeed.scheduler.plan import PLACEHOLDER_TOKEN_ID
 
 test_interpreter_suite_in_fresh_process = fresh_process_test(__file__)
@@ -66,14 +69,8 @@ def test_to_forward_batch_into_given_buffers_gives_the_same_batch() -> None:
     """Request tables with a placeholder token and graph padding, resolved into new tensors and into views of
     wider buffers (what the runner passes when a CUDA graph runs the step): same numbers, and the views hold them."""
     tables = RequestPageTables(torch.device("cpu"), scratch_page=9, rows=4, width=4)
-    def row(request_id: str, tokens: list[int], start: int, pages: list[int]) -> ScheduledRow:
-        return ScheduledRow(
-            request_id=request_id, input_token_ids=tokens, start_position=start, first_new_page=0,
-            new_page_ids=pages, sampling=SamplingParams(), sample=True, seed=0, sample_index=0,
-            prompt_token_ids=[], output_token_ids=[],
-        )  # fmt: skip
-
-    plan = ExecutionPlan(1, [row("a", [5, 6, 7], 0, [1, 2]), row("b", [PLACEHOLDER_TOKEN_ID], 4, [3, 4])])
+    placeholder_row = dataclasses.replace(row("b", 0, [3, 4], 4), input_token_ids=[PLACEHOLDER_TOKEN_ID])
+    plan = ExecutionPlan(1, [row("a", 0, [1, 2], 0, tokens=3), placeholder_row])
     slots = tables.apply(plan)
     host = build_host_batch(
         [RowSpec(r.input_token_ids, r.start_position) for r in plan.rows], 4, [2, 3],
@@ -86,7 +83,7 @@ def test_to_forward_batch_into_given_buffers_gives_the_same_batch() -> None:
     out = StepInputs(buffers.input_ids[:6], buffers.positions[:6], buffers.slot_mapping[:6], buffers.seq_lens[:4],
                      buffers.query_start[:5], buffers.page_table[:4, :2])  # fmt: skip
     placed = to_forward_batch(host, staging, 4, previous, tables, out=out)
-    assert plain.input_ids.tolist() == [5, 6, 7, 71, 0, 0]
+    assert plain.input_ids.tolist() == [3, 3, 3, 71, 0, 0]
     assert plain.attn.page_table.tolist() == [[1, 2], [3, 4], [9, 0], [9, 0]]
     for got, want in [
         (placed.input_ids, plain.input_ids), (placed.positions, plain.positions),

@@ -149,6 +149,7 @@ class DecodeGraphs:
         self.query_starts = {q: torch.arange(0, (b + 1) * q, q, dtype=torch.int32, device=d)
                              for q in {1, verify_query_len or 1}}
         self.logits_indices = torch.arange(tokens, dtype=torch.int64, device=d)
+        self.step_query_start = torch.empty(b + 1, dtype=torch.int32, device=d)  # a step's own (`step_inputs`)
         self.page_table = torch.full((b, max_pages_per_seq), scratch_page, dtype=torch.int32, device=d)
         self.num_kv_heads = kv.k[0].shape[2]
         self.mla_heads = mla_query_heads(model)
@@ -265,11 +266,11 @@ class DecodeGraphs:
 
     def step_inputs(self, bs: int, q_len: int, width: int) -> StepInputs:
         """Where a step this graph runs puts its inputs (`staging.step_inputs`): the static buffers the graph
-        reads, so `replay` copies nothing; query starts, constant in the graph, go to a tensor of their own."""
+        reads, so `replay` copies nothing; query starts, constant in the graph, go to a buffer of their own."""
         tokens = bs * q_len
         return StepInputs(
             self.input_ids[:tokens], self.positions[:tokens], self.slot_mapping[:tokens], self.seq_lens[:bs],
-            torch.empty(bs + 1, dtype=torch.int32, device=self.device), self.page_table[:bs, :width],
+            self.step_query_start[: bs + 1], self.page_table[:bs, :width],
         )  # fmt: skip
 
     def replay(self, batch: ForwardBatch, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
