@@ -24,7 +24,12 @@ pair (`benchmarks/results/h100/wave2/skinny_table_2026-12-07/`). o_proj's
 run (timed alone they are within a few percent), and Llama-3.1-8B FP8
 decoded 4-5% slower at 2-16 rows with 2 than with 8
 (`satfinite_2026-12-07/` there). The one-token GEMV's H100 sweep was no
-faster end to end than its rules (`gemv_shapes_2026-12-07/`).
+faster end to end than its rules (`gemv_shapes_2026-12-07/`). The H200's holds
+the one-token GEMV's sweeps (per-channel and block scales): gate/up at 32
+rows x 256 in the fp32 loop (the other forms' bests are the rules'), and
+Llama-3.1-8B FP8 bs1 decoded 3.6% faster with it than with the rules, in
+three alternating pairs; its skinny sweep was 0.4-0.9% slower end to end
+and is left out (`benchmarks/results/h200/fp8/2026-12-07/`).
 Where a table has a key, its shape runs; elsewhere the one-token GEMV's built-in rules
 (`choose_config`) and the skinny GEMM's tuner.
 
