@@ -148,6 +148,15 @@ def launch_shapes(k: int) -> list[Fp8GemvConfig]:
         Fp8GemvConfig(block_n=16, groups=min(4, groups), num_warps=4, stages=4),
         Fp8GemvConfig(block_n=16, groups=min(8, groups), num_warps=8, stages=3),
         Fp8GemvConfig(block_n=32, groups=min(2, groups), num_warps=8, stages=4, f16_math=False),
+        # Around the H200's per-channel picks (`benchmarks/results/h200/fp8/2026-12-07/`): gate/up at
+        # 32-64 rows of 128-256 values, qkv and o at 4-8 rows of 2048. Not yet swept on an H200; on an
+        # H100 none beat the rules by more than 0.3 us (`benchmarks/results/h100/wave2/gemv_launch_shapes_2026-12-07/`).
+        Fp8GemvConfig(block_n=32, groups=min(1, groups), num_warps=4, stages=6, f16_math=False),
+        Fp8GemvConfig(block_n=64, groups=min(1, groups), num_warps=8, stages=6, f16_math=False),
+        Fp8GemvConfig(block_n=32, groups=min(2, groups), num_warps=4, stages=4),
+        Fp8GemvConfig(block_n=64, groups=min(2, groups), num_warps=8, stages=3),
+        Fp8GemvConfig(block_n=4, groups=min(16, groups), num_warps=4, stages=3),
+        Fp8GemvConfig(block_n=8, groups=min(16, groups), num_warps=4, stages=2),
     ]
 
 
