@@ -101,6 +101,19 @@ def test_online_fp8_fast_kernels_and_references_agree(name: str, skinny: str, mo
     _assert_only_near_ties_part(fast, reference, f"online {name}")
 
 
+@pytest.mark.parametrize("name", ["embedded", "embedded-moe"])
+def test_skinny_silu_mul_form_on_and_off_give_the_same_tokens(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four prompts decode together (2-4 token steps): gate/up and SiLU-and-mul in one skinny GEMM
+    (`TOKENSPEED_FP8_SKINNY_SILU=1`) or in two kernels give the same tokens (the kernel test checks the bits)."""
+    folder = embedded_model_path(name)
+    prompts = _prompts(folder)
+    tokens = {}
+    for switch in ("1", "0"):
+        monkeypatch.setenv("TOKENSPEED_FP8_SKINNY_SILU", switch)
+        tokens[switch] = _tokens(folder, prompts, quantization="fp8")
+    assert tokens["1"] == tokens["0"]
+
+
 @pytest.mark.parametrize("quantization", [None, "fp8"])
 def test_moe_router_logits_and_pair_sum_on_and_off_agree(
     quantization: str | None, monkeypatch: pytest.MonkeyPatch

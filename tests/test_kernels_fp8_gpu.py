@@ -43,6 +43,7 @@ import triton.language as tl  # noqa: E402
 
 from tests.paged_kernels import capture_cuda_graph  # noqa: E402
 from tokenspeed.kernels import arrival_counters  # noqa: E402
+from tokenspeed.kernels.activation.silu_triton import silu_and_mul_triton  # noqa: E402
 from tokenspeed.kernels.autotune import LaunchTuner  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_gemm_triton import fp8_gemm_triton  # noqa: E402
@@ -215,6 +216,24 @@ def test_every_skinny_launch_shape_is_correct(m: int, block_size: tuple[int, int
     graph, out = capture_cuda_graph(lambda: fp8_gemv_triton(x, w8, scale, block_size=block_size))
     graph.replay()
     assert _rel_err(out, want) < GEMM_TOL  # the chosen shape, replayed from a graph, bf16 output
+
+
+@pytest.mark.parametrize("m", [2, 16])
+@pytest.mark.parametrize("block_size", [WEIGHT_BLOCK, PER_CHANNEL_BLOCK], ids=["block", "per-channel"])
+def test_every_skinny_launch_shape_fuses_silu_mul_bit_for_bit(m: int, block_size: tuple[int, int]) -> None:
+    """The SiLU-and-mul form (`TOKENSPEED_FP8_SKINNY_SILU=1`) writes the bits of the unfused path: the skinny
+    GEMM's bf16 gate/up output, then the activation kernel (a program's gate and up rows are each a dot of
+    the same K order as in the plain GEMM)."""
+    inter, k = 2048, 4096
+    w8, scale = _weight(2 * inter, k, block_size, seed=m)
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(m)).to(BF16)
+    for config in skinny_shapes():
+        if config.block_n // 2 < 16:
+            continue  # the fused form halves a program's rows; a dot needs 16
+        fused = fp8_gemv_triton(x, w8, scale, block_size=block_size, config=config, silu_mul=True)
+        unfused = silu_and_mul_triton(fp8_gemv_triton(x, w8, scale, block_size=block_size, config=config))
+        assert torch.equal(fused, unfused), config
+    assert arrival_counters.all_at_rest()
 
 
 def test_launch_tuner_picks_the_fastest_and_never_times_inside_a_capture() -> None:

@@ -20,6 +20,16 @@ _BLOCK = 1024
 
 
 @triton.jit
+def silu_mul_rounded(gate, up, dtype: tl.constexpr):
+    """silu(gate) * up in `dtype` from fp32 `gate` and `up` (each holding a `dtype` value), the silu rounded to
+    `dtype` before the multiply: this kernel's arithmetic, which the GEMMs that fuse the activation into
+    their epilogue (`gemm/fp8_gemv_triton.py`, `gemm/fp8_skinny_triton.py`) share so that fused and unfused
+    give the same bits."""
+    act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    return (act * up).to(dtype)
+
+
+@triton.jit
 def _silu_and_mul_kernel(
     x_ptr, out_ptr, stride_x, D: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr
 ):
@@ -30,8 +40,7 @@ def _silu_and_mul_kernel(
     mask = offs < D
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + D + offs, mask=mask, other=0.0).to(tl.float32)
-    act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * D + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * D + offs, silu_mul_rounded(gate, up, out_ptr.dtype.element_ty), mask=mask)
 
 
 @register_kernel(

@@ -10,7 +10,9 @@ at one batch size always replays the same kernel. On a CUDA device with bf16
 activations that is the Triton GEMV up to 16 tokens and cuBLAS (`scaled_mm`,
 which hands the layouts it cannot take to the Triton GEMM) above; on the
 CPU both sides are the reference. `TOKENSPEED_FP8_SKINNY=0` keeps the GEMV
-side at one token (`gemv_max_tokens`).
+side at one token (`gemv_max_tokens`). `TOKENSPEED_FP8_SKINNY_SILU=1` sends a
+gated MLP's 2-16 token gate/up to the skinny GEMM's SiLU-and-mul form
+(`skinny_silu_mul_max_tokens`).
 """
 
 from __future__ import annotations
@@ -71,6 +73,13 @@ def gemv_max_tokens() -> int:
     """Tokens the GEMV side serves: `FP8_GEMV_MAX_TOKENS`, or 1 with `TOKENSPEED_FP8_SKINNY=0` (the skinny
     GEMM's off switch: 2-16 tokens then take the FP8 GEMMs, as before it existed)."""
     return 1 if os.environ.get("TOKENSPEED_FP8_SKINNY", "1") == "0" else FP8_GEMV_MAX_TOKENS
+
+
+def skinny_silu_mul_max_tokens() -> int:
+    """Most rows an FP8 gate/up takes in its SiLU-and-mul form: `gemv_max_tokens()` with
+    `TOKENSPEED_FP8_SKINNY_SILU=1` (2-16 tokens: the skinny GEMM writes silu(gate) * up, no activation
+    kernel), else 1 (the one-token GEMV's fused form only). Off by default until it is timed on a GPU."""
+    return gemv_max_tokens() if os.environ.get("TOKENSPEED_FP8_SKINNY_SILU", "0") == "1" else 1
 
 
 def select_fp8_gemm_by_batch(*, platform: str, dtype: torch.dtype) -> Fp8GemmByBatch:

@@ -97,6 +97,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tokenspeed.kernels.activation.silu_triton import silu_mul_rounded
 from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
 from tokenspeed.kernels.gemm.fp8_gemv_shapes import form_key, gpu_name_of, table_for
@@ -203,9 +204,7 @@ def _round_like_unfused(acc, acc_up, x_ptr, SILU_MUL: tl.constexpr):
     act_dtype = x_ptr.dtype.element_ty
     acc = acc.to(act_dtype).to(tl.float32)
     if SILU_MUL:
-        up = acc_up.to(act_dtype).to(tl.float32)
-        gate = (acc / (1.0 + tl.exp(-acc))).to(act_dtype).to(tl.float32)
-        acc = (gate * up).to(act_dtype).to(tl.float32)
+        acc = silu_mul_rounded(acc, acc_up.to(act_dtype).to(tl.float32), act_dtype).to(tl.float32)
     return acc
 
 
@@ -425,9 +424,10 @@ def fp8_gemv_triton(
     The decode layer's fused forms, as in the bf16 GEMV (`gemv_triton.py`): `norm_weight` applies
     RMSNorm to x first, `silu_mul` treats the weight as `[2N, K]` gate then up rows and returns
     silu(gate) * up `[..., N]` (`fits_silu_mul` says which block scales allow it), `residual` is
-    added to the result. `config` None: 2-16 tokens without fused forms take the skinny GEMM
-    (`fp8_skinny_triton.py`), anything else the one-token kernel at `choose_config`'s launch shape;
-    a `SkinnyConfig` forces the skinny GEMM, an `Fp8GemvConfig` the one-token kernel.
+    added to the result. `config` None: 2-16 tokens without a norm or residual take the skinny GEMM
+    (`fp8_skinny_triton.py`, which has the SiLU-and-mul form), anything else the one-token kernel at
+    `choose_config`'s launch shape; a `SkinnyConfig` forces the skinny GEMM, an `Fp8GemvConfig` the
+    one-token kernel.
     """
     n, k = check_fp8_gemm_args(x, weight, weight_scale, block_size)
     if weight.stride(-1) != 1:
@@ -446,11 +446,11 @@ def fp8_gemv_triton(
         return out.view(*x.shape[:-1], n)
     res = None if residual is None else residual.reshape(-1, n)
     scales = weight_scale.contiguous()
-    fused = norm_weight is not None or res is not None or silu_mul
-    if isinstance(config, SkinnyConfig) or (config is None and 1 < m <= SKINNY_BLOCK_M and not fused):
-        if fused:
-            raise ValueError("the skinny GEMM has no fused forms (norm, residual, silu_mul)")
-        fp8_skinny_gemm(x2, weight, scales, out, block_size=block_size, bias=bias, config=config)
+    norm_or_residual = norm_weight is not None or res is not None
+    if isinstance(config, SkinnyConfig) or (config is None and 1 < m <= SKINNY_BLOCK_M and not norm_or_residual):
+        if norm_or_residual:
+            raise ValueError("the skinny GEMM has no norm or residual forms")
+        fp8_skinny_gemm(x2, weight, scales, out, block_size=block_size, bias=bias, config=config, silu_mul=silu_mul)
         return out.view(*x.shape[:-1], n)
 
     config = config or choose_config(k, silu_mul=silu_mul, block_size=block_size, norm=norm_weight is not None,

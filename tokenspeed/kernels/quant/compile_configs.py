@@ -58,19 +58,23 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
                 num_warps=cfg.num_warps,
             )
     # The skinny GEMM (2-16 tokens) at down_proj's shape (the others differ only in N and K), block and
-    # per-channel scales; every launch shape.
-    n, k = 4096, 14336
-    for cfg in fp8_skinny_triton.skinny_shapes():
-        for row_scale in (False, True):
-            constexprs = dict(N=n, K=k, SCALE_BN=1 if row_scale else 128, SCALE_BK=k if row_scale else 128)
-            constexprs |= dict(ROW_SCALE=row_scale, BLOCK_M=fp8_skinny_triton.SKINNY_BLOCK_M, BLOCK_N=cfg.block_n)
-            splits, k_split = fp8_skinny_triton.split_plan(k, cfg)
-            constexprs |= dict(GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages, EVEN=True, F16_DOTS=True)
-            constexprs |= dict(SPLIT_K=splits, K_SPLIT=k_split, HAS_BIAS=False, USE_PDL=True)
-            yield KernelConfig(
-                f"gemm.fp8 skinny n={n} k={k} row_scale={row_scale} {cfg}",
-                fp8_skinny_triton._fp8_skinny_kernel,
-                constexprs,
-                pointers={"w_ptr": FP8, "ws_ptr": "fp32", "part_ptr": "fp32", "count_ptr": "i32"},
-                num_warps=cfg.num_warps,
-            )
+    # per-channel scales, and its SiLU-and-mul form at gate/up's (half a program's rows from each half);
+    # every launch shape.
+    for form, n, k, silu_mul in (("down", 4096, 14336, False), ("gate_up silu_mul", 14336, 4096, True)):
+        for cfg in fp8_skinny_triton.skinny_shapes():
+            block_n = cfg.block_n // 2 if silu_mul else cfg.block_n
+            if block_n < 16:
+                continue  # the fused form does not take it (a dot needs 16 rows)
+            for row_scale in (False, True):
+                constexprs = dict(N=n, K=k, SCALE_BN=1 if row_scale else 128, SCALE_BK=k if row_scale else 128)
+                constexprs |= dict(ROW_SCALE=row_scale, BLOCK_M=fp8_skinny_triton.SKINNY_BLOCK_M, BLOCK_N=block_n)
+                splits, k_split = fp8_skinny_triton.split_plan(k, cfg)
+                constexprs |= dict(GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages, EVEN=True, F16_DOTS=True)
+                constexprs |= dict(SPLIT_K=splits, K_SPLIT=k_split, HAS_BIAS=False, SILU_MUL=silu_mul, USE_PDL=True)
+                yield KernelConfig(
+                    f"gemm.fp8 skinny {form} n={n} k={k} row_scale={row_scale} {cfg}",
+                    fp8_skinny_triton._fp8_skinny_kernel,
+                    constexprs,
+                    pointers={"w_ptr": FP8, "ws_ptr": "fp32", "part_ptr": "fp32", "count_ptr": "i32"},
+                    num_warps=cfg.num_warps,
+                )
