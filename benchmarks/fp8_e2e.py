@@ -20,8 +20,9 @@ Sections (`--sections`, comma separated; the JSON is rewritten after each):
   Targets: fp8 TPOT <= 1.15 x roofline, bf16 TPOT / fp8 TPOT >= 1.7.
 - `llama_batch`: Llama-3.1-8B at 4 and 16 rows (`--batches`; context 1024), where the FP8
   projections take the skinny tensor-core GEMM (2-16 tokens): FP8 with it,
-  FP8 without it (`TOKENSPEED_FP8_SKINNY=0`, the FP8 GEMMs) and bf16; TPOT
-  and tokens/s. The skinny GEMM's effect on a decode step, at short context.
+  with its SiLU-and-mul form too (`TOKENSPEED_FP8_SKINNY_SILU=1`), FP8
+  without it (`TOKENSPEED_FP8_SKINNY=0`, the FP8 GEMMs) and bf16; TPOT and
+  tokens/s. The skinny GEMM's effect on a decode step, at short context.
 - `qwen3_moe`: the qwen3-30b-a3b-fp8 preset (block-FP8 checkpoint format),
   decode at bs1 and bs64 (TPOT, tokens/s, and the bs1 roofline of the active
   parameters: attention, router and top-8 of 128 experts per layer).
@@ -212,10 +213,12 @@ def llama_batch(args: argparse.Namespace, models: dict[str, str]) -> None:
     prompt_len, new_tokens = (8, 4) if args.smoke else (1024, 128)
     batches = (2, 4) if args.smoke else tuple(int(b) for b in args.batches.split(","))
     out: dict[str, Any] = RESULTS.setdefault("llama_batch", {"prompt_len": prompt_len, "new_tokens": new_tokens})
-    variants = (("fp8", {"quantization": "fp8"}, "1"), ("fp8_no_skinny", {"quantization": "fp8"}, "0"),
-                ("bf16", {}, "1"))
-    for name, options, skinny in variants:
-        with mock.patch.dict(os.environ, {"TOKENSPEED_FP8_SKINNY": skinny}):  # read as the engine loads its layers
+    # The FP8 switches beside the default: the skinny GEMM's SiLU-and-mul form on, the skinny GEMM off.
+    fp8, plain = {"quantization": "fp8"}, {"TOKENSPEED_FP8_SKINNY": "1", "TOKENSPEED_FP8_SKINNY_SILU": "0"}
+    variants = (("fp8", fp8, plain), ("fp8_skinny_silu", fp8, plain | {"TOKENSPEED_FP8_SKINNY_SILU": "1"}),
+                ("fp8_no_skinny", fp8, plain | {"TOKENSPEED_FP8_SKINNY": "0"}), ("bf16", {}, plain))
+    for name, options, switches in variants:
+        with mock.patch.dict(os.environ, switches):  # read as the engine loads its layers
             llm = llama_engine(args, models, max(batches), **options)
         for batch in batches:
             step = decode_step_s(llm, batch, prompt_len, new_tokens, random.Random(batch), args.repeats)
@@ -223,8 +226,11 @@ def llama_batch(args: argparse.Namespace, models: dict[str, str]) -> None:
                                                       "tokens_per_s": round(batch / step, 1)}
             log(f"llama_batch {name} bs{batch}: TPOT {step * 1e3:.3f} ms, {batch / step:.0f} tok/s")
         release(llm)
-    out["skinny_speedup"] = {f"bs{b}": round(out["fp8_no_skinny"][f"bs{b}"]["tpot_ms"] / out["fp8"][f"bs{b}"]["tpot_ms"], 3)
-                             for b in batches}
+    def speedup(slower: str, faster: str) -> dict[str, float]:
+        return {f"bs{b}": round(out[slower][f"bs{b}"]["tpot_ms"] / out[faster][f"bs{b}"]["tpot_ms"], 3) for b in batches}
+
+    out["skinny_speedup"] = speedup("fp8_no_skinny", "fp8")
+    out["skinny_silu_speedup"] = speedup("fp8", "fp8_skinny_silu")
     from tokenspeed.kernels.gemm.fp8_skinny_triton import tuned_skinny_shapes
 
     out["fp8_skinny_launches"] = tuned_picks(tuned_skinny_shapes(), "launch")  # the tuner's; none where a table has them
