@@ -43,6 +43,19 @@ def _fp8_mlp_with_gpu_kernels(monkeypatch: pytest.MonkeyPatch, block: tuple[int,
     return mlp
 
 
+def _decode_form_error(mlp: Any, rows: int) -> float:
+    """Relative difference of the MLP's decode form (norm, gate/up, SiLU-and-mul, down, residual add in its
+    fused kernels) from the plain path on the reference FP8 kernels, for `rows` random rows."""
+    from tokenspeed.layers.norm import RMSNorm
+
+    gen = torch.Generator().manual_seed(rows)
+    norm = RMSNorm(256, 1e-6)
+    norm.weight.data.copy_(1 + 0.1 * torch.randn(256, generator=gen))
+    x, residual = torch.randn(rows, 256, generator=gen), torch.randn(rows, 256, generator=gen)
+    fused = mlp.forward_decode(x, norm=norm, residual=residual)
+    return _rel_err(fused, residual + mlp.down_proj(mlp._act(mlp.gate_up_proj(norm(x)))))
+
+
 @interpreted
 @pytest.mark.parametrize("block", [(128, 128), PER_CHANNEL_BLOCK])
 def test_fp8_layers_route_the_decode_forms_to_the_fused_fp8_gemv(
@@ -52,19 +65,12 @@ def test_fp8_layers_route_the_decode_forms_to_the_fused_fp8_gemv(
     fused kernels whose result equals the plain path (norm, gate/up, SiLU-and-mul, down, residual add)."""
     from tokenspeed.layers import mlp as mlp_module
     from tokenspeed.layers.mlp import GatedMLP
-    from tokenspeed.layers.norm import RMSNorm
     from tokenspeed.models.fp8_model import _route_decode_paths
 
     mlp = _fp8_mlp_with_gpu_kernels(monkeypatch, block)
     assert mlp.decode_max_tokens == FP8_FUSED_DECODE_MAX_TOKENS
-    assert mlp._fused_max_tokens == FP8_FUSED_DECODE_MAX_TOKENS  # 2-16 rows: gate/up, then the activation kernel
-    gen = torch.Generator().manual_seed(6)
-    norm = RMSNorm(256, 1e-6)
-    norm.weight.data.copy_(1 + 0.1 * torch.randn(256, generator=gen))
-    x, residual = torch.randn(1, 256, generator=gen), torch.randn(1, 256, generator=gen)
-    fused = mlp.forward_decode(x, norm=norm, residual=residual)
-    plain = residual + mlp.down_proj(mlp._act(mlp.gate_up_proj(norm(x))))  # the reference FP8 kernels
-    assert _rel_err(fused, plain) < 1e-5
+    assert mlp._fused_max_tokens == FP8_FUSED_DECODE_MAX_TOKENS  # 2-16 rows: the plain path (switch off)
+    assert _decode_form_error(mlp, rows=1) < 1e-5
     monkeypatch.setattr(mlp_module, "select_decode_gemm", lambda mode, **_: (None, -1))  # the off switch
     off = GatedMLP(256, 256, dtype=torch.float32)
     off.gate_up_proj.weight.data.zero_()
@@ -75,17 +81,15 @@ def test_fp8_layers_route_the_decode_forms_to_the_fused_fp8_gemv(
 
 @interpreted
 @pytest.mark.parametrize("block", [(128, 128), PER_CHANNEL_BLOCK])
-def test_fp8_gate_up_takes_the_skinny_silu_mul_form_at_two_to_sixteen_rows_when_switched_on(
+def test_fp8_decode_forms_serve_two_to_sixteen_rows_on_the_skinny_gemm_when_switched_on(
     monkeypatch: pytest.MonkeyPatch, block: tuple[int, int]
 ) -> None:
-    """`TOKENSPEED_FP8_SKINNY_SILU=1`: a gated MLP's 2-16 rows run gate/up and the activation as one skinny
-    GEMM (the result equals the plain path's); the decoder layer's fused bound stays at one row (no norm or
-    residual form at 2-16), and `TOKENSPEED_FP8_SKINNY=0` (no skinny GEMM) keeps the activation kernel."""
-    monkeypatch.setenv("TOKENSPEED_FP8_SKINNY_SILU", "1")
+    """`TOKENSPEED_FP8_SKINNY_FUSED=1`: the fused decode forms serve 2-16 rows too (the skinny GEMM's norm
+    prologue, SiLU-and-mul and residual epilogue), with the plain path's result; `TOKENSPEED_FP8_SKINNY=0`
+    (no skinny GEMM) keeps them at one row."""
+    monkeypatch.setenv("TOKENSPEED_FP8_SKINNY_FUSED", "1")
     mlp = _fp8_mlp_with_gpu_kernels(monkeypatch, block)
-    assert mlp._fused_max_tokens == FP8_GEMV_MAX_TOKENS and mlp.decode_max_tokens == FP8_FUSED_DECODE_MAX_TOKENS
-    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(7))
-    plain = mlp.down_proj(mlp._act(mlp.gate_up_proj(x)))  # the reference FP8 kernels
-    assert _rel_err(mlp(x), plain) < 1e-5
+    assert mlp.decode_max_tokens == mlp._fused_max_tokens == FP8_GEMV_MAX_TOKENS
+    assert _decode_form_error(mlp, rows=4) < 1e-5
     monkeypatch.setenv("TOKENSPEED_FP8_SKINNY", "0")
-    assert _fp8_mlp_with_gpu_kernels(monkeypatch, block)._fused_max_tokens == FP8_FUSED_DECODE_MAX_TOKENS
+    assert _fp8_mlp_with_gpu_kernels(monkeypatch, block).decode_max_tokens == FP8_FUSED_DECODE_MAX_TOKENS

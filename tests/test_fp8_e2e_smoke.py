@@ -26,9 +26,9 @@ def test_fp8_e2e_smoke_writes_every_section(tmp_path: Path) -> None:
     assert {"fp8", "bf16", "bf16_over_fp8", "targets"} <= set(metrics["llama"])
     assert metrics["llama"]["fp8"]["weight_bytes_per_token"] < metrics["llama"]["bf16"]["weight_bytes_per_token"]
     batch = metrics["llama_batch"]
-    variants = ("fp8", "fp8_skinny_silu", "fp8_no_skinny", "bf16")
-    assert {*variants, "skinny_speedup", "skinny_silu_speedup"} <= set(batch)
-    assert set(batch["skinny_speedup"]) == set(batch["skinny_silu_speedup"]) == {"bs2", "bs4"}
+    variants = ("fp8", "fp8_skinny_fused", "fp8_no_skinny", "bf16")
+    assert {*variants, "skinny_speedup", "skinny_fused_speedup"} <= set(batch)
+    assert set(batch["skinny_speedup"]) == set(batch["skinny_fused_speedup"]) == {"bs2", "bs4"}
     assert all(batch[name]["bs4"]["tpot_ms"] > 0 for name in variants)
     assert {"bs1", "bs2", "decode_tiles"} <= set(metrics["qwen3_moe"]) and "roofline_ratio" in metrics["qwen3_moe"]["bs1"]
     kv = metrics["kv_long"]

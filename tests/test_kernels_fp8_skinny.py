@@ -19,6 +19,7 @@ from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch
 from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton
 from tokenspeed.kernels.gemm.fp8_reference import fp8_gemm_reference
 from tokenspeed.kernels.gemm.fp8_skinny_triton import SkinnyConfig, skinny_shapes
+from tokenspeed.kernels.norm.rms_reference import rms_norm_reference
 
 test_interpreter_suite_in_fresh_process = fresh_process_test(__file__)
 
@@ -46,16 +47,20 @@ def test_fp8_skinny_gemm_matches_reference(
     assert arrival_counters.all_at_rest()  # every launch reset them
     logits = fp8_gemv_triton(x.view(1, m, k), w8, scales, block_size=block_size, bias=bias, out_dtype=torch.float32)
     assert logits.shape == (1, m, n) and _rel_err(logits[0], want) < TOL[dtype]
-    with pytest.raises(ValueError, match="no norm or residual forms"):
-        fp8_gemv_triton(x, w8, scales, block_size=block_size, config=SkinnyConfig(16, 1, 2), residual=x[:, :n])
+
+
+FUSED_CASES = [(2, 64, 256, (64, 128)), (5, 40, 300, (8, 128)), (3, 64, 2200, (64, 128)), (16, 32, 2048, PER_CHANNEL_BLOCK)]
+
+
+def _fused_shapes(halved: bool) -> list[SkinnyConfig | None]:
+    """None (the table or tuner) and every launch shape; the SiLU-and-mul form halves a program's rows, and a
+    dot needs 16."""
+    return [None, *(c for c in skinny_shapes() if not halved or c.block_n // 2 >= 16)]
 
 
 @interpreted
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(
-    ("m", "n", "k", "block_size"),
-    [(2, 64, 256, (64, 128)), (5, 40, 300, (8, 128)), (3, 64, 2200, (64, 128)), (16, 32, 2048, PER_CHANNEL_BLOCK)],
-)
+@pytest.mark.parametrize(("m", "n", "k", "block_size"), FUSED_CASES)
 def test_fp8_skinny_silu_mul_matches_the_unfused_path(
     dtype: torch.dtype, m: int, n: int, k: int, block_size: tuple[int, int]
 ) -> None:
@@ -65,14 +70,38 @@ def test_fp8_skinny_silu_mul_matches_the_unfused_path(
     x, w8, scales, bias = _gemm_case(m, 2 * n, k, block_size, dtype)
     gate_up = fp8_gemm_reference(x.float(), w8, scales, block_size=block_size, bias=bias.float()).to(dtype)
     want = silu_and_mul_reference(gate_up.float())
-    for config in [None, *skinny_shapes()]:
-        if config is not None and config.block_n // 2 < 16:
-            continue  # the fused form halves a program's rows; a dot needs 16
+    for config in _fused_shapes(halved=True):
         got = fp8_gemv_triton(x, w8, scales, block_size=block_size, bias=bias, config=config, silu_mul=True)
         assert got.dtype == dtype and got.shape == (m, n)
         assert _rel_err(got, want) < 4 * TOL[dtype], config
         unfused = silu_and_mul_triton(fp8_gemv_triton(x, w8, scales, block_size=block_size, bias=bias, config=config))
         assert _rel_err(got, unfused) < TOL[dtype], config
+    assert arrival_counters.all_at_rest()
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("m", "n", "k", "block_size"), FUSED_CASES)
+def test_fp8_skinny_norm_and_residual_forms_match_the_reference(
+    dtype: torch.dtype, m: int, n: int, k: int, block_size: tuple[int, int]
+) -> None:
+    """The RMSNorm prologue (each program recomputes its tokens' RMS; rounded as `rms_norm_reference`) and the
+    residual epilogue (round(round(x W^T) + residual)), at every launch shape: split-K programs all normalise,
+    and the last to arrive adds the residual once."""
+    x, w8, scales, bias = _gemm_case(m, n, k, block_size, dtype)
+    gen = torch.Generator().manual_seed(m + k)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype)
+    res = torch.randn(m, n, generator=gen).to(dtype)
+    normed_x = rms_norm_reference(x, norm_w, 1e-6)
+    want_norm = fp8_gemm_reference(normed_x.float(), w8, scales, block_size=block_size, bias=bias.float())
+    want_res = fp8_gemm_reference(x.float(), w8, scales, block_size=block_size, bias=bias.float()).to(dtype)
+    want_res = (want_res.float() + res.float()).to(dtype)
+    for config in _fused_shapes(halved=False):
+        got = fp8_gemv_triton(x, w8, scales, block_size=block_size, bias=bias, config=config, norm_weight=norm_w,
+                              eps=1e-6)
+        assert _rel_err(got, want_norm) < 4 * TOL[dtype], config
+        got = fp8_gemv_triton(x, w8, scales, block_size=block_size, bias=bias, config=config, residual=res)
+        assert _rel_err(got, want_res) < TOL[dtype], config
     assert arrival_counters.all_at_rest()
 
 

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from tokenspeed.errors import ModelNotSupported
-from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul, skinny_silu_mul_max_tokens
+from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
 from tokenspeed.layers.fp8_weights import (
     AmaxReduce,
     dequantize_in_place,
@@ -127,14 +127,12 @@ def _row_weight(model: nn.Module, path: str, module: nn.Module) -> str:
 
 
 def _route_decode_paths(model: nn.Module) -> None:
-    """The fused decode forms now run on the FP8 GEMV: each bound becomes what its fp8 kernels serve
-    (a gated MLP's gate/up: also 2-16 rows where the skinny GEMM's SiLU-and-mul form is on)."""
+    """The fused decode forms now run on the FP8 GEMV: each bound becomes what its fp8 kernels serve."""
     for module in model.modules():
         if isinstance(module, GatedMLP) and module.gate_up_proj.fp8_block is not None:
             gate_up = module.gate_up_proj
             fits = fits_silu_mul(*gate_up.weight.shape, gate_up.fp8_block)
-            fused = fits and module._fused_max_tokens >= 0 and gate_up.decode_max_tokens >= 1
-            module._fused_max_tokens = max(gate_up.decode_max_tokens, skinny_silu_mul_max_tokens()) if fused else -1
+            module._fused_max_tokens = gate_up.decode_max_tokens if fits and module._fused_max_tokens >= 0 else -1
     for module in model.modules():
         if isinstance(module, DecoderLayer):
             module._fused_decode_max_tokens = module.fused_decode_limit()

@@ -10,9 +10,9 @@ at one batch size always replays the same kernel. On a CUDA device with bf16
 activations that is the Triton GEMV up to 16 tokens and cuBLAS (`scaled_mm`,
 which hands the layouts it cannot take to the Triton GEMM) above; on the
 CPU both sides are the reference. `TOKENSPEED_FP8_SKINNY=0` keeps the GEMV
-side at one token (`gemv_max_tokens`). `TOKENSPEED_FP8_SKINNY_SILU=1` sends a
-gated MLP's 2-16 token gate/up to the skinny GEMM's SiLU-and-mul form
-(`skinny_silu_mul_max_tokens`).
+side at one token (`gemv_max_tokens`). `TOKENSPEED_FP8_SKINNY_FUSED=1` gives
+2-16 token decode layers the fused forms in the skinny GEMM
+(`fp8_fused_decode_max_tokens`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
+from tokenspeed.kernels.gemm import FP8_FUSED_DECODE_MAX_TOKENS, FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.quant.fp8 import WEIGHT_BLOCK, BlockSize, scales_whole_rows
 from tokenspeed.kernels.registry import KernelSpec, select_kernel
 
@@ -75,11 +75,14 @@ def gemv_max_tokens() -> int:
     return 1 if os.environ.get("TOKENSPEED_FP8_SKINNY", "1") == "0" else FP8_GEMV_MAX_TOKENS
 
 
-def skinny_silu_mul_max_tokens() -> int:
-    """Most rows an FP8 gate/up takes in its SiLU-and-mul form: `gemv_max_tokens()` with
-    `TOKENSPEED_FP8_SKINNY_SILU=1` (2-16 tokens: the skinny GEMM writes silu(gate) * up, no activation
-    kernel), else 1 (the one-token GEMV's fused form only). Off by default until it is timed on a GPU."""
-    return gemv_max_tokens() if os.environ.get("TOKENSPEED_FP8_SKINNY_SILU", "0") == "1" else 1
+def fp8_fused_decode_max_tokens() -> int:
+    """Most rows the decode layer's fused FP8 forms (RMSNorm prologue, SiLU-and-mul, residual epilogue) serve:
+    `gemv_max_tokens()` with `TOKENSPEED_FP8_SKINNY_FUSED=1` (2-16 rows in the skinny GEMM's fused forms:
+    no norm or activation kernel), else `FP8_FUSED_DECODE_MAX_TOKENS` (the one-token GEMV's). Off by
+    default until it is timed on a GPU."""
+    if os.environ.get("TOKENSPEED_FP8_SKINNY_FUSED", "0") == "1":
+        return max(gemv_max_tokens(), FP8_FUSED_DECODE_MAX_TOKENS)
+    return FP8_FUSED_DECODE_MAX_TOKENS
 
 
 def select_fp8_gemm_by_batch(*, platform: str, dtype: torch.dtype) -> Fp8GemmByBatch:

@@ -24,15 +24,19 @@ spanning K, multiply the finished sum once). As the GEMV, a program asks
 for its first weight tile before it waits on the previous kernel (PDL), and
 the compiler pipelines the rest through shared memory (STAGES deep).
 
-SiLU-and-mul form (`silu_mul`, for a gated MLP's gate/up at 2-16 tokens
-with `TOKENSPEED_FP8_SKINNY_SILU=1`, `fp8_dispatch.skinny_silu_mul_max_tokens`):
-a program streams BLOCK_N / 2 gate rows n and the up rows n + N beside
-them (the same bytes a program as the plain GEMM at the weight shape's
-launch), each group's activations converted once for both dots, and
-writes silu(gate) * up rounded as the GEMM's output followed by the
-activation kernel (`activation.silu_triton.silu_mul_rounded`): the same
-bits, one launch and one `[tokens, 2N]` round trip fewer per layer. Not
-yet timed on a GPU, so off by default.
+The decode layer's fused forms, as the one-token GEMV has them (for 2-16
+row steps with `TOKENSPEED_FP8_SKINNY_FUSED=1`,
+`fp8_dispatch.fp8_fused_decode_max_tokens`), each rounded as the unfused
+path: an RMSNorm prologue (each program, each K split, recomputes its
+tokens' RMS in one pass over x and normalises each group on load), a
+residual epilogue (the row block's last program adds it once), and
+SiLU-and-mul (`silu_mul`): a program streams BLOCK_N / 2 gate rows n and
+the up rows n + N beside them (the same bytes a program as the plain GEMM
+at the weight shape's launch), each group's activations converted once for
+both dots, and writes silu(gate) * up as the activation kernel computes it
+(`activation.silu_triton.silu_mul_rounded`). Per layer that is two norm
+kernels, the activation kernel and their round trips fewer. Not yet timed
+on a GPU, so off by default.
 
 Grid: BLOCK_N rows by `split_k` K ranges. Where a shape has too few row
 blocks to fill the GPU (o_proj at 4096 rows: 64 programs of 64 rows), its
@@ -141,12 +145,18 @@ def measured_skinny_shape(n: int, k: int, block_size: BlockSize, gpu_name: str) 
 
 
 @triton.jit
-def _skinny_x(x_rows, k, offs_k, m_mask, K: tl.constexpr, EVEN: tl.constexpr, F16_DOTS: tl.constexpr):
-    """The tokens' activations of the K group at k, `[BLOCK_M, 128]`, as the dot takes them."""
+def _skinny_x(x_rows, k, offs_k, m_mask, norm_w_ptr, rstd, K: tl.constexpr, EVEN: tl.constexpr,
+              F16_DOTS: tl.constexpr, HAS_NORM: tl.constexpr):
+    """The tokens' activations of the K group at k, `[BLOCK_M, 128]`, as the dot takes them; RMS-normalised
+    (`rstd` per token) and rounded as `rms_norm_reference` rounds them when HAS_NORM."""
     if EVEN:
         x = tl.load(x_rows + k + offs_k[None, :], mask=m_mask[:, None], other=0.0)
     else:
         x = tl.load(x_rows + k + offs_k[None, :], mask=m_mask[:, None] & ((k + offs_k) < K)[None, :], other=0.0)
+    if HAS_NORM:
+        nw = tl.load(norm_w_ptr + k + offs_k, mask=(k + offs_k) < K, other=0.0).to(tl.float32)
+        normed = (x.to(tl.float32) * rstd[:, None]).to(x.dtype).to(tl.float32)
+        x = (nw[None, :] * normed).to(x.dtype)
     if F16_DOTS:
         x = to_f16_saturated(x)
     else:
@@ -175,12 +185,12 @@ def _skinny_dot(acc, x, w, scale_rows, k, n_mask, K: tl.constexpr, SCALE_BK: tl.
 
 
 @triton.jit
-def _skinny_group(acc, acc_up, w, w_up, x_rows, scale_rows, up_scale_rows, k, offs_k, m_mask, n_mask,
-                  K: tl.constexpr, SCALE_BK: tl.constexpr, ROW_SCALE: tl.constexpr, EVEN: tl.constexpr,
-                  F16_DOTS: tl.constexpr, SILU_MUL: tl.constexpr):
+def _skinny_group(acc, acc_up, w, w_up, x_rows, scale_rows, up_scale_rows, k, offs_k, m_mask, n_mask, norm_w_ptr,
+                  rstd, K: tl.constexpr, SCALE_BK: tl.constexpr, ROW_SCALE: tl.constexpr, EVEN: tl.constexpr,
+                  F16_DOTS: tl.constexpr, SILU_MUL: tl.constexpr, HAS_NORM: tl.constexpr):
     """One K group of the gate (or only) rows and, with SILU_MUL, of the up rows: the activations are
-    loaded and converted once for both."""
-    x = _skinny_x(x_rows, k, offs_k, m_mask, K, EVEN, F16_DOTS)
+    loaded (and normalised) and converted once for both."""
+    x = _skinny_x(x_rows, k, offs_k, m_mask, norm_w_ptr, rstd, K, EVEN, F16_DOTS, HAS_NORM)
     acc = _skinny_dot(acc, x, w, scale_rows, k, n_mask, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS)
     if SILU_MUL:
         acc_up = _skinny_dot(acc_up, x, w_up, up_scale_rows, k, n_mask, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS)
@@ -203,13 +213,17 @@ def _fp8_skinny_kernel(
     w_ptr,
     ws_ptr,
     bias_ptr,
+    norm_w_ptr,
+    res_ptr,
     out_ptr,
     part_ptr,
     count_ptr,
     M,
+    eps,
     stride_xm,
     stride_wn,
     stride_wsn,
+    stride_rm,
     stride_om,
     N: tl.constexpr,
     K: tl.constexpr,
@@ -227,6 +241,8 @@ def _fp8_skinny_kernel(
     F16_DOTS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     BLOCK_K: tl.constexpr = GROUPS * GROUP_K
@@ -262,21 +278,36 @@ def _fp8_skinny_kernel(
         gdc_wait()
         gdc_launch_dependents()
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_NORM:  # each program recomputes its tokens' RMS over the whole row (cheaper than a norm kernel)
+        squares = tl.zeros([BLOCK_M, GROUP_K], dtype=tl.float32)
+        for k_sq in range(0, K, GROUP_K):
+            in_row = m_mask[:, None] & ((k_sq + offs_k) < K)[None, :]
+            xv = tl.load(x_rows + k_sq + offs_k[None, :], mask=in_row, other=0.0).to(tl.float32)
+            squares += xv * xv
+        rstd = tl.rsqrt(tl.sum(squares, 1) / K + eps)
+    res = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if HAS_RESIDUAL:  # requested now, used at the end: no round trip there
+        res_rows = res_ptr + offs_m.to(tl.int64)[:, None] * stride_rm
+        res = tl.load(res_rows + offs_n[None, :], mask=m_mask[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = acc
     acc, acc_up = _skinny_group(acc, acc_up, w_first, w_up_first, x_rows, scale_rows, up_scale_rows, k_lo, offs_k,
-                                m_mask, n_mask, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS, SILU_MUL)
+                                m_mask, n_mask, norm_w_ptr, rstd, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS, SILU_MUL,
+                                HAS_NORM)
     for g in tl.static_range(1, GROUPS):  # the rest of the first step
         k = k_lo + g * GROUP_K
         w, w_up = _load_group(rows, up_rows, k, offs_k, n_mask, K, EVEN, SILU_MUL)
         acc, acc_up = _skinny_group(acc, acc_up, w, w_up, x_rows, scale_rows, up_scale_rows, k, offs_k, m_mask,
-                                    n_mask, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS, SILU_MUL)
+                                    n_mask, norm_w_ptr, rstd, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS, SILU_MUL,
+                                    HAS_NORM)
     for k0 in tl.range(k_lo + BLOCK_K, k_hi, BLOCK_K, num_stages=STAGES):  # the rest, pipelined by the compiler
         for g in tl.static_range(GROUPS):
             k = k0 + g * GROUP_K
             w, w_up = _load_group(rows, up_rows, k, offs_k, n_mask, K, EVEN, SILU_MUL)
             acc, acc_up = _skinny_group(acc, acc_up, w, w_up, x_rows, scale_rows, up_scale_rows, k, offs_k, m_mask,
-                                        n_mask, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS, SILU_MUL)
+                                        n_mask, norm_w_ptr, rstd, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS, SILU_MUL,
+                                        HAS_NORM)
     if ROW_SCALE:
         acc *= row_s[None, :]
         if SILU_MUL:
@@ -309,6 +340,8 @@ def _fp8_skinny_kernel(
             y = silu_mul_rounded(acc.to(out_dtype).to(tl.float32), acc_up.to(out_dtype).to(tl.float32), out_dtype)
         else:
             y = acc.to(out_dtype)
+        if HAS_RESIDUAL:  # the residual stream: round(round(x W^T) + residual), as the unfused add does
+            y = (y.to(tl.float32) + res).to(out_dtype)
         dst = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
         tl.store(dst, y, mask=mask)
 
@@ -331,9 +364,14 @@ def fp8_skinny_gemm(
     bias: torch.Tensor | None,
     config: SkinnyConfig | None = None,
     silu_mul: bool = False,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """out `[M, N]` = x2 `[M, K]` (M <= 16, contiguous along K) @ dequantised(weight)^T (+ bias); with
-    `silu_mul`, silu(gate) * up of a `[2N, K]` gate-then-up weight, rounded as the unfused path.
+    """out `[M, N]` = x2 `[M, K]` (M <= 16, contiguous along K) @ dequantised(weight)^T (+ bias), in the
+    decode layer's fused forms as the one-token GEMV has them, each rounded as the unfused path:
+    `norm_weight` RMS-normalises x first, `silu_mul` returns silu(gate) * up of a `[2N, K]`
+    gate-then-up weight, `residual` `[M, N]` is added to the result.
 
     Arguments checked by the caller (`fp8_gemv_triton`); scales contiguous. The launch shape is the weight
     shape's (table or tuner); the fused form gives a program half its rows from the gate half and half from
@@ -361,13 +399,16 @@ def fp8_skinny_gemm(
     if splits > 1:
         parts = torch.empty(splits * SKINNY_BLOCK_M, rows, dtype=torch.float32, device=x2.device)
     for_tensor(_fp8_skinny_kernel, x2)[(n_blocks, splits)](
-        x2, weight, scales, bias if bias is not None else out, out, parts, counters if counters is not None else out,
-        m,
-        x2.stride(0), weight.stride(0), scales.stride(0), out.stride(0),
+        x2, weight, scales, bias if bias is not None else out, norm_weight if norm_weight is not None else x2,
+        residual if residual is not None else out, out, parts, counters if counters is not None else out,
+        m, eps,
+        x2.stride(0), weight.stride(0), scales.stride(0), residual.stride(0) if residual is not None else 0,
+        out.stride(0),
         N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], ROW_SCALE=scales_whole_rows(block_size, k),
         BLOCK_M=SKINNY_BLOCK_M, BLOCK_N=block_n, GROUPS=config.groups, GROUP_K=GROUP_SIZE,
         STAGES=config.stages, SPLIT_K=splits, K_SPLIT=k_split, EVEN=n % block_n == 0 and k % block_k == 0,
         F16_DOTS=x2.dtype != torch.float32, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
+        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
         num_warps=config.num_warps, **pdl_launch_options(pdl_enabled(x2.device)),
     )  # fmt: skip
     return out
