@@ -114,7 +114,7 @@ class Linear(nn.Module):
         # The fused decode forms go on in the FP8 GEMV, unless they are off (`--kernel gemm.decode=reference`).
         fused = self._fp8_gemm.fused_decode if self._decode_gemm is not None else None
         self._decode_gemm = fused
-        self._decode_max_tokens = fp8_fused_decode_max_tokens() if fused is not None else -1
+        self._decode_max_tokens = fp8_fused_decode_max_tokens(self._fp8_gemm) if fused is not None else -1
 
     def drop_fp8(self, weight: torch.Tensor) -> None:
         """Back to a plain weight (a dequantised one, for layers that read the weight itself: MLA's kv_b_proj)."""

@@ -75,13 +75,13 @@ def gemv_max_tokens() -> int:
     return 1 if os.environ.get("TOKENSPEED_FP8_SKINNY", "1") == "0" else FP8_GEMV_MAX_TOKENS
 
 
-def fp8_fused_decode_max_tokens() -> int:
-    """Most rows the decode layer's fused FP8 forms (RMSNorm prologue, SiLU-and-mul, residual epilogue) serve:
-    `gemv_max_tokens()` with `TOKENSPEED_FP8_SKINNY_FUSED=1` (2-16 rows in the skinny GEMM's fused forms:
-    no norm or activation kernel), else `FP8_FUSED_DECODE_MAX_TOKENS` (the one-token GEMV's). Off by
-    default until it is timed on a GPU."""
+def fp8_fused_decode_max_tokens(gemm: Fp8GemmByBatch) -> int:
+    """Most rows the decode layer's fused FP8 forms (RMSNorm prologue, SiLU-and-mul, residual epilogue) serve
+    on `gemm`'s kernels: every row its small-batch kernel takes with `TOKENSPEED_FP8_SKINNY_FUSED=1` (2-16 rows
+    in the skinny GEMM's fused forms: no norm or activation kernel), else `FP8_FUSED_DECODE_MAX_TOKENS` (the
+    one-token GEMV's). Off by default until it is timed on a GPU."""
     if os.environ.get("TOKENSPEED_FP8_SKINNY_FUSED", "0") == "1":
-        return max(gemv_max_tokens(), FP8_FUSED_DECODE_MAX_TOKENS)
+        return gemm.max_small_tokens
     return FP8_FUSED_DECODE_MAX_TOKENS
 
 
