@@ -307,3 +307,21 @@ def test_moonlight_template_markup_and_prefix_stable() -> None:
             assert text.startswith(previous), f"turn {k} rewrote earlier turns"
             previous = text
     assert '"name": "read_file"' in previous
+
+
+def test_decode_sized_logits_stream_the_head_through_the_decode_gemm(tmp_path: Path) -> None:
+    """DeepSeek-family models take the LM head's decode GEMV as the dense ones do (on a GPU that kernel is
+    the streaming GEMV): up to its row bound the head runs through it, beyond through `LMHead`."""
+    from tokenspeed.kernels.gemm.reference import gemv_reference
+
+    model = build_model(ModelConfig.from_pretrained(make_deepseek_checkpoint("deepseek_v3", tmp_path)))
+    calls: list[int] = []
+    model._lm_head_gemm = lambda x, w, **kw: calls.append(x.shape[0]) or gemv_reference(x, w, **kw)
+    model._lm_head_max_tokens = 4
+    hidden = torch.randn(6, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for rows in (3, 6):
+            logits = model.compute_logits(hidden[:rows])
+            assert logits.dtype == torch.float32
+            torch.testing.assert_close(logits, model.lm_head(hidden[:rows]).float())
+    assert calls == [3]

@@ -155,11 +155,11 @@ def pack_lm_head(model: torch.nn.Module) -> CPULinear | None:
     """The LM head as a packed `CPULinear` where `compute_logits` is a plain fp32 `F.linear` (an `LMHead`
     with no decode GEMM kernel) and packing took; else None (`compute_logits` runs)."""
     from tokenspeed.layers.embedding import LMHead
-    from tokenspeed.models.llama import DenseDecoderForCausalLM
+    from tokenspeed.models.llama import DecoderForCausalLM
 
     head = getattr(model, "lm_head", None)
     if (type(head) is not LMHead or getattr(model, "_lm_head_gemm", None) is not None
-            or getattr(type(model), "compute_logits", None) is not DenseDecoderForCausalLM.compute_logits):
+            or getattr(type(model), "compute_logits", None) is not DecoderForCausalLM.compute_logits):
         return None
     linear = pack(head.weight)
     return linear if linear.packed is not None or linear.small is not None else None

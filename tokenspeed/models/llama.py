@@ -190,6 +190,9 @@ class DecoderForCausalLM(CausalLM):
             dtype=dtype,
             device=device,
         )
+        # Decode-sized batches stream the 0.5-1 GB head through the GEMV kernel, which writes the
+        # fp32 logits directly (rounded through the activation dtype, as `LMHead` returns them).
+        self._lm_head_gemm, self._lm_head_max_tokens = select_decode_gemm("decode", device=device, dtype=dtype)
 
     @abstractmethod
     def build_model(self, config: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> DecoderModel:
@@ -199,6 +202,8 @@ class DecoderForCausalLM(CausalLM):
         return self.model(batch, kv)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if hidden.shape[0] <= self._lm_head_max_tokens:
+            return self._lm_head_gemm(hidden, self.lm_head.weight, out_dtype=torch.float32)  # type: ignore[misc]
         return self.lm_head(hidden)
 
 
@@ -214,20 +219,5 @@ class DenseDecoderForCausalLM(DecoderForCausalLM):
         "up_proj": ("gate_up_proj", "up"),
     }
 
-    def __init__(
-        self, config: ModelConfig, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
-    ) -> None:
-        super().__init__(config, dtype=dtype, device=device)
-        # Decode-sized batches stream the 0.5-1 GB head through the GEMV kernel, which writes the
-        # fp32 logits directly (rounded through the activation dtype, as `LMHead` returns them).
-        self._lm_head_gemm, self._lm_head_max_tokens = select_decode_gemm(
-            "decode", device=torch.device(device), dtype=dtype
-        )
-
     def build_model(self, config: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> DecoderModel:
         return DecoderModel(config, dtype=dtype, device=device, layer_class=self.layer_class)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if hidden.shape[0] <= self._lm_head_max_tokens:
-            return self._lm_head_gemm(hidden, self.lm_head.weight, out_dtype=torch.float32)  # type: ignore[misc]
-        return super().compute_logits(hidden)
