@@ -40,6 +40,7 @@ from tokenspeed.kernels.gemm.fp8_scaled_mm import (
     cublas_fp8_gemm,
     probe_cublas,
 )
+from tokenspeed.kernels.gemm.weight_tma import tma_fits
 from tokenspeed.kernels.quant.fp8 import (
     FP8_DTYPE,
     FP8_MAX,
@@ -370,6 +371,32 @@ def test_fp8_gemv_keeps_fp16_lanes_in_range_for_any_activation_scale(f16_math: b
                           norm_weight=norm_w, eps=1e-6)
     want = fp8_gemm_reference(rms_norm_reference(small, norm_w, 1e-6).float(), w8, scales, block_size=block_size)
     assert got.isfinite().all() and _rel_err(got, want) < TOL[torch.float16]
+
+
+@interpreted
+@pytest.mark.parametrize("block_size", [(8, 128), PER_CHANNEL_BLOCK])  # with per-channel scales N is uneven
+@pytest.mark.parametrize("f16_math", [True, False])
+def test_fp8_gemv_tma_steps_give_the_pointer_loads_bits(block_size: tuple[int, int], f16_math: bool) -> None:
+    """Weight steps through a TMA descriptor (zeros past the edges) against each thread's masked loads,
+    bit for bit in every fused form, at uneven N and K (the last box hangs over both; with SiLU-and-mul
+    the gate box over the up rows, whose outputs are not stored)."""
+    gen = torch.Generator().manual_seed(5)
+    m, n, k, eps = 2, 24, 208, 1e-6
+    w8, scales = quantize_weight_block(torch.randn(2 * n, k, generator=gen), block_size)
+    assert tma_fits(w8, 16, 128) and not tma_fits(w8[:, 1:], 16, 128) and not tma_fits(w8, 16, 512)
+    x = torch.randn(m, k, generator=gen).to(torch.float16)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to(torch.float16)
+    res = torch.randn(m, 2 * n, generator=gen).to(torch.float16)
+    forms = [dict(), dict(norm_weight=norm_w, eps=eps), dict(norm_weight=norm_w, eps=eps, silu_mul=True),
+             dict(residual=res)]
+    for tma in (False, True):
+        config = Fp8GemvConfig(block_n=16, groups=1, num_warps=4, stages=2, f16_math=f16_math, tma=tma)
+        outs = [fp8_gemv_triton(x, w8, scales, block_size=block_size, config=config, **form) for form in forms]
+        if not tma:
+            want = outs
+    for form, got, expected in zip(forms, outs, want, strict=True):
+        assert torch.equal(got, expected), sorted(form)
+    assert _rel_err(want[0], fp8_gemm_reference(x.float(), w8, scales, block_size=block_size)) < TOL[torch.float16]
 
 
 # --- registry ---------------------------------------------------------------------------------

@@ -198,6 +198,41 @@ def test_every_gemv_launch_shape_is_correct(n: int, k: int) -> None:
             assert _rel_err(got[row], want[row]) < 2e-3, (config, row)  # fp16 products: 2^-11 per product
 
 
+@pytest.mark.parametrize("block_size", [WEIGHT_BLOCK, PER_CHANNEL_BLOCK], ids=["block", "per-channel"])
+def test_tma_launch_shapes_give_the_pointer_loads_bits_and_replay_in_a_graph(block_size: tuple[int, int]) -> None:
+    """Each TMA launch shape against the same shape with each thread's loads, bit for bit, in the decode
+    layer's forms at Llama-3.1-8B's gate/up and down (the TMA path really taken: `tma_fits`); and
+    replayed from a CUDA graph (the descriptor is a launch parameter the graph keeps)."""
+    import dataclasses
+
+    from tokenspeed.kernels.gemm.weight_tma import tma_fits
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs Hopper")
+    k, inter = 4096, 14336
+    gate_up, gate_up_scale = _weight(2 * inter, k, block_size, seed=6)
+    down, down_scale = _weight(k, inter, block_size, seed=7)
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    x = torch.randn(1, k, device="cuda", generator=gen).to(BF16)
+    h = torch.randn(1, inter, device="cuda", generator=gen).to(BF16)
+    norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).to(BF16)
+
+    def forms(config):  # noqa: ANN001, ANN202
+        return [fp8_gemv_triton(x, gate_up, gate_up_scale, block_size=block_size, config=config,
+                                norm_weight=norm_w, eps=1e-6, silu_mul=True),
+                fp8_gemv_triton(h, down, down_scale, block_size=block_size, config=config, residual=x)]
+
+    tma_shapes = [c for c in launch_shapes(k) if c.tma]
+    assert tma_shapes and all(tma_fits(w, c.block_n, c.groups * 128) for w in (gate_up, down) for c in tma_shapes)
+    for config in tma_shapes:
+        for got, want in zip(forms(config), forms(dataclasses.replace(config, tma=False)), strict=True):
+            assert torch.equal(got, want), config
+    graph, out = capture_cuda_graph(lambda: forms(tma_shapes[0])[1])
+    h.mul_(-1)  # new input: the replay must compute, not return the captured values
+    graph.replay()
+    assert torch.equal(out, forms(tma_shapes[0])[1])
+
+
 @pytest.mark.parametrize("m", [2, 16])
 @pytest.mark.parametrize("block_size", [WEIGHT_BLOCK, PER_CHANNEL_BLOCK], ids=["block", "per-channel"])
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336)])

@@ -105,6 +105,34 @@ def test_fp8_skinny_norm_and_residual_forms_match_the_reference(
     assert arrival_counters.all_at_rest()
 
 
+@interpreted
+@pytest.mark.parametrize("block_size", [(64, 128), PER_CHANNEL_BLOCK])
+def test_fp8_skinny_tma_tiles_give_the_pointer_loads_bits(block_size: tuple[int, int]) -> None:
+    """Every TMA launch shape against the same shape with pointer loads, bit for bit, in every fused form, at
+    an uneven K (the last box hangs over it; split-K ranges start inside the weight)."""
+    import dataclasses
+
+    from tokenspeed.kernels.gemm.weight_tma import tma_fits
+
+    m, n, k = 3, 64, 1168
+    x, w8, scales, bias = _gemm_case(m, 2 * n, k, block_size, torch.float16)
+    gen = torch.Generator().manual_seed(k)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to(torch.float16)
+    res = torch.randn(m, 2 * n, generator=gen).to(torch.float16)
+    forms = [dict(bias=bias), dict(norm_weight=norm_w, eps=1e-6), dict(silu_mul=True), dict(residual=res)]
+    tma_shapes = [c for c in skinny_shapes() if c.tma]
+    assert tma_shapes and tma_fits(w8, 64, 128)
+    for config in tma_shapes:
+        for form in forms:
+            if form.get("silu_mul") and config.block_n // 2 < 16:
+                continue
+            got = fp8_gemv_triton(x, w8, scales, block_size=block_size, config=config, **form)
+            want = fp8_gemv_triton(x, w8, scales, block_size=block_size, config=dataclasses.replace(config, tma=False),
+                                   **form)
+            assert torch.equal(got, want), (config, sorted(form))
+    assert arrival_counters.all_at_rest()
+
+
 def test_skinny_switch_sends_two_to_sixteen_tokens_back_to_the_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOKENSPEED_FP8_SKINNY", "0")
     cuda = select_fp8_gemm_by_batch(platform="cuda", dtype=torch.bfloat16)

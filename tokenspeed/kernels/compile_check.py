@@ -75,6 +75,8 @@ def _signature(config: KernelConfig) -> tuple[dict[str, Any], dict[tuple[int, ..
             signature[arg] = "constexpr"
         elif arg.endswith("_ptr"):
             signature[arg] = f"*{pointee}"
+        elif pointee.startswith("tensordesc<"):  # a host TMA descriptor: `tensordesc<dtype[box]>`
+            signature[arg] = pointee
         else:
             signature[arg] = "fp32" if arg in _FLOAT_ARGS else "i32"
         if signature[arg] != "constexpr" and (_ALIGNED.search(arg) or arg in config.multiple_of_16):

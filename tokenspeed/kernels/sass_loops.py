@@ -67,7 +67,9 @@ def opcode(instruction: str) -> str:
 
 
 def main_loop_mix(sass: str) -> collections.Counter[str]:
-    bodies = loops(sass)
+    """The longest loop's opcodes. A span with an EXIT is no loop: ptxas places the retry branches of
+    mbarrier waits (TMA pipelines) after the kernel's exit, jumping back into its middle."""
+    bodies = [body for body in loops(sass) if not any(opcode(i) == "EXIT" for i in body)]
     longest = max(bodies, key=len, default=[])
     return collections.Counter(opcode(i) for i in longest)
 

@@ -57,8 +57,8 @@ import torch
 
 SHAPES_ENV = "TOKENSPEED_FP8_GEMV_SHAPES"
 SHIPPED_DIR = Path(__file__).with_name("fp8_gemv_shapes")
-CONFIG_FIELDS = ("block_n", "groups", "num_warps", "stages", "f16_math")  # `Fp8GemvConfig`'s
-SKINNY_FIELDS = ("block_n", "groups", "stages", "num_warps", "split_k")  # `SkinnyConfig`'s
+CONFIG_FIELDS = ("block_n", "groups", "num_warps", "stages", "f16_math", "tma")  # `Fp8GemvConfig`'s
+SKINNY_FIELDS = ("block_n", "groups", "stages", "num_warps", "split_k", "tma")  # `SkinnyConfig`'s
 _SKINNY = "skinny/"
 
 

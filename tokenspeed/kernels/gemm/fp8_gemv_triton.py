@@ -54,6 +54,13 @@ and measured out:
   dots): 1.3x (gate_up) to 4x (down) slower than the best shape, in the
   graph (`benchmarks/results/h100/wave2/fp8_2026-12-06/`).
 
+Weight steps through TMA (`Fp8GemvConfig.tma`, `weight_tma.py`): in the
+sm_90 machine code the main loop keeps its arithmetic; the weight copies
+become two TMA requests a step and the mbarrier waits add a few instructions
+(gate/up at 32 x 256 in the fp32 loop: 562 a step against 532; `sass_loops`).
+Offered as launch shapes for the sweep and the tables to pick; no built-in
+rule takes them (not yet timed on a GPU).
+
 Scales: a program's rows lie in one row block (BLOCK_N divides bn), so a
 K group's block scale is the same for all of them and multiplies the
 activations (GROUPS products a step, not BLOCK_N * 128); per-channel and
@@ -103,7 +110,7 @@ from tokenspeed.kernels.gemm.fp8_dispatch import fits_silu_mul
 from tokenspeed.kernels.gemm.fp8_gemv_shapes import form_key, gpu_name_of, table_for
 from tokenspeed.kernels.gemm.fp8_reference import check_fp8_gemm_args
 from tokenspeed.kernels.gemm.fp8_skinny_triton import SKINNY_BLOCK_M, SkinnyConfig, fp8_skinny_gemm
-from tokenspeed.kernels.gemm.gemv_triton import load_rows
+from tokenspeed.kernels.gemm.weight_tma import load_weight_tile, weight_descriptor
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, WEIGHT_BLOCK, BlockSize, scales_whole_rows
 from tokenspeed.kernels.registry import Band, register_kernel
@@ -116,13 +123,15 @@ LANE_RUN = tl.constexpr(16)
 
 @dataclass(frozen=True, slots=True)
 class Fp8GemvConfig:
-    """Launch shape of `_fp8_gemv_kernel`: BLOCK_N rows, `groups` K groups of 128 per step."""
+    """Launch shape of `_fp8_gemv_kernel`: BLOCK_N rows, `groups` K groups of 128 per step; `tma`: weight
+    steps through the tensor memory accelerator where the weight fits (`weight_tma.py`)."""
 
     block_n: int
     groups: int
     num_warps: int
     stages: int
     f16_math: bool = True
+    tma: bool = False
 
 
 def launch_shapes(k: int) -> list[Fp8GemvConfig]:
@@ -158,6 +167,13 @@ def launch_shapes(k: int) -> list[Fp8GemvConfig]:
         Fp8GemvConfig(block_n=64, groups=min(2, groups), num_warps=8, stages=3),
         Fp8GemvConfig(block_n=4, groups=min(16, groups), num_warps=4, stages=3),
         Fp8GemvConfig(block_n=8, groups=min(16, groups), num_warps=4, stages=2),
+        # Weight steps through TMA (boxes of at most 256 values a side): deeper pipelines for the same
+        # registers, around the H200's best (gate/up at 32 x 256). Not yet timed on a GPU.
+        Fp8GemvConfig(block_n=32, groups=min(2, groups), num_warps=4, stages=4, f16_math=False, tma=True),
+        Fp8GemvConfig(block_n=32, groups=min(2, groups), num_warps=4, stages=6, f16_math=False, tma=True),
+        Fp8GemvConfig(block_n=64, groups=min(1, groups), num_warps=8, stages=6, f16_math=False, tma=True),
+        Fp8GemvConfig(block_n=16, groups=min(2, groups), num_warps=4, stages=6, tma=True),
+        Fp8GemvConfig(block_n=8, groups=min(2, groups), num_warps=4, stages=8, tma=True),
     ]
 
 
@@ -269,6 +285,7 @@ def _lane_sum(lanes, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
 def _fp8_gemv_kernel(
     x_ptr,
     w_ptr,
+    w_desc,
     ws_ptr,
     bias_ptr,
     norm_w_ptr,
@@ -297,6 +314,7 @@ def _fp8_gemv_kernel(
     HAS_RESIDUAL: tl.constexpr,
     SILU_MUL: tl.constexpr,
     USE_PDL: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     BLOCK_K: tl.constexpr = GROUPS * GROUP_K
     STEPS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
@@ -312,10 +330,10 @@ def _fp8_gemv_kernel(
     # The first weight step before the wait and the pass over x (module docstring). Only the first:
     # prefetching every step into registers took away the compiler's pipelining through shared memory
     # and spilled registers (`compile_check`).
-    w_first = load_rows(rows, offs_k, n_mask, K, EVEN)
+    w_first = load_weight_tile(rows, w_desc, pid_n * BLOCK_N, 0, offs_k, n_mask, K, EVEN, USE_TMA)
     wu_first = w_first
     if SILU_MUL:
-        wu_first = load_rows(up_rows, offs_k, n_mask, K, EVEN)
+        wu_first = load_weight_tile(up_rows, w_desc, N + pid_n * BLOCK_N, 0, offs_k, n_mask, K, EVEN, USE_TMA)
     # The scales too (the row block's largest for f, the first step's): off the chain after the wait.
     scale_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn  # the program's row block
     up_scale_row = ws_ptr + ((pid_n * BLOCK_N + N) // SCALE_BN) * stride_wsn
@@ -369,12 +387,12 @@ def _fp8_gemv_kernel(
     if SILU_MUL:
         lanes_up += wu_first.to(acc_dtype) * xuk.to(acc_dtype)[None, :]
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # the other steps, pipelined by the compiler
-        w = load_rows(rows, k0 + offs_k, n_mask, K, EVEN)
+        w = load_weight_tile(rows, w_desc, pid_n * BLOCK_N, k0, offs_k, n_mask, K, EVEN, USE_TMA)
         g, gu = _step_scales(scale_row, up_scale_row, k0, offs_g, K, GROUP_K, SCALE_BK, ROW_SCALE, SILU_MUL)
         xk, xuk = _step_x(x_row, k0, x_cols, norm_w_ptr, rstd, f, g, gu, K, BLOCK_K, HAS_NORM, SILU_MUL)
         lanes += w.to(acc_dtype) * xk.to(acc_dtype)[None, :]
         if SILU_MUL:
-            wu = load_rows(up_rows, k0 + offs_k, n_mask, K, EVEN)
+            wu = load_weight_tile(up_rows, w_desc, N + pid_n * BLOCK_N, k0, offs_k, n_mask, K, EVEN, USE_TMA)
             lanes_up += wu.to(acc_dtype) * xuk.to(acc_dtype)[None, :]
     if F16_MATH:
         acc = _lane_sum(lanes, BLOCK_N, BLOCK_K) / f
@@ -455,15 +473,16 @@ def fp8_gemv_triton(
     block_n = _fitting_block_n(config.block_n, block_size[0], row_scale)
     block_k = config.groups * GROUP_SIZE
     f16_math = config.f16_math and x.dtype != torch.float32  # fp32 activations: exact products and sums
+    w_desc = weight_descriptor(weight, block_n, block_k, config.tma)
     for_tensor(_fp8_gemv_kernel, x)[(triton.cdiv(n, block_n), m)](
-        x2, weight, scales, bias if bias is not None else out,
+        x2, weight, w_desc, scales, bias if bias is not None else out,
         norm_weight if norm_weight is not None else x2, res if res is not None else out, out, eps,
         x2.stride(0), weight.stride(0), scales.stride(0), res.stride(0) if res is not None else 0, out.stride(0),
         N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], SCALE_COLS=next_power_of_2(scales.shape[1]),
         ROW_SCALE=row_scale,
         BLOCK_N=block_n, GROUPS=config.groups, GROUP_K=GROUP_SIZE, STAGES=config.stages, F16_MATH=f16_math,
         EVEN=n % block_n == 0 and k % block_k == 0, HAS_BIAS=bias is not None,
-        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=res is not None, SILU_MUL=silu_mul,
+        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=res is not None, SILU_MUL=silu_mul, USE_TMA=w_desc is not None,
         num_warps=config.num_warps, **pdl_launch_options(pdl_enabled(x.device)),
     )  # fmt: skip
     return out.view(*x.shape[:-1], n)

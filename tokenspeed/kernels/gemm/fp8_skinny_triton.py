@@ -48,7 +48,10 @@ weights, three steps in flight. The launch shape: the one measured for the
 weight shape on this GPU model where a table has it (`fp8_gemv_shapes.py`:
 `benchmarks/fp8_skinny_stack.py --write-shapes` times every shape the way a
 decode step runs them), else timed per weight shape on first use
-(`kernels/autotune.py`, `skinny_candidates`).
+(`kernels/autotune.py`, `skinny_candidates`). Some shapes take their weight
+tiles through TMA (`SkinnyConfig.tma`, `weight_tma.py`), four and six steps
+deep for the shared memory alone; only the sweep and the tables offer them
+(not yet timed on a GPU).
 
 Measured (H100, `benchmarks/results/h100/wave2/fp8_2026-12-06e/` and
 `fp8_2026-12-06f/`): without split-K, at 4 tokens, us per launch in a
@@ -79,7 +82,7 @@ from tokenspeed.kernels.activation.silu_triton import silu_mul_rounded
 from tokenspeed.kernels.arrival_counters import arrival_counters
 from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
 from tokenspeed.kernels.gemm.fp8_gemv_shapes import gpu_name_of, skinny_key, table_for
-from tokenspeed.kernels.gemm.gemv_triton import load_rows
+from tokenspeed.kernels.gemm.weight_tma import load_weight_tile, weight_descriptor
 from tokenspeed.kernels.pdl import pdl_enabled, pdl_launch_options
 from tokenspeed.kernels.quant.fp8 import GROUP_SIZE, BlockSize, scales_whole_rows
 from tokenspeed.kernels.quant.fp8_cast import to_f16_saturated, widen_fp8
@@ -97,6 +100,7 @@ class SkinnyConfig:
     stages: int
     num_warps: int = 4
     split_k: int = 1  # programs sharing a row block's K; the last to finish sums their partials
+    tma: bool = False  # weight tiles through the tensor memory accelerator where the weight fits (`weight_tma.py`)
 
 
 def skinny_shapes() -> list[SkinnyConfig]:
@@ -108,7 +112,10 @@ def skinny_shapes() -> list[SkinnyConfig]:
     table's gate/up launch (`fp8_gemv_shapes`; 42.4 against 43.6 us at two tokens in a decode graph)."""
     return [*skinny_candidates(()), SkinnyConfig(64, 2, 4), SkinnyConfig(64, 1, 6), SkinnyConfig(32, 2, 4),
             SkinnyConfig(32, 2, 4, split_k=8), SkinnyConfig(64, 1, 4, split_k=8), SkinnyConfig(128, 1, 4, 8, split_k=4),
-            *(SkinnyConfig(64, 2, 3, 2, split_k=split) for split in (1, 4, 8)), SkinnyConfig(128, 1, 3, 2)]
+            *(SkinnyConfig(64, 2, 3, 2, split_k=split) for split in (1, 4, 8)), SkinnyConfig(128, 1, 3, 2),
+            # TMA weight tiles, deeper than the pointer loads' three steps (`weight_tma.py`; not yet timed on a GPU)
+            *(SkinnyConfig(64, 2, 4, split_k=split, tma=True) for split in (1, 4, 8)),
+            SkinnyConfig(64, 1, 6, split_k=4, tma=True), SkinnyConfig(128, 1, 4, 2, tma=True)]
 
 
 def skinny_candidates(key: tuple[Any, ...]) -> list[SkinnyConfig]:
@@ -198,12 +205,13 @@ def _skinny_group(acc, acc_up, w, w_up, x_rows, scale_rows, up_scale_rows, k, of
 
 
 @triton.jit
-def _load_group(rows, up_rows, k, offs_k, n_mask, K: tl.constexpr, EVEN: tl.constexpr, SILU_MUL: tl.constexpr):
+def _load_group(rows, up_rows, w_desc, row0, up_row0, k, offs_k, n_mask, K: tl.constexpr, EVEN: tl.constexpr,
+                SILU_MUL: tl.constexpr, USE_TMA: tl.constexpr):
     """The weight tiles of the K group at k: the gate (or only) rows', and the up rows' with SILU_MUL."""
-    w = load_rows(rows, k + offs_k, n_mask, K, EVEN)
+    w = load_weight_tile(rows, w_desc, row0, k, offs_k, n_mask, K, EVEN, USE_TMA)
     w_up = w
     if SILU_MUL:
-        w_up = load_rows(up_rows, k + offs_k, n_mask, K, EVEN)
+        w_up = load_weight_tile(up_rows, w_desc, up_row0, k, offs_k, n_mask, K, EVEN, USE_TMA)
     return w, w_up
 
 
@@ -211,6 +219,7 @@ def _load_group(rows, up_rows, k, offs_k, n_mask, K: tl.constexpr, EVEN: tl.cons
 def _fp8_skinny_kernel(
     x_ptr,
     w_ptr,
+    w_desc,
     ws_ptr,
     bias_ptr,
     norm_w_ptr,
@@ -244,6 +253,7 @@ def _fp8_skinny_kernel(
     HAS_NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     USE_PDL: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     BLOCK_K: tl.constexpr = GROUPS * GROUP_K
     PART_N: tl.constexpr = 2 * N if SILU_MUL else N  # a split's partials: the gate rows', then the up rows'
@@ -257,8 +267,10 @@ def _fp8_skinny_kernel(
     m_mask = offs_m < M
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     up_rows = rows + N * stride_wn  # SILU_MUL: the up rows n + N of a [2N, K] weight
+    row0 = pid_n * BLOCK_N
     # weights never depend on the previous kernel
-    w_first, w_up_first = _load_group(rows, up_rows, k_lo, offs_k, n_mask, K, EVEN, SILU_MUL)
+    w_first, w_up_first = _load_group(rows, up_rows, w_desc, row0, N + row0, k_lo, offs_k, n_mask, K, EVEN,
+                                      SILU_MUL, USE_TMA)
     scale_rows = ws_ptr + (offs_n // SCALE_BN) * stride_wsn  # each row's scales (row blocks may be narrow)
     up_scale_rows = ws_ptr + ((offs_n + N) // SCALE_BN) * stride_wsn
     # The epilogue's per-row terms too (as `fp8_gemv_triton`): no program ends on a dependent round trip.
@@ -297,14 +309,15 @@ def _fp8_skinny_kernel(
                                 HAS_NORM)
     for g in tl.static_range(1, GROUPS):  # the rest of the first step
         k = k_lo + g * GROUP_K
-        w, w_up = _load_group(rows, up_rows, k, offs_k, n_mask, K, EVEN, SILU_MUL)
+        w, w_up = _load_group(rows, up_rows, w_desc, row0, N + row0, k, offs_k, n_mask, K, EVEN, SILU_MUL, USE_TMA)
         acc, acc_up = _skinny_group(acc, acc_up, w, w_up, x_rows, scale_rows, up_scale_rows, k, offs_k, m_mask,
                                     n_mask, norm_w_ptr, rstd, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS, SILU_MUL,
                                     HAS_NORM)
     for k0 in tl.range(k_lo + BLOCK_K, k_hi, BLOCK_K, num_stages=STAGES):  # the rest, pipelined by the compiler
         for g in tl.static_range(GROUPS):
             k = k0 + g * GROUP_K
-            w, w_up = _load_group(rows, up_rows, k, offs_k, n_mask, K, EVEN, SILU_MUL)
+            w, w_up = _load_group(rows, up_rows, w_desc, row0, N + row0, k, offs_k, n_mask, K, EVEN, SILU_MUL,
+                                  USE_TMA)
             acc, acc_up = _skinny_group(acc, acc_up, w, w_up, x_rows, scale_rows, up_scale_rows, k, offs_k, m_mask,
                                         n_mask, norm_w_ptr, rstd, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS, SILU_MUL,
                                         HAS_NORM)
@@ -398,8 +411,9 @@ def fp8_skinny_gemm(
     parts = out
     if splits > 1:
         parts = torch.empty(splits * SKINNY_BLOCK_M, rows, dtype=torch.float32, device=x2.device)
+    w_desc = weight_descriptor(weight, block_n, GROUP_SIZE, config.tma)
     for_tensor(_fp8_skinny_kernel, x2)[(n_blocks, splits)](
-        x2, weight, scales, bias if bias is not None else out, norm_weight if norm_weight is not None else x2,
+        x2, weight, w_desc, scales, bias if bias is not None else out, norm_weight if norm_weight is not None else x2,
         residual if residual is not None else out, out, parts, counters if counters is not None else out,
         m, eps,
         x2.stride(0), weight.stride(0), scales.stride(0), residual.stride(0) if residual is not None else 0,
@@ -408,7 +422,7 @@ def fp8_skinny_gemm(
         BLOCK_M=SKINNY_BLOCK_M, BLOCK_N=block_n, GROUPS=config.groups, GROUP_K=GROUP_SIZE,
         STAGES=config.stages, SPLIT_K=splits, K_SPLIT=k_split, EVEN=n % block_n == 0 and k % block_k == 0,
         F16_DOTS=x2.dtype != torch.float32, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
-        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
+        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, USE_TMA=w_desc is not None,
         num_warps=config.num_warps, **pdl_launch_options(pdl_enabled(x2.device)),
     )  # fmt: skip
     return out

@@ -4,7 +4,8 @@ Llama-3.1-8B's projections (K 4096 and 14336) with 128 x 128 weight blocks:
 the activation quantiser, the tensor-core GEMM at both tile shapes
 `fp8_gemm_triton.choose_tiles` picks, the one-token GEMV at every
 launch shape of `fp8_gemv_triton.launch_shapes`, and the 2-16 token skinny
-GEMM at every shape of `fp8_skinny_triton.skinny_shapes`, plain and in its fused forms.
+GEMM at every shape of `fp8_skinny_triton.skinny_shapes`, plain and in its fused forms (TMA shapes
+with their weight descriptor's signature).
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from tokenspeed.kernels.quant.fp8 import FP8_MAX, GROUP_SIZE, MIN_AMAX
 from tokenspeed.kernels.triton_launch import next_power_of_2
 
 FP8 = "fp8e4nv"
+
+
+def _tma_box(rows: int, cols: int) -> str:
+    """The signature of a host TMA descriptor of fp8 weight tiles `[rows, cols]` (`gemm/weight_tma.py`)."""
+    return f"tensordesc<{FP8}[{rows}, {cols}]>"
 
 
 def fp8_compile_configs() -> Iterator[KernelConfig]:
@@ -50,11 +56,13 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
             constexprs = dict(N=n, K=k, SCALE_BN=128, SCALE_BK=128, ROW_SCALE=False, BLOCK_N=cfg.block_n)
             constexprs |= dict(GROUP_K=GROUP_SIZE, STAGES=cfg.stages, HAS_BIAS=False, USE_PDL=True) | fused
             constexprs |= dict(SCALE_COLS=next_power_of_2(k // 128), GROUPS=cfg.groups, F16_MATH=cfg.f16_math, EVEN=True)
+            constexprs |= dict(USE_TMA=cfg.tma) | ({} if cfg.tma else dict(w_desc=None))
             yield KernelConfig(
                 f"gemm.fp8 triton_gemv {form} n={n} k={k} {cfg}",
                 fp8_gemv_triton._fp8_gemv_kernel,
                 constexprs,
-                pointers={"w_ptr": FP8, "ws_ptr": "fp32"},
+                pointers={"w_ptr": FP8, "ws_ptr": "fp32"}
+                | ({"w_desc": _tma_box(cfg.block_n, cfg.groups * GROUP_SIZE)} if cfg.tma else {}),
                 num_warps=cfg.num_warps,
             )
     # The skinny GEMM (2-16 tokens) at down_proj's shape (the others differ only in N and K) and in its fused
@@ -75,10 +83,12 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
                 splits, k_split = fp8_skinny_triton.split_plan(k, cfg)
                 constexprs |= dict(GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages, EVEN=True, F16_DOTS=True)
                 constexprs |= dict(SPLIT_K=splits, K_SPLIT=k_split, HAS_BIAS=False, USE_PDL=True) | fused
+                constexprs |= dict(USE_TMA=cfg.tma) | ({} if cfg.tma else dict(w_desc=None))
                 yield KernelConfig(
                     f"gemm.fp8 skinny {form} n={n} k={k} row_scale={row_scale} {cfg}",
                     fp8_skinny_triton._fp8_skinny_kernel,
                     constexprs,
-                    pointers={"w_ptr": FP8, "ws_ptr": "fp32", "part_ptr": "fp32", "count_ptr": "i32"},
+                    pointers={"w_ptr": FP8, "ws_ptr": "fp32", "part_ptr": "fp32", "count_ptr": "i32"}
+                    | ({"w_desc": _tma_box(block_n, GROUP_SIZE)} if cfg.tma else {}),
                     num_warps=cfg.num_warps,
                 )
