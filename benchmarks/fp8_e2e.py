@@ -18,6 +18,10 @@ Sections (`--sections`, comma separated; the JSON is rewritten after each):
   beside it. Roofline = (bytes of the weights a decode step reads + K/V bytes
   at the mean context) / copy bandwidth, the copy measured in this run.
   Targets: fp8 TPOT <= 1.15 x roofline, bf16 TPOT / fp8 TPOT >= 1.7.
+- `qwen3_dense`: Qwen3-8B bs1 the same way, with the block-FP8 checkpoint format
+  (the qwen3-8b-fp8 preset: 128 x 128 weight scales, as Qwen3-*-FP8 and
+  DeepSeek publish them), with online per-channel FP8 of the bf16 preset, and
+  bf16: the block-scale launches of the FP8 GEMV end to end.
 - `llama_batch`: Llama-3.1-8B at 4 and 16 rows (`--batches`; context 1024), where the FP8
   projections take the skinny tensor-core GEMM (2-16 tokens): FP8 with it,
   in the decode layer's fused forms too (`TOKENSPEED_FP8_SKINNY_FUSED=1`), FP8
@@ -35,7 +39,8 @@ Sections (`--sections`, comma separated; the JSON is rewritten after each):
   tens of ms) and the decode steps mixed into its chunks swamp 64 steps.
 
 `--profile` writes a kernel table of steady decode steps (`steady_decode`) beside the JSON for each
-variant and batch: `<out>.{fp8,bf16}.profile.txt`, `<out>.qwen3_moe_bs{1,64}.profile.txt`,
+variant and batch: `<out>.{fp8,bf16}.profile.txt`, `<out>.qwen3_dense_{block_fp8,online_fp8,bf16}.profile.txt`,
+`<out>.qwen3_moe_bs{1,64}.profile.txt`,
 `<out>.kv_long_{bf16,fp8}.profile.txt`.
 """
 
@@ -60,7 +65,7 @@ import torch
 from torch import nn
 
 RESULTS: dict[str, Any] = {}
-SECTIONS = ("llama", "llama_batch", "qwen3_moe", "kv_long")
+SECTIONS = ("llama", "qwen3_dense", "llama_batch", "qwen3_moe", "kv_long")
 
 
 def log(msg: str) -> None:
@@ -172,10 +177,10 @@ def engine(model: str, smoke: bool, **options: Any) -> Any:
     return llm
 
 
-def llama_engine(args: argparse.Namespace, models: dict[str, str], rows: int, **options: Any) -> Any:
-    """Llama-3.1-8B for the short-context sections (`llama`, `llama_batch`): up to `rows` rows, a 4K window."""
-    return engine(models["llama"], args.smoke, max_num_seqs=rows, max_model_len=None if args.smoke else 4096,
-                  **options)
+def short_context_engine(args: argparse.Namespace, model: str, rows: int, **options: Any) -> Any:
+    """An engine for the short-context sections (`llama`, `qwen3_dense`, `llama_batch`): up to `rows` rows,
+    a 4K window."""
+    return engine(model, args.smoke, max_num_seqs=rows, max_model_len=None if args.smoke else 4096, **options)
 
 
 def release(llm: Any) -> None:
@@ -189,24 +194,43 @@ def release(llm: Any) -> None:
 # ---------------------------------------------------------------- sections
 
 
-def llama(args: argparse.Namespace, models: dict[str, str]) -> None:
+def bs1_against_roofline(args: argparse.Namespace, section: str, variants: list[tuple[str, str, dict[str, Any]]],
+                         ) -> dict[str, Any]:
+    """bs1 TPOT of each (name, model, options) variant against its roofline (the section's module docstring),
+    a profile of each with `--profile`; the section's results."""
     prompt_len, new_tokens = (8, 4) if args.smoke else (1024, 256)
     mean_context = prompt_len + new_tokens // 2
-    out: dict[str, Any] = RESULTS.setdefault("llama", {"prompt_len": prompt_len, "new_tokens": new_tokens})
-    for name, options in (("fp8", {"quantization": "fp8"}), ("bf16", {})):
-        llm = llama_engine(args, models, 8, **options)
+    out: dict[str, Any] = RESULTS.setdefault(section, {"prompt_len": prompt_len, "new_tokens": new_tokens})
+    for name, model, options in variants:
+        llm = short_context_engine(args, model, 8, **options)
         step = decode_step_s(llm, 1, prompt_len, new_tokens, random.Random(1), args.repeats)
         weights = decode_weight_bytes(llm.core.executor.model)
         roofline = (weights + kv_bytes_per_token(llm) * mean_context) / (RESULTS["copy_bandwidth_gb_s"] * 1e9)
         out[name] = {"bs1_tpot_ms": round(step * 1e3, 3), "roofline_ms": round(roofline * 1e3, 3),
                      "roofline_ratio": round(step / roofline, 3), "weight_bytes_per_token": weights}
-        log(f"llama {name}: bs1 TPOT {step * 1e3:.3f} ms, roofline {roofline * 1e3:.3f} ms ({step / roofline:.3f}x)")
+        log(f"{section} {name}: bs1 TPOT {step * 1e3:.3f} ms, roofline {roofline * 1e3:.3f} ms ({step / roofline:.3f}x)")
         if args.profile:
-            steady_decode(llm, 1, prompt_len, 32, args.out.with_name(f"{args.out.stem}.{name}.profile.txt"))
+            prefix = "" if section == "llama" else f"{section}_"  # the llama profiles keep their names
+            steady_decode(llm, 1, prompt_len, 32, args.out.with_name(f"{args.out.stem}.{prefix}{name}.profile.txt"))
         release(llm)
+    return out
+
+
+def llama(args: argparse.Namespace, models: dict[str, str]) -> None:
+    out = bs1_against_roofline(args, "llama", [("fp8", models["llama"], {"quantization": "fp8"}),
+                                               ("bf16", models["llama"], {})])
     out["bf16_over_fp8"] = round(out["bf16"]["bs1_tpot_ms"] / out["fp8"]["bs1_tpot_ms"], 3)
     out["targets"] = {"fp8_roofline_ratio_max": 1.15, "bf16_over_fp8_min": 1.7,
                       "met": out["fp8"]["roofline_ratio"] <= 1.15 and out["bf16_over_fp8"] >= 1.7}
+
+
+def qwen3_dense(args: argparse.Namespace, models: dict[str, str]) -> None:
+    out = bs1_against_roofline(args, "qwen3_dense", [
+        ("block_fp8", models["qwen3_dense_fp8"], {}),  # the checkpoint's 128 x 128 block scales
+        ("online_fp8", models["qwen3_dense"], {"quantization": "fp8"}),  # one scale per output channel
+        ("bf16", models["qwen3_dense"], {}),
+    ])
+    out["bf16_over_block_fp8"] = round(out["bf16"]["bs1_tpot_ms"] / out["block_fp8"]["bs1_tpot_ms"], 3)
 
 
 def llama_batch(args: argparse.Namespace, models: dict[str, str]) -> None:
@@ -219,7 +243,7 @@ def llama_batch(args: argparse.Namespace, models: dict[str, str]) -> None:
                 ("fp8_no_skinny", fp8, plain | {"TOKENSPEED_FP8_SKINNY": "0"}), ("bf16", {}, plain))
     for name, options, switches in variants:
         with mock.patch.dict(os.environ, switches):  # read as the engine loads its layers
-            llm = llama_engine(args, models, max(batches), **options)
+            llm = short_context_engine(args, models["llama"], max(batches), **options)
         for batch in batches:
             step = decode_step_s(llm, batch, prompt_len, new_tokens, random.Random(batch), args.repeats)
             out.setdefault(name, {})[f"bs{batch}"] = {"tpot_ms": round(step * 1e3, 3),
@@ -390,6 +414,8 @@ def smoke_models(root: Path) -> dict[str, str]:
                   num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=512)
     shapes = {
         "llama": ("llama-3.1-8b", narrow),
+        "qwen3_dense": ("qwen3-8b", narrow),
+        "qwen3_dense_fp8": ("qwen3-8b-fp8", narrow),
         "qwen3_moe": ("qwen3-30b-a3b-fp8", {**narrow, "moe_intermediate_size": 128, "num_experts": 8,
                                             "num_experts_per_tok": 2}),
     }
@@ -422,7 +448,8 @@ def main() -> int:
         parser.error("no GPU: use --smoke")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     models = (smoke_models(Path(tempfile.mkdtemp(prefix="fp8_e2e_"))) if args.smoke
-              else {"llama": "llama-3.1-8b", "qwen3_moe": "qwen3-30b-a3b-fp8"})
+              else {"llama": "llama-3.1-8b", "qwen3_moe": "qwen3-30b-a3b-fp8", "qwen3_dense": "qwen3-8b",
+                    "qwen3_dense_fp8": "qwen3-8b-fp8"})
     RESULTS["copy_bandwidth_gb_s"] = copy_bandwidth_gb_s(args.smoke)
     RESULTS["tpot_repeats"] = args.repeats
     from tokenspeed.kernels.gemm.fp8_gemv_shapes import table_path
@@ -431,7 +458,8 @@ def main() -> int:
     RESULTS["fp8_gemv_shapes"] = str(shapes) if shapes else "built-in rules and launch tuner"  # the FP8 GEMVs' launches
     log(f"copy bandwidth {RESULTS['copy_bandwidth_gb_s']} GB/s")
     runners: dict[str, Callable[[argparse.Namespace, dict[str, str]], None]] = {
-        "llama": llama, "llama_batch": llama_batch, "qwen3_moe": qwen3_moe, "kv_long": kv_long}
+        "llama": llama, "qwen3_dense": qwen3_dense, "llama_batch": llama_batch, "qwen3_moe": qwen3_moe,
+        "kv_long": kv_long}
     failed = []
     for section in sections:
         t = time.perf_counter()

@@ -25,6 +25,10 @@ def test_fp8_e2e_smoke_writes_every_section(tmp_path: Path) -> None:
     assert "failed" not in metrics
     assert {"fp8", "bf16", "bf16_over_fp8", "targets"} <= set(metrics["llama"])
     assert metrics["llama"]["fp8"]["weight_bytes_per_token"] < metrics["llama"]["bf16"]["weight_bytes_per_token"]
+    dense = metrics["qwen3_dense"]
+    assert {"block_fp8", "online_fp8", "bf16", "bf16_over_block_fp8"} <= set(dense)
+    assert dense["block_fp8"]["weight_bytes_per_token"] < dense["bf16"]["weight_bytes_per_token"]
+    assert all(dense[name]["roofline_ratio"] > 0 for name in ("block_fp8", "online_fp8", "bf16"))
     batch = metrics["llama_batch"]
     variants = ("fp8", "fp8_skinny_fused", "fp8_no_skinny", "bf16")
     assert {*variants, "skinny_speedup", "skinny_fused_speedup"} <= set(batch)

@@ -151,7 +151,7 @@ def test_fp8_kv_with_mtp_verify_graphs_on_and_off() -> None:
     assert graphs == eager
 
 
-@pytest.mark.parametrize("preset", ["qwen3-30b-a3b-fp8", "deepseek-v3-fp8-8l"])
+@pytest.mark.parametrize("preset", ["qwen3-30b-a3b-fp8", "deepseek-v3-fp8-8l", "qwen3-8b-fp8"])
 def test_fp8_presets_start_and_decode(preset: str) -> None:
     llm = LLM(preset, load_format="dummy", dtype="bfloat16", device="cuda", skip_tokenizer_init=True,
               show_progress=False, max_model_len=4096, max_num_seqs=4, kv_cache_dtype="fp8")

@@ -22,7 +22,7 @@ from tokenspeed.models.presets import preset_dict
 from tokenspeed.models.quant_config import resolve_quantization
 
 H200_BYTES = 141 * 10**9
-FP8_PRESETS = ("qwen3-30b-a3b-fp8", "deepseek-v3-fp8-8l")
+FP8_PRESETS = ("qwen3-30b-a3b-fp8", "deepseek-v3-fp8-8l", "qwen3-8b-fp8")
 
 
 @pytest.mark.parametrize("name", FP8_PRESETS)
@@ -54,6 +54,8 @@ _NARROW: dict[str, dict[str, Any]] = {
                                first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4,
                                q_lora_rank=128, kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=32,
                                v_head_dim=32, vocab_size=512, max_position_embeddings=512),
+    "qwen3-8b-fp8": dict(hidden_size=256, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=512, max_position_embeddings=512),
 }
 
 
@@ -65,7 +67,8 @@ def test_dummy_fp8_weights_load_and_decode(name: str, tmp_path: Path) -> None:
     model = llm.core.executor.model  # type: ignore[attr-defined]
     params = dict(model.named_parameters())
     fp8 = [n for n, p in params.items() if p.dtype == FP8_DTYPE]
-    assert any("experts.w13" in n for n in fp8) and any("o_proj" in n for n in fp8)
+    assert any("experts.w13" in n or "mlp.gate_up_proj" in n for n in fp8) and any("o_proj" in n for n in fp8)
+    assert "lm_head.weight" not in fp8  # modules_to_not_convert
     for weight in fp8:
         scales = params[weight + "_scale_inv"]
         assert bool((scales > 0).all()), f"{weight}: dummy scales must be positive"

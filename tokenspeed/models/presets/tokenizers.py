@@ -173,6 +173,7 @@ SPECS: dict[str, TokenizerSpec] = {
 # Qwen3-MoE shares Qwen3's tokenizer and chat template (same tokenizer.json on the hub).
 SPECS["qwen3-30b-a3b"] = replace(SPECS["qwen3-8b"], preset="qwen3-30b-a3b")
 SPECS["qwen3-30b-a3b-fp8"] = replace(SPECS["qwen3-8b"], preset="qwen3-30b-a3b-fp8")
+SPECS["qwen3-8b-fp8"] = replace(SPECS["qwen3-8b"], preset="qwen3-8b-fp8")
 # Moonlight: Kimi's tiktoken ranks from the checkpoint's `tiktoken.model` (constants in kimi_tokens.py).
 SPECS["moonlight-16b-a3b"] = TokenizerSpec(
     preset="moonlight-16b-a3b",
