@@ -58,8 +58,13 @@ Weight steps through TMA (`Fp8GemvConfig.tma`, `weight_tma.py`): in the
 sm_90 machine code the main loop keeps its arithmetic; the weight copies
 become two TMA requests a step and the mbarrier waits add a few instructions
 (gate/up at 32 x 256 in the fp32 loop: 562 a step against 532; `sass_loops`).
-Offered as launch shapes for the sweep and the tables to pick; no built-in
-rule takes them (not yet timed on a GPU).
+On an H100 in the decode graph (`gemv_stack.py --per-channel`) the TMA
+shapes that have a pointer twin in the sweep ran 0.3-10% slower than it
+(gate/up 32 x 256: 42.99 against 42.54 us), and the best TMA shape of each
+form was 6-24% slower than its best shape (gate/up 40.58 us;
+`benchmarks/results/h100/wave2/tma_gemv_2026-12-07/`): the copies were not
+what held these loops back there. Two stay in the sweep for
+the H200, whose best gate/up shape they are; no built-in rule takes them.
 
 Scales: a program's rows lie in one row block (BLOCK_N divides bn), so a
 K group's block scale is the same for all of them and multiplies the
@@ -167,13 +172,10 @@ def launch_shapes(k: int) -> list[Fp8GemvConfig]:
         Fp8GemvConfig(block_n=64, groups=min(2, groups), num_warps=8, stages=3),
         Fp8GemvConfig(block_n=4, groups=min(16, groups), num_warps=4, stages=3),
         Fp8GemvConfig(block_n=8, groups=min(16, groups), num_warps=4, stages=2),
-        # Weight steps through TMA (boxes of at most 256 values a side): deeper pipelines for the same
-        # registers, around the H200's best (gate/up at 32 x 256). Not yet timed on a GPU.
+        # Weight steps through TMA (module docstring): the H200's gate/up shape (32 x 256) four and six deep,
+        # the best two of five on an H100, where none beat the pointer loads; kept for the H200's sweep.
         Fp8GemvConfig(block_n=32, groups=min(2, groups), num_warps=4, stages=4, f16_math=False, tma=True),
         Fp8GemvConfig(block_n=32, groups=min(2, groups), num_warps=4, stages=6, f16_math=False, tma=True),
-        Fp8GemvConfig(block_n=64, groups=min(1, groups), num_warps=8, stages=6, f16_math=False, tma=True),
-        Fp8GemvConfig(block_n=16, groups=min(2, groups), num_warps=4, stages=6, tma=True),
-        Fp8GemvConfig(block_n=8, groups=min(2, groups), num_warps=4, stages=8, tma=True),
     ]
 
 
