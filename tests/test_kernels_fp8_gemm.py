@@ -389,12 +389,12 @@ def test_fp8_gemv_tma_steps_give_the_pointer_loads_bits(block_size: tuple[int, i
     res = torch.randn(m, 2 * n, generator=gen).to(torch.float16)
     forms = [dict(), dict(norm_weight=norm_w, eps=eps), dict(norm_weight=norm_w, eps=eps, silu_mul=True),
              dict(residual=res)]
-    for tma in (False, True):
+    def run(tma: bool) -> list[torch.Tensor]:
         config = Fp8GemvConfig(block_n=16, groups=1, num_warps=4, stages=2, f16_math=f16_math, tma=tma)
-        outs = [fp8_gemv_triton(x, w8, scales, block_size=block_size, config=config, **form) for form in forms]
-        if not tma:
-            want = outs
-    for form, got, expected in zip(forms, outs, want, strict=True):
+        return [fp8_gemv_triton(x, w8, scales, block_size=block_size, config=config, **form) for form in forms]
+
+    want = run(False)
+    for form, got, expected in zip(forms, run(True), want, strict=True):
         assert torch.equal(got, expected), sorted(form)
     assert _rel_err(want[0], fp8_gemm_reference(x.float(), w8, scales, block_size=block_size)) < TOL[torch.float16]
 

@@ -323,7 +323,8 @@ def _fp8_gemv_kernel(
     scales_per_row = (K + SCALE_BK - 1) // SCALE_BK
     pid_n = tl.program_id(0)
     token = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row0 = pid_n * BLOCK_N
+    offs_n = row0 + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     offs_g = tl.arange(0, GROUPS)
     n_mask = offs_n < N
@@ -332,13 +333,13 @@ def _fp8_gemv_kernel(
     # The first weight step before the wait and the pass over x (module docstring). Only the first:
     # prefetching every step into registers took away the compiler's pipelining through shared memory
     # and spilled registers (`compile_check`).
-    w_first = load_weight_tile(rows, w_desc, pid_n * BLOCK_N, 0, offs_k, n_mask, K, EVEN, USE_TMA)
+    w_first = load_weight_tile(rows, w_desc, row0, 0, offs_k, n_mask, K, EVEN, USE_TMA)
     wu_first = w_first
     if SILU_MUL:
-        wu_first = load_weight_tile(up_rows, w_desc, N + pid_n * BLOCK_N, 0, offs_k, n_mask, K, EVEN, USE_TMA)
+        wu_first = load_weight_tile(up_rows, w_desc, N + row0, 0, offs_k, n_mask, K, EVEN, USE_TMA)
     # The scales too (the row block's largest for f, the first step's): off the chain after the wait.
-    scale_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_wsn  # the program's row block
-    up_scale_row = ws_ptr + ((pid_n * BLOCK_N + N) // SCALE_BN) * stride_wsn
+    scale_row = ws_ptr + (row0 // SCALE_BN) * stride_wsn  # the program's row block
+    up_scale_row = ws_ptr + ((row0 + N) // SCALE_BN) * stride_wsn
     s_peak = 1.0
     if F16_MATH and not ROW_SCALE:  # SCALE_COLS: the row block's scales, padded to a power of two
         offs_s = tl.arange(0, SCALE_COLS)
@@ -389,12 +390,12 @@ def _fp8_gemv_kernel(
     if SILU_MUL:
         lanes_up += wu_first.to(acc_dtype) * xuk.to(acc_dtype)[None, :]
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # the other steps, pipelined by the compiler
-        w = load_weight_tile(rows, w_desc, pid_n * BLOCK_N, k0, offs_k, n_mask, K, EVEN, USE_TMA)
+        w = load_weight_tile(rows, w_desc, row0, k0, offs_k, n_mask, K, EVEN, USE_TMA)
         g, gu = _step_scales(scale_row, up_scale_row, k0, offs_g, K, GROUP_K, SCALE_BK, ROW_SCALE, SILU_MUL)
         xk, xuk = _step_x(x_row, k0, x_cols, norm_w_ptr, rstd, f, g, gu, K, BLOCK_K, HAS_NORM, SILU_MUL)
         lanes += w.to(acc_dtype) * xk.to(acc_dtype)[None, :]
         if SILU_MUL:
-            wu = load_weight_tile(up_rows, w_desc, N + pid_n * BLOCK_N, k0, offs_k, n_mask, K, EVEN, USE_TMA)
+            wu = load_weight_tile(up_rows, w_desc, N + row0, k0, offs_k, n_mask, K, EVEN, USE_TMA)
             lanes_up += wu.to(acc_dtype) * xuk.to(acc_dtype)[None, :]
     if F16_MATH:
         acc = _lane_sum(lanes, BLOCK_N, BLOCK_K) / f
