@@ -18,7 +18,7 @@ the copy bandwidth, before that loop's lessons), more the block-scaled FP8
 GEMMs. `FP8_FUSED_DECODE_MAX_TOKENS` bounds the decode layer's fused forms
 (RMSNorm prologue, SiLU-and-mul, residual) by default: the one-token kernel's.
 The skinny GEMM has them too, for 2-16 rows with `TOKENSPEED_FP8_SKINNY_FUSED=1`
-(`fp8_dispatch.fp8_fused_decode_max_tokens`), off until timed on a GPU.
+(`fp8_dispatch.fp8_fused_decode_max_tokens`), off: 28-31% slower on an H100.
 """
 
 # Token counts the decode GEMV serves; beyond this cuBLAS's tiled GEMMs win.

@@ -79,7 +79,8 @@ def fp8_fused_decode_max_tokens(gemm: Fp8GemmByBatch) -> int:
     """Most rows the decode layer's fused FP8 forms (RMSNorm prologue, SiLU-and-mul, residual epilogue) serve
     on `gemm`'s kernels: every row its small-batch kernel takes with `TOKENSPEED_FP8_SKINNY_FUSED=1` (2-16 rows
     in the skinny GEMM's fused forms: no norm or activation kernel), else `FP8_FUSED_DECODE_MAX_TOKENS` (the
-    one-token GEMV's). Off by default until it is timed on a GPU."""
+    one-token GEMV's). Off by default: Llama-3.1-8B FP8 ran 28-31% slower with it at 4 and 16 rows on an H100
+    (`benchmarks/results/h100/wave2/skinny_fused_2026-12-08/`)."""
     if os.environ.get("TOKENSPEED_FP8_SKINNY_FUSED", "0") == "1":
         return gemm.max_small_tokens
     return FP8_FUSED_DECODE_MAX_TOKENS

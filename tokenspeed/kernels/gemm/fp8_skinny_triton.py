@@ -35,8 +35,10 @@ the up rows n + N beside them (the same bytes a program as the plain GEMM
 at the weight shape's launch), each group's activations converted once for
 both dots, and writes silu(gate) * up as the activation kernel computes it
 (`activation.silu_triton.silu_mul_rounded`). Per layer that is two norm
-kernels, the activation kernel and their round trips fewer. Not yet timed
-on a GPU, so off by default.
+kernels, the activation kernel and their round trips fewer, and yet
+Llama-3.1-8B FP8 ran 28-31% slower with them at 4 and 16 rows on an H100
+(`benchmarks/results/h100/wave2/skinny_fused_2026-12-08/`; likely the prologue's
+re-reading of m x K activations in every program and split): off by default.
 
 Grid: BLOCK_N rows by `split_k` K ranges. Where a shape has too few row
 blocks to fill the GPU (o_proj at 4096 rows: 64 programs of 64 rows), its
@@ -51,7 +53,8 @@ decode step runs them), else timed per weight shape on first use
 (`kernels/autotune.py`, `skinny_candidates`). Two shapes take their weight
 tiles through TMA (`SkinnyConfig.tma`, `weight_tma.py`), four and six steps
 deep for the shared memory alone; only the sweep and the tables offer them
-(not yet timed on a GPU).
+(not yet timed on a GPU; the one-token GEMV's TMA shapes lost to its pointer
+loads on an H100).
 
 Measured (H100, `benchmarks/results/h100/wave2/fp8_2026-12-06e/` and
 `fp8_2026-12-06f/`): without split-K, at 4 tokens, us per launch in a
