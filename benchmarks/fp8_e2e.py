@@ -23,8 +23,7 @@ Sections (`--sections`, comma separated; the JSON is rewritten after each):
   DeepSeek publish them), with online per-channel FP8 of the bf16 preset, and
   bf16: the block-scale launches of the FP8 GEMV end to end.
 - `llama_batch`: Llama-3.1-8B at 4 and 16 rows (`--batches`; context 1024), where the FP8
-  projections take the skinny tensor-core GEMM (2-16 tokens): FP8 with it,
-  in the decode layer's fused forms too (`TOKENSPEED_FP8_SKINNY_FUSED=1`), FP8
+  projections take the skinny tensor-core GEMM (2-16 tokens): FP8 with it, FP8
   without it (`TOKENSPEED_FP8_SKINNY=0`, the FP8 GEMMs) and bf16; TPOT and
   tokens/s. The skinny GEMM's effect on a decode step, at short context.
 - `qwen3_moe`: the qwen3-30b-a3b-fp8 preset (block-FP8 checkpoint format),
@@ -237,12 +236,10 @@ def llama_batch(args: argparse.Namespace, models: dict[str, str]) -> None:
     prompt_len, new_tokens = (8, 4) if args.smoke else (1024, 128)
     batches = (2, 4) if args.smoke else tuple(int(b) for b in args.batches.split(","))
     out: dict[str, Any] = RESULTS.setdefault("llama_batch", {"prompt_len": prompt_len, "new_tokens": new_tokens})
-    # The FP8 switches beside the default: the skinny GEMM's fused decode forms on, the skinny GEMM off.
-    fp8, plain = {"quantization": "fp8"}, {"TOKENSPEED_FP8_SKINNY": "1", "TOKENSPEED_FP8_SKINNY_FUSED": "0"}
-    variants = (("fp8", fp8, plain), ("fp8_skinny_fused", fp8, plain | {"TOKENSPEED_FP8_SKINNY_FUSED": "1"}),
-                ("fp8_no_skinny", fp8, plain | {"TOKENSPEED_FP8_SKINNY": "0"}), ("bf16", {}, plain))
-    for name, options, switches in variants:
-        with mock.patch.dict(os.environ, switches):  # read as the engine loads its layers
+    fp8 = {"quantization": "fp8"}
+    variants = (("fp8", fp8, "1"), ("fp8_no_skinny", fp8, "0"), ("bf16", {}, "1"))
+    for name, options, skinny in variants:
+        with mock.patch.dict(os.environ, {"TOKENSPEED_FP8_SKINNY": skinny}):  # read as the engine loads its layers
             llm = short_context_engine(args, models["llama"], max(batches), **options)
         for batch in batches:
             step = decode_step_s(llm, batch, prompt_len, new_tokens, random.Random(batch), args.repeats)
@@ -250,11 +247,8 @@ def llama_batch(args: argparse.Namespace, models: dict[str, str]) -> None:
                                                       "tokens_per_s": round(batch / step, 1)}
             log(f"llama_batch {name} bs{batch}: TPOT {step * 1e3:.3f} ms, {batch / step:.0f} tok/s")
         release(llm)
-    def speedup(slower: str, faster: str) -> dict[str, float]:
-        return {f"bs{b}": round(out[slower][f"bs{b}"]["tpot_ms"] / out[faster][f"bs{b}"]["tpot_ms"], 3) for b in batches}
-
-    out["skinny_speedup"] = speedup("fp8_no_skinny", "fp8")
-    out["skinny_fused_speedup"] = speedup("fp8", "fp8_skinny_fused")
+    out["skinny_speedup"] = {f"bs{b}": round(out["fp8_no_skinny"][f"bs{b}"]["tpot_ms"] / out["fp8"][f"bs{b}"]["tpot_ms"], 3)
+                             for b in batches}
     from tokenspeed.kernels.gemm.fp8_skinny_triton import tuned_skinny_shapes
 
     out["fp8_skinny_launches"] = tuned_picks(tuned_skinny_shapes(), "launch")  # the tuner's; none where a table has them

@@ -13,7 +13,7 @@ from tests.triton_interpreter import (  # sets TRITON_INTERPRET before anything 
     fresh_process_test,
     interpreted,
 )
-from tokenspeed.kernels.gemm import FP8_FUSED_DECODE_MAX_TOKENS, FP8_GEMV_MAX_TOKENS
+from tokenspeed.kernels.gemm import FP8_FUSED_DECODE_MAX_TOKENS
 from tokenspeed.kernels.gemm.fp8_gemv_triton import fp8_gemv_triton
 
 test_interpreter_suite_in_fresh_process = fresh_process_test(__file__)
@@ -69,7 +69,7 @@ def test_fp8_layers_route_the_decode_forms_to_the_fused_fp8_gemv(
 
     mlp = _fp8_mlp_with_gpu_kernels(monkeypatch, block)
     assert mlp.decode_max_tokens == FP8_FUSED_DECODE_MAX_TOKENS
-    assert mlp._fused_max_tokens == FP8_FUSED_DECODE_MAX_TOKENS  # 2-16 rows: the plain path (switch off)
+    assert mlp._fused_max_tokens == FP8_FUSED_DECODE_MAX_TOKENS  # 2-16 rows: the plain path
     assert _decode_form_error(mlp, rows=1) < 1e-5
     monkeypatch.setattr(mlp_module, "select_decode_gemm", lambda mode, **_: (None, -1))  # the off switch
     off = GatedMLP(256, 256, dtype=torch.float32)
@@ -77,19 +77,3 @@ def test_fp8_layers_route_the_decode_forms_to_the_fused_fp8_gemv(
     off.gate_up_proj.use_fp8(block, checkpoint_block=None)
     _route_decode_paths(off)
     assert off.decode_max_tokens == -1
-
-
-@interpreted
-@pytest.mark.parametrize("block", [(128, 128), PER_CHANNEL_BLOCK])
-def test_fp8_decode_forms_serve_two_to_sixteen_rows_on_the_skinny_gemm_when_switched_on(
-    monkeypatch: pytest.MonkeyPatch, block: tuple[int, int]
-) -> None:
-    """`TOKENSPEED_FP8_SKINNY_FUSED=1`: the fused decode forms serve 2-16 rows too (the skinny GEMM's norm
-    prologue, SiLU-and-mul and residual epilogue), with the plain path's result; `TOKENSPEED_FP8_SKINNY=0`
-    (no skinny GEMM) keeps them at one row."""
-    monkeypatch.setenv("TOKENSPEED_FP8_SKINNY_FUSED", "1")
-    mlp = _fp8_mlp_with_gpu_kernels(monkeypatch, block)
-    assert mlp.decode_max_tokens == mlp._fused_max_tokens == FP8_GEMV_MAX_TOKENS
-    assert _decode_form_error(mlp, rows=4) < 1e-5
-    monkeypatch.setenv("TOKENSPEED_FP8_SKINNY", "0")
-    assert _fp8_mlp_with_gpu_kernels(monkeypatch, block).decode_max_tokens == FP8_FUSED_DECODE_MAX_TOKENS

@@ -43,7 +43,6 @@ import triton.language as tl  # noqa: E402
 
 from tests.paged_kernels import capture_cuda_graph  # noqa: E402
 from tokenspeed.kernels import arrival_counters  # noqa: E402
-from tokenspeed.kernels.activation.silu_triton import silu_and_mul_triton  # noqa: E402
 from tokenspeed.kernels.autotune import LaunchTuner  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_dispatch import select_fp8_gemm_by_batch  # noqa: E402
 from tokenspeed.kernels.gemm.fp8_gemm_triton import fp8_gemm_triton  # noqa: E402
@@ -251,34 +250,6 @@ def test_every_skinny_launch_shape_is_correct(m: int, block_size: tuple[int, int
     graph, out = capture_cuda_graph(lambda: fp8_gemv_triton(x, w8, scale, block_size=block_size))
     graph.replay()
     assert _rel_err(out, want) < GEMM_TOL  # the chosen shape, replayed from a graph, bf16 output
-
-
-@pytest.mark.parametrize("m", [2, 16])
-@pytest.mark.parametrize("block_size", [WEIGHT_BLOCK, PER_CHANNEL_BLOCK], ids=["block", "per-channel"])
-def test_every_skinny_launch_shape_has_the_fused_decode_forms(m: int, block_size: tuple[int, int]) -> None:
-    """The skinny GEMM's fused forms (`TOKENSPEED_FP8_SKINNY_FUSED=1`): SiLU-and-mul and the residual add write
-    the bits of the unfused path (the skinny GEMM's bf16 output, then the activation kernel or the add; a
-    program's gate and up rows are each a dot of the same K order as in the plain GEMM); the RMSNorm
-    prologue, which sums the squares in its own order, agrees with the norm kernel then the GEMM."""
-    from tokenspeed.kernels.norm.rms_reference import rms_norm_reference
-
-    inter, k = 2048, 4096
-    gen = torch.Generator(device="cuda").manual_seed(m)
-    w8, scale = _weight(2 * inter, k, block_size, seed=m)
-    x = torch.randn(m, k, device="cuda", generator=gen).to(BF16)
-    norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).to(BF16)
-    res = torch.randn(m, 2 * inter, device="cuda", generator=gen).to(BF16)
-    normed_want = fp8_gemm_reference(rms_norm_reference(x, norm_w, 1e-6).float(), w8, scale, block_size=block_size)
-    for config in skinny_shapes():
-        plain = fp8_gemv_triton(x, w8, scale, block_size=block_size, config=config)
-        if config.block_n // 2 >= 16:  # the SiLU-and-mul form halves a program's rows; a dot needs 16
-            fused = fp8_gemv_triton(x, w8, scale, block_size=block_size, config=config, silu_mul=True)
-            assert torch.equal(fused, silu_and_mul_triton(plain)), config
-        added = fp8_gemv_triton(x, w8, scale, block_size=block_size, config=config, residual=res)
-        assert torch.equal(added, (plain.float() + res.float()).to(BF16)), config
-        normed = fp8_gemv_triton(x, w8, scale, block_size=block_size, config=config, norm_weight=norm_w, eps=1e-6)
-        assert _rel_err(normed, normed_want) < GEMM_TOL, config
-    assert arrival_counters.all_at_rest()
 
 
 def test_launch_tuner_picks_the_fastest_and_never_times_inside_a_capture() -> None:

@@ -28,12 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenspeed.kernels.gemm import DECODE_MAX_TOKENS
-from tokenspeed.kernels.gemm.fp8_dispatch import (
-    Fp8GemmByBatch,
-    fp8_fused_decode_max_tokens,
-    select_fp8_gemm_by_batch,
-)
+from tokenspeed.kernels.gemm import DECODE_MAX_TOKENS, FP8_FUSED_DECODE_MAX_TOKENS
+from tokenspeed.kernels.gemm.fp8_dispatch import Fp8GemmByBatch, select_fp8_gemm_by_batch
 from tokenspeed.kernels.quant.fp8 import BlockSize
 from tokenspeed.kernels.registry import Band, platform_of, select_kernel
 from tokenspeed.layers.fp8_weights import (
@@ -114,7 +110,7 @@ class Linear(nn.Module):
         # The fused decode forms go on in the FP8 GEMV, unless they are off (`--kernel gemm.decode=reference`).
         fused = self._fp8_gemm.fused_decode if self._decode_gemm is not None else None
         self._decode_gemm = fused
-        self._decode_max_tokens = fp8_fused_decode_max_tokens(self._fp8_gemm) if fused is not None else -1
+        self._decode_max_tokens = FP8_FUSED_DECODE_MAX_TOKENS if fused is not None else -1
 
     def drop_fp8(self, weight: torch.Tensor) -> None:
         """Back to a plain weight (a dequantised one, for layers that read the weight itself: MLA's kv_b_proj)."""

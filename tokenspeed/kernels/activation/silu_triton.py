@@ -22,9 +22,8 @@ _BLOCK = 1024
 @triton.jit
 def silu_mul_rounded(gate, up, dtype: tl.constexpr):
     """silu(gate) * up in `dtype` from fp32 `gate` and `up` (each holding a `dtype` value), the silu rounded to
-    `dtype` before the multiply: this kernel's arithmetic, which the GEMMs that fuse the activation into
-    their epilogue (`gemm/fp8_gemv_triton.py`, `gemm/fp8_skinny_triton.py`) share so that fused and unfused
-    give the same bits."""
+    `dtype` before the multiply: this kernel's arithmetic, which the FP8 GEMV's fused epilogue
+    (`gemm/fp8_gemv_triton.py`) shares so that fused and unfused give the same bits."""
     act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
     return (act * up).to(dtype)
 

@@ -16,9 +16,8 @@ tensor-core GEMM (`fp8_skinny_triton.py`, built like the fp8 decode
 attention's loop; a first tensor-core GEMV of 2026-12-02 had run at 0.2 of
 the copy bandwidth, before that loop's lessons), more the block-scaled FP8
 GEMMs. `FP8_FUSED_DECODE_MAX_TOKENS` bounds the decode layer's fused forms
-(RMSNorm prologue, SiLU-and-mul, residual) by default: the one-token kernel's.
-The skinny GEMM has them too, for 2-16 rows with `TOKENSPEED_FP8_SKINNY_FUSED=1`
-(`fp8_dispatch.fp8_fused_decode_max_tokens`), off: 28-31% slower on an H100.
+(RMSNorm prologue, SiLU-and-mul, residual), which only the one-token kernel has
+(the skinny GEMM's, measured 28-31% slower on an H100, were removed).
 """
 
 # Token counts the decode GEMV serves; beyond this cuBLAS's tiled GEMMs win.

@@ -10,9 +10,7 @@ at one batch size always replays the same kernel. On a CUDA device with bf16
 activations that is the Triton GEMV up to 16 tokens and cuBLAS (`scaled_mm`,
 which hands the layouts it cannot take to the Triton GEMM) above; on the
 CPU both sides are the reference. `TOKENSPEED_FP8_SKINNY=0` keeps the GEMV
-side at one token (`gemv_max_tokens`). `TOKENSPEED_FP8_SKINNY_FUSED=1` gives
-2-16 token decode layers the fused forms in the skinny GEMM
-(`fp8_fused_decode_max_tokens`).
+side at one token (`gemv_max_tokens`).
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenspeed.kernels.gemm import FP8_FUSED_DECODE_MAX_TOKENS, FP8_GEMV_MAX_TOKENS
+from tokenspeed.kernels.gemm import FP8_GEMV_MAX_TOKENS
 from tokenspeed.kernels.quant.fp8 import WEIGHT_BLOCK, BlockSize, scales_whole_rows
 from tokenspeed.kernels.registry import KernelSpec, select_kernel
 
@@ -73,17 +71,6 @@ def gemv_max_tokens() -> int:
     """Tokens the GEMV side serves: `FP8_GEMV_MAX_TOKENS`, or 1 with `TOKENSPEED_FP8_SKINNY=0` (the skinny
     GEMM's off switch: 2-16 tokens then take the FP8 GEMMs, as before it existed)."""
     return 1 if os.environ.get("TOKENSPEED_FP8_SKINNY", "1") == "0" else FP8_GEMV_MAX_TOKENS
-
-
-def fp8_fused_decode_max_tokens(gemm: Fp8GemmByBatch) -> int:
-    """Most rows the decode layer's fused FP8 forms (RMSNorm prologue, SiLU-and-mul, residual epilogue) serve
-    on `gemm`'s kernels: every row its small-batch kernel takes with `TOKENSPEED_FP8_SKINNY_FUSED=1` (2-16 rows
-    in the skinny GEMM's fused forms: no norm or activation kernel), else `FP8_FUSED_DECODE_MAX_TOKENS` (the
-    one-token GEMV's). Off by default: Llama-3.1-8B FP8 ran 28-31% slower with it at 4 and 16 rows on an H100
-    (`benchmarks/results/h100/wave2/skinny_fused_2026-12-08/`)."""
-    if os.environ.get("TOKENSPEED_FP8_SKINNY_FUSED", "0") == "1":
-        return gemm.max_small_tokens
-    return FP8_FUSED_DECODE_MAX_TOKENS
 
 
 def select_fp8_gemm_by_batch(*, platform: str, dtype: torch.dtype) -> Fp8GemmByBatch:

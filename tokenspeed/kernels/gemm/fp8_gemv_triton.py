@@ -445,9 +445,9 @@ def fp8_gemv_triton(
     The decode layer's fused forms, as in the bf16 GEMV (`gemv_triton.py`): `norm_weight` applies
     RMSNorm to x first, `silu_mul` treats the weight as `[2N, K]` gate then up rows and returns
     silu(gate) * up `[..., N]` (`fits_silu_mul` says which block scales allow it), `residual` is
-    added to the result. `config` None: 2-16 tokens take the skinny GEMM (`fp8_skinny_triton.py`, which
-    has the same fused forms), one token the one-token kernel at `choose_config`'s launch shape; a
-    `SkinnyConfig` forces the skinny GEMM, an `Fp8GemvConfig` the one-token kernel (one program a token).
+    added to the result. `config` None: 2-16 tokens without fused forms take the skinny GEMM
+    (`fp8_skinny_triton.py`), anything else the one-token kernel at `choose_config`'s launch shape (one
+    program a token); a `SkinnyConfig` forces the skinny GEMM, an `Fp8GemvConfig` the one-token kernel.
     """
     n, k = check_fp8_gemm_args(x, weight, weight_scale, block_size)
     if weight.stride(-1) != 1:
@@ -466,9 +466,11 @@ def fp8_gemv_triton(
         return out.view(*x.shape[:-1], n)
     res = None if residual is None else residual.reshape(-1, n)
     scales = weight_scale.contiguous()
-    if isinstance(config, SkinnyConfig) or (config is None and 1 < m <= SKINNY_BLOCK_M):
-        fp8_skinny_gemm(x2, weight, scales, out, block_size=block_size, bias=bias, config=config, silu_mul=silu_mul,
-                        norm_weight=norm_weight, eps=eps, residual=res)
+    fused = norm_weight is not None or res is not None or silu_mul
+    if isinstance(config, SkinnyConfig) or (config is None and 1 < m <= SKINNY_BLOCK_M and not fused):
+        if fused:
+            raise ValueError("the skinny GEMM has no fused forms (norm, residual, silu_mul)")
+        fp8_skinny_gemm(x2, weight, scales, out, block_size=block_size, bias=bias, config=config)
         return out.view(*x.shape[:-1], n)
 
     config = config or choose_config(k, silu_mul=silu_mul, block_size=block_size, norm=norm_weight is not None,

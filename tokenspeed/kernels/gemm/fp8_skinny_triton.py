@@ -24,21 +24,12 @@ spanning K, multiply the finished sum once). As the GEMV, a program asks
 for its first weight tile before it waits on the previous kernel (PDL), and
 the compiler pipelines the rest through shared memory (STAGES deep).
 
-The decode layer's fused forms, as the one-token GEMV has them (for 2-16
-row steps with `TOKENSPEED_FP8_SKINNY_FUSED=1`,
-`fp8_dispatch.fp8_fused_decode_max_tokens`), each rounded as the unfused
-path: an RMSNorm prologue (each program, each K split, recomputes its
-tokens' RMS in one pass over x and normalises each group on load), a
-residual epilogue (the row block's last program adds it once), and
-SiLU-and-mul (`silu_mul`): a program streams BLOCK_N / 2 gate rows n and
-the up rows n + N beside them (the same bytes a program as the plain GEMM
-at the weight shape's launch), each group's activations converted once for
-both dots, and writes silu(gate) * up as the activation kernel computes it
-(`activation.silu_triton.silu_mul_rounded`). Per layer that is two norm
-kernels, the activation kernel and their round trips fewer, and yet
-Llama-3.1-8B FP8 ran 28-31% slower with them at 4 and 16 rows on an H100
-(`benchmarks/results/h100/wave2/skinny_fused_2026-12-08/`; likely the prologue's
-re-reading of m x K activations in every program and split): off by default.
+No fused forms (RMSNorm prologue, SiLU-and-mul, residual epilogue), unlike
+the one-token GEMV: they were built (c596b13, 1e5f8f1) and made Llama-3.1-8B
+FP8 28-31% slower at 4 and 16 rows on an H100
+(`benchmarks/results/h100/wave2/skinny_fused_2026-12-08/`; likely, not
+profiled, because every program and K split re-read its tokens' activations
+for the RMS), so 2-16 row steps keep the norm and activation kernels.
 
 Grid: BLOCK_N rows by `split_k` K ranges. Where a shape has too few row
 blocks to fill the GPU (o_proj at 4096 rows: 64 programs of 64 rows), its
@@ -81,7 +72,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tokenspeed.kernels.activation.silu_triton import silu_mul_rounded
 from tokenspeed.kernels.arrival_counters import arrival_counters
 from tokenspeed.kernels.autotune import LaunchTuner, TunedChoice
 from tokenspeed.kernels.gemm.fp8_gemv_shapes import gpu_name_of, skinny_key, table_for
@@ -155,37 +145,21 @@ def measured_skinny_shape(n: int, k: int, block_size: BlockSize, gpu_name: str) 
 
 
 @triton.jit
-def _skinny_x(x_rows, k, offs_k, m_mask, norm_w_ptr, rstd, K: tl.constexpr, EVEN: tl.constexpr,
-              F16_DOTS: tl.constexpr, HAS_NORM: tl.constexpr):
-    """The tokens' activations of the K group at k, `[BLOCK_M, 128]`, as the dot takes them; RMS-normalised
-    (`rstd` per token) and rounded as `rms_norm_reference` rounds them when HAS_NORM."""
+def _skinny_group(acc, w, x_rows, scale_rows, k, offs_k, m_mask, n_mask, K: tl.constexpr, SCALE_BK: tl.constexpr,
+                  ROW_SCALE: tl.constexpr, EVEN: tl.constexpr, F16_DOTS: tl.constexpr):
+    """acc + x[:, k:k+128] @ w^T for one K group of 128 (fp32 accumulation), times the rows' scales of the
+    group's K block unless the scales are per row (applied once at the end)."""
     if EVEN:
         x = tl.load(x_rows + k + offs_k[None, :], mask=m_mask[:, None], other=0.0)
     else:
         x = tl.load(x_rows + k + offs_k[None, :], mask=m_mask[:, None] & ((k + offs_k) < K)[None, :], other=0.0)
-    if HAS_NORM:
-        nw = tl.load(norm_w_ptr + k + offs_k, mask=(k + offs_k) < K, other=0.0).to(tl.float32)
-        normed = (x.to(tl.float32) * rstd[:, None]).to(x.dtype).to(tl.float32)
-        x = (nw[None, :] * normed).to(x.dtype)
-    if F16_DOTS:
-        x = to_f16_saturated(x)
-    else:
-        x = x.to(tl.float32)
-    return x
-
-
-@triton.jit
-def _skinny_dot(acc, x, w, scale_rows, k, n_mask, K: tl.constexpr, SCALE_BK: tl.constexpr, ROW_SCALE: tl.constexpr,
-                EVEN: tl.constexpr, F16_DOTS: tl.constexpr):
-    """acc + x @ w^T for one K group of 128 (fp32 accumulation), times the rows' scales of the group's K
-    block unless the scales are per row (applied once at the end)."""
     if not ROW_SCALE:  # this group's product is scaled before it joins the sum
         acc_in = acc
         acc = tl.zeros(acc.shape, dtype=tl.float32)
     if F16_DOTS:
-        acc = tl.dot(x, tl.trans(widen_fp8(w, tl.float16, False)), acc)
+        acc = tl.dot(to_f16_saturated(x), tl.trans(widen_fp8(w, tl.float16, False)), acc)
     else:
-        acc = tl.dot(x, tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
     if not ROW_SCALE:
         # A group wholly past K (the last step's second, say, where K is not a whole number of steps) has no
         # scale column: reading one would take whatever lies past the scales (a NaN times its zero product).
@@ -195,47 +169,19 @@ def _skinny_dot(acc, x, w, scale_rows, k, n_mask, K: tl.constexpr, SCALE_BK: tl.
 
 
 @triton.jit
-def _skinny_group(acc, acc_up, w, w_up, x_rows, scale_rows, up_scale_rows, k, offs_k, m_mask, n_mask, norm_w_ptr,
-                  rstd, K: tl.constexpr, SCALE_BK: tl.constexpr, ROW_SCALE: tl.constexpr, EVEN: tl.constexpr,
-                  F16_DOTS: tl.constexpr, SILU_MUL: tl.constexpr, HAS_NORM: tl.constexpr):
-    """One K group of the gate (or only) rows and, with SILU_MUL, of the up rows: the activations are
-    loaded (and normalised) and converted once for both."""
-    x = _skinny_x(x_rows, k, offs_k, m_mask, norm_w_ptr, rstd, K, EVEN, F16_DOTS, HAS_NORM)
-    acc = _skinny_dot(acc, x, w, scale_rows, k, n_mask, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS)
-    if SILU_MUL:
-        acc_up = _skinny_dot(acc_up, x, w_up, up_scale_rows, k, n_mask, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS)
-    return acc, acc_up
-
-
-@triton.jit
-def _load_group(rows, up_rows, w_desc, row0, up_row0, k, offs_k, n_mask, K: tl.constexpr, EVEN: tl.constexpr,
-                SILU_MUL: tl.constexpr, USE_TMA: tl.constexpr):
-    """The weight tiles of the K group at k: the gate (or only) rows', and the up rows' with SILU_MUL."""
-    w = load_weight_tile(rows, w_desc, row0, k, offs_k, n_mask, K, EVEN, USE_TMA)
-    w_up = w
-    if SILU_MUL:
-        w_up = load_weight_tile(up_rows, w_desc, up_row0, k, offs_k, n_mask, K, EVEN, USE_TMA)
-    return w, w_up
-
-
-@triton.jit
 def _fp8_skinny_kernel(
     x_ptr,
     w_ptr,
     w_desc,
     ws_ptr,
     bias_ptr,
-    norm_w_ptr,
-    res_ptr,
     out_ptr,
     part_ptr,
     count_ptr,
     M,
-    eps,
     stride_xm,
     stride_wn,
     stride_wsn,
-    stride_rm,
     stride_om,
     N: tl.constexpr,
     K: tl.constexpr,
@@ -252,14 +198,10 @@ def _fp8_skinny_kernel(
     EVEN: tl.constexpr,
     F16_DOTS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    SILU_MUL: tl.constexpr,
-    HAS_NORM: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
     USE_PDL: tl.constexpr,
     USE_TMA: tl.constexpr,
 ):
     BLOCK_K: tl.constexpr = GROUPS * GROUP_K
-    PART_N: tl.constexpr = 2 * N if SILU_MUL else N  # a split's partials: the gate rows', then the up rows'
     pid_n = tl.program_id(0)
     k_lo = tl.program_id(1) * K_SPLIT  # this program's K range (a multiple of BLOCK_K wide, but the last)
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
@@ -269,97 +211,56 @@ def _fp8_skinny_kernel(
     n_mask = offs_n < N
     m_mask = offs_m < M
     rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    up_rows = rows + N * stride_wn  # SILU_MUL: the up rows n + N of a [2N, K] weight
     row0 = pid_n * BLOCK_N
     # weights never depend on the previous kernel
-    w_first, w_up_first = _load_group(rows, up_rows, w_desc, row0, N + row0, k_lo, offs_k, n_mask, K, EVEN,
-                                      SILU_MUL, USE_TMA)
+    w_first = load_weight_tile(rows, w_desc, row0, k_lo, offs_k, n_mask, K, EVEN, USE_TMA)
     scale_rows = ws_ptr + (offs_n // SCALE_BN) * stride_wsn  # each row's scales (row blocks may be narrow)
-    up_scale_rows = ws_ptr + ((offs_n + N) // SCALE_BN) * stride_wsn
     # The epilogue's per-row terms too (as `fp8_gemv_triton`): no program ends on a dependent round trip.
     row_s = tl.full([BLOCK_N], 1.0, tl.float32)
-    row_s_up = row_s
     if ROW_SCALE:
         row_s = tl.load(scale_rows, mask=n_mask, other=0.0)
-        if SILU_MUL:
-            row_s_up = tl.load(up_scale_rows, mask=n_mask, other=0.0)
     bias = tl.zeros([BLOCK_N], tl.float32)
-    bias_up = bias
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        if SILU_MUL:
-            bias_up = tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     if USE_PDL:  # see kernels/pdl.py: wait for the previous kernel before reading x
         gdc_wait()
         gdc_launch_dependents()
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if HAS_NORM:  # each program recomputes its tokens' RMS over the whole row (cheaper than a norm kernel)
-        squares = tl.zeros([BLOCK_M, GROUP_K], dtype=tl.float32)
-        for k_sq in range(0, K, GROUP_K):
-            in_row = m_mask[:, None] & ((k_sq + offs_k) < K)[None, :]
-            xv = tl.load(x_rows + k_sq + offs_k[None, :], mask=in_row, other=0.0).to(tl.float32)
-            squares += xv * xv
-        rstd = tl.rsqrt(tl.sum(squares, 1) / K + eps)
-    res = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if HAS_RESIDUAL:  # requested now, used at the end: no round trip there
-        res_rows = res_ptr + offs_m.to(tl.int64)[:, None] * stride_rm
-        res = tl.load(res_rows + offs_n[None, :], mask=m_mask[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_up = acc
-    acc, acc_up = _skinny_group(acc, acc_up, w_first, w_up_first, x_rows, scale_rows, up_scale_rows, k_lo, offs_k,
-                                m_mask, n_mask, norm_w_ptr, rstd, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS, SILU_MUL,
-                                HAS_NORM)
+    acc = _skinny_group(acc, w_first, x_rows, scale_rows, k_lo, offs_k, m_mask, n_mask, K, SCALE_BK, ROW_SCALE,
+                        EVEN, F16_DOTS)
     for g in tl.static_range(1, GROUPS):  # the rest of the first step
         k = k_lo + g * GROUP_K
-        w, w_up = _load_group(rows, up_rows, w_desc, row0, N + row0, k, offs_k, n_mask, K, EVEN, SILU_MUL, USE_TMA)
-        acc, acc_up = _skinny_group(acc, acc_up, w, w_up, x_rows, scale_rows, up_scale_rows, k, offs_k, m_mask,
-                                    n_mask, norm_w_ptr, rstd, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS, SILU_MUL,
-                                    HAS_NORM)
+        w = load_weight_tile(rows, w_desc, row0, k, offs_k, n_mask, K, EVEN, USE_TMA)
+        acc = _skinny_group(acc, w, x_rows, scale_rows, k, offs_k, m_mask, n_mask, K, SCALE_BK, ROW_SCALE, EVEN,
+                            F16_DOTS)
     for k0 in tl.range(k_lo + BLOCK_K, k_hi, BLOCK_K, num_stages=STAGES):  # the rest, pipelined by the compiler
         for g in tl.static_range(GROUPS):
             k = k0 + g * GROUP_K
-            w, w_up = _load_group(rows, up_rows, w_desc, row0, N + row0, k, offs_k, n_mask, K, EVEN, SILU_MUL,
-                                  USE_TMA)
-            acc, acc_up = _skinny_group(acc, acc_up, w, w_up, x_rows, scale_rows, up_scale_rows, k, offs_k, m_mask,
-                                        n_mask, norm_w_ptr, rstd, K, SCALE_BK, ROW_SCALE, EVEN, F16_DOTS, SILU_MUL,
-                                        HAS_NORM)
+            w = load_weight_tile(rows, w_desc, row0, k, offs_k, n_mask, K, EVEN, USE_TMA)
+            acc = _skinny_group(acc, w, x_rows, scale_rows, k, offs_k, m_mask, n_mask, K, SCALE_BK, ROW_SCALE, EVEN,
+                                F16_DOTS)
     if ROW_SCALE:
         acc *= row_s[None, :]
-        if SILU_MUL:
-            acc_up *= row_s_up[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     last = True
-    if SPLIT_K > 1:  # store this split's partials; the row block's last program to arrive sums them all
+    if SPLIT_K > 1:  # store this split's partial; the row block's last program to arrive sums them all
         split_rows = (tl.program_id(1) * BLOCK_M + offs_m).to(tl.int64)
-        parts = part_ptr + split_rows[:, None] * PART_N + offs_n[None, :]
-        tl.store(parts, acc, mask=mask)
-        if SILU_MUL:
-            tl.store(parts + N, acc_up, mask=mask)
+        tl.store(part_ptr + split_rows[:, None] * N + offs_n[None, :], acc, mask=mask)
         tl.debug_barrier()  # every thread's partial is written before the arrival is counted (release)
         last = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1
         if last:
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            acc_up = acc
             for split in tl.static_range(SPLIT_K):  # in split order: the sum does not depend on arrival
-                parts = part_ptr + ((split * BLOCK_M + offs_m).to(tl.int64))[:, None] * PART_N + offs_n[None, :]
-                acc += tl.load(parts, mask=mask, other=0.0, cache_modifier=".cg")
-                if SILU_MUL:
-                    acc_up += tl.load(parts + N, mask=mask, other=0.0, cache_modifier=".cg")
+                rows_s = (split * BLOCK_M + offs_m).to(tl.int64)
+                acc += tl.load(part_ptr + rows_s[:, None] * N + offs_n[None, :], mask=mask, other=0.0,
+                               cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)  # ready for the next launch
     if last:
-        out_dtype = out_ptr.dtype.element_ty
         if HAS_BIAS:
             acc += bias[None, :]
-            acc_up += bias_up[None, :]
-        if SILU_MUL:  # rounded as the unfused path: the GEMM's output, then the activation kernel's arithmetic
-            y = silu_mul_rounded(acc.to(out_dtype).to(tl.float32), acc_up.to(out_dtype).to(tl.float32), out_dtype)
-        else:
-            y = acc.to(out_dtype)
-        if HAS_RESIDUAL:  # the residual stream: round(round(x W^T) + residual), as the unfused add does
-            y = (y.to(tl.float32) + res).to(out_dtype)
         dst = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-        tl.store(dst, y, mask=mask)
+        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def split_plan(k: int, config: SkinnyConfig) -> tuple[int, int]:
@@ -379,53 +280,38 @@ def fp8_skinny_gemm(
     block_size: BlockSize,
     bias: torch.Tensor | None,
     config: SkinnyConfig | None = None,
-    silu_mul: bool = False,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 0.0,
-    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """out `[M, N]` = x2 `[M, K]` (M <= 16, contiguous along K) @ dequantised(weight)^T (+ bias), in the
-    decode layer's fused forms as the one-token GEMV has them, each rounded as the unfused path:
-    `norm_weight` RMS-normalises x first, `silu_mul` returns silu(gate) * up of a `[2N, K]`
-    gate-then-up weight, `residual` `[M, N]` is added to the result.
+    """out `[M, N]` = x2 `[M, K]` (M <= 16, contiguous along K) @ dequantised(weight)^T (+ bias).
 
     Arguments checked by the caller (`fp8_gemv_triton`); scales contiguous. The launch shape is the weight
-    shape's (table or tuner); the fused form gives a program half its rows from the gate half and half from
-    the up half, so it streams the same bytes a program as the plain GEMM at that shape.
+    shape's (table or tuner).
     """
     m, k = x2.shape
-    rows = weight.shape[0]
-    n = rows // 2 if silu_mul else rows
+    n = weight.shape[0]
     if m > SKINNY_BLOCK_M:
         raise ValueError(f"the skinny GEMM serves at most {SKINNY_BLOCK_M} tokens, got {m}")
     if config is None:
-        config = measured_skinny_shape(rows, k, tuple(block_size), gpu_name_of(x2.device))
+        config = measured_skinny_shape(n, k, tuple(block_size), gpu_name_of(x2.device))
     if config is None:
-        key = (rows, k, tuple(block_size), x2.dtype, bias is not None, silu_mul)
-        run = partial(fp8_skinny_gemm, x2, weight, scales, out, block_size=block_size, bias=bias, silu_mul=silu_mul)
+        key = (n, k, tuple(block_size), x2.dtype, bias is not None)
+        run = partial(fp8_skinny_gemm, x2, weight, scales, out, block_size=block_size, bias=bias)
         config = _SKINNY_TUNER.choose(key, x2.device, lambda chosen: run(config=chosen))
-    block_n = config.block_n // 2 if silu_mul else config.block_n
     block_k = config.groups * GROUP_SIZE
-    n_blocks = triton.cdiv(n, block_n)
+    n_blocks = triton.cdiv(n, config.block_n)
     splits, k_split = split_plan(k, config)
     counters = arrival_counters(x2.device, n_blocks) if splits > 1 else None
     if counters is None:  # one program per row block (also where no counters can be had: arrival_counters.py)
         splits, k_split = split_plan(k, dataclasses.replace(config, split_k=1))
-    parts = out
-    if splits > 1:
-        parts = torch.empty(splits * SKINNY_BLOCK_M, rows, dtype=torch.float32, device=x2.device)
-    w_desc = weight_descriptor(weight, block_n, GROUP_SIZE, config.tma)
+    parts = torch.empty(splits * SKINNY_BLOCK_M, n, dtype=torch.float32, device=x2.device) if splits > 1 else out
+    w_desc = weight_descriptor(weight, config.block_n, GROUP_SIZE, config.tma)
     for_tensor(_fp8_skinny_kernel, x2)[(n_blocks, splits)](
-        x2, weight, w_desc, scales, bias if bias is not None else out, norm_weight if norm_weight is not None else x2,
-        residual if residual is not None else out, out, parts, counters if counters is not None else out,
-        m, eps,
-        x2.stride(0), weight.stride(0), scales.stride(0), residual.stride(0) if residual is not None else 0,
-        out.stride(0),
+        x2, weight, w_desc, scales, bias if bias is not None else out, out, parts,
+        counters if counters is not None else out, m,
+        x2.stride(0), weight.stride(0), scales.stride(0), out.stride(0),
         N=n, K=k, SCALE_BN=block_size[0], SCALE_BK=block_size[1], ROW_SCALE=scales_whole_rows(block_size, k),
-        BLOCK_M=SKINNY_BLOCK_M, BLOCK_N=block_n, GROUPS=config.groups, GROUP_K=GROUP_SIZE,
-        STAGES=config.stages, SPLIT_K=splits, K_SPLIT=k_split, EVEN=n % block_n == 0 and k % block_k == 0,
-        F16_DOTS=x2.dtype != torch.float32, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
-        HAS_NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, USE_TMA=w_desc is not None,
+        BLOCK_M=SKINNY_BLOCK_M, BLOCK_N=config.block_n, GROUPS=config.groups, GROUP_K=GROUP_SIZE,
+        STAGES=config.stages, SPLIT_K=splits, K_SPLIT=k_split, EVEN=n % config.block_n == 0 and k % block_k == 0,
+        F16_DOTS=x2.dtype != torch.float32, HAS_BIAS=bias is not None, USE_TMA=w_desc is not None,
         num_warps=config.num_warps, **pdl_launch_options(pdl_enabled(x2.device)),
     )  # fmt: skip
     return out

@@ -4,8 +4,8 @@ Llama-3.1-8B's projections (K 4096 and 14336) with 128 x 128 weight blocks:
 the activation quantiser, the tensor-core GEMM at both tile shapes
 `fp8_gemm_triton.choose_tiles` picks, the one-token GEMV at every
 launch shape of `fp8_gemv_triton.launch_shapes`, and the 2-16 token skinny
-GEMM at every shape of `fp8_skinny_triton.skinny_shapes`, plain and in its fused forms (TMA shapes
-with their weight descriptor's signature).
+GEMM at every shape of `fp8_skinny_triton.skinny_shapes` (TMA shapes with their weight descriptor's
+signature).
 """
 
 from __future__ import annotations
@@ -65,30 +65,22 @@ def fp8_compile_configs() -> Iterator[KernelConfig]:
                 | ({"w_desc": _tma_box(cfg.block_n, cfg.groups * GROUP_SIZE)} if cfg.tma else {}),
                 num_warps=cfg.num_warps,
             )
-    # The skinny GEMM (2-16 tokens) at down_proj's shape (the others differ only in N and K) and in its fused
-    # forms (down's residual epilogue, gate/up's norm prologue and SiLU-and-mul: half a program's rows from
-    # each half), block and per-channel scales; every launch shape.
-    skinny_forms = (("down", 4096, 14336, dict(SILU_MUL=False, HAS_NORM=False, HAS_RESIDUAL=False)),
-                    ("down residual", 4096, 14336, dict(SILU_MUL=False, HAS_NORM=False, HAS_RESIDUAL=True)),
-                    ("gate_up norm silu_mul", 14336, 4096, dict(SILU_MUL=True, HAS_NORM=True, HAS_RESIDUAL=False)))
-    for form, n, k, fused in skinny_forms:
-        silu_mul = fused["SILU_MUL"]
-        for cfg in fp8_skinny_triton.skinny_shapes():
-            block_n = cfg.block_n // 2 if silu_mul else cfg.block_n
-            if block_n < 16:
-                continue  # the fused form does not take it (a dot needs 16 rows)
-            for row_scale in (False, True):
-                constexprs = dict(N=n, K=k, SCALE_BN=1 if row_scale else 128, SCALE_BK=k if row_scale else 128)
-                constexprs |= dict(ROW_SCALE=row_scale, BLOCK_M=fp8_skinny_triton.SKINNY_BLOCK_M, BLOCK_N=block_n)
-                splits, k_split = fp8_skinny_triton.split_plan(k, cfg)
-                constexprs |= dict(GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages, EVEN=True, F16_DOTS=True)
-                constexprs |= dict(SPLIT_K=splits, K_SPLIT=k_split, HAS_BIAS=False, USE_PDL=True) | fused
-                constexprs |= dict(USE_TMA=cfg.tma) | ({} if cfg.tma else dict(w_desc=None))
-                yield KernelConfig(
-                    f"gemm.fp8 skinny {form} n={n} k={k} row_scale={row_scale} {cfg}",
-                    fp8_skinny_triton._fp8_skinny_kernel,
-                    constexprs,
-                    pointers={"w_ptr": FP8, "ws_ptr": "fp32", "part_ptr": "fp32", "count_ptr": "i32"}
-                    | ({"w_desc": _tma_box(block_n, GROUP_SIZE)} if cfg.tma else {}),
-                    num_warps=cfg.num_warps,
-                )
+    # The skinny GEMM (2-16 tokens) at down_proj's shape (the others differ only in N and K), block and
+    # per-channel scales; every launch shape.
+    n, k = 4096, 14336
+    for cfg in fp8_skinny_triton.skinny_shapes():
+        for row_scale in (False, True):
+            constexprs = dict(N=n, K=k, SCALE_BN=1 if row_scale else 128, SCALE_BK=k if row_scale else 128)
+            constexprs |= dict(ROW_SCALE=row_scale, BLOCK_M=fp8_skinny_triton.SKINNY_BLOCK_M, BLOCK_N=cfg.block_n)
+            splits, k_split = fp8_skinny_triton.split_plan(k, cfg)
+            constexprs |= dict(GROUPS=cfg.groups, GROUP_K=GROUP_SIZE, STAGES=cfg.stages, EVEN=True, F16_DOTS=True)
+            constexprs |= dict(SPLIT_K=splits, K_SPLIT=k_split, HAS_BIAS=False, USE_PDL=True)
+            constexprs |= dict(USE_TMA=cfg.tma) | ({} if cfg.tma else dict(w_desc=None))
+            yield KernelConfig(
+                f"gemm.fp8 skinny n={n} k={k} row_scale={row_scale} {cfg}",
+                fp8_skinny_triton._fp8_skinny_kernel,
+                constexprs,
+                pointers={"w_ptr": FP8, "ws_ptr": "fp32", "part_ptr": "fp32", "count_ptr": "i32"}
+                | ({"w_desc": _tma_box(cfg.block_n, GROUP_SIZE)} if cfg.tma else {}),
+                num_warps=cfg.num_warps,
+            )
