@@ -47,11 +47,19 @@ def _decode(model: torch.nn.Module, config: ModelConfig, kv_dtype: torch.dtype, 
 
 
 def fp8_kv_agreement(folder: Path, prompts: list[list[int]], steps: int, *, dtype: torch.dtype = torch.float32,
-                     device: str = "cpu") -> float:
-    """Fraction of `steps` greedy steps per prompt where the fp8 cache's argmax equals the reference's."""
+                     device: str = "cpu", kv_scales: list[tuple[float, float]] | None = None) -> float:
+    """Fraction of `steps` greedy steps per prompt where the fp8 cache's argmax equals the reference's;
+    `kv_scales`: (k_scale, v_scale) of each attention layer in model order (None: the checkpoint's)."""
+    from tokenspeed.layers.kv_scales import KVScales
+
     config = ModelConfig.from_pretrained(folder)
     where = torch.device(device)
     model = load_model(config, folder, load_format="auto", dtype=dtype, device=where)
+    if kv_scales is not None:
+        layers = [m for m in model.modules() if isinstance(m, KVScales)]
+        for layer, (k_scale, v_scale) in zip(layers, kv_scales, strict=True):
+            layer.k_scale.fill_(k_scale)
+            layer.v_scale.fill_(v_scale)
     reference = _decode(model, config, dtype, prompts, None, steps, where)
     fp8 = _decode(model, config, torch.float8_e4m3fn, prompts, reference, steps, where)
     same = sum(a == b for ref, got in zip(reference, fp8) for a, b in zip(ref, got))

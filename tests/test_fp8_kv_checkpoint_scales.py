@@ -1,4 +1,5 @@
-"""Calibrated KV cache scales from the checkpoint (`self_attn.k_scale` / `v_scale`, vLLM's names) on the CPU.
+"""Calibrated KV cache scales on the CPU: from the checkpoint (`self_attn.k_scale` / `v_scale`, vLLM's names),
+or measured at start-up (`calculate_kv_scales`, `executor/kv_scale_calibration.py`).
 
 The model under test is a random tiny Llama whose value projections are
 multiplied by 4096: its V values reach the thousands, past e4m3's +-448, so
@@ -6,22 +7,25 @@ an fp8 cache with unit scales cannot hold them, and the checkpoint's v_scale
 of 64 brings them back into range. Measured (teacher-forced top-1 agreement
 with the fp32 cache, 4 prompts x 64 steps, `tests/fp8_agreement.py`): 0.94
 with the checkpoint's scales, 0.32 with unit scales; the unscaled model
-scores 0.98.
+scores 0.98. Calculated scales: see `test_calculated_scales_keep_an_out_of_range_cache_accurate`.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.checkpoints import make_checkpoint, prompts
+from tests.checkpoints import make_checkpoint, make_deepseek_checkpoint, prompts
 from tests.fp8_agreement import fp8_kv_agreement
 from tests.fp8_checkpoints import rewrite_tensors
 from tests.multi_rank_runs import assert_same, engine, run_workloads
 from tokenspeed import LLM, SamplingParams
+from tokenspeed.errors import InvalidRequest
+from tokenspeed.layers.kv_scales import KVScales
 from tokenspeed.models import ModelConfig, WeightLoadError
 from tokenspeed.models.parallel.weight_sharding import WeightKind, rule_for
 from tokenspeed.placement.parallel_config import ParallelConfig
@@ -121,3 +125,101 @@ def test_checkpoint_scales_on_two_ranks_match_one(base: Path, tmp_path: Path) ->
         finally:
             llm.shutdown()
     assert_same("llama", results[1], results[2])
+
+
+# --- scales measured at start-up (calculate_kv_scales) ----------------------------------------------------
+
+
+def _calculated(folder: Path, **options: object) -> list[tuple[float, float]]:
+    llm = LLM(str(folder), skip_tokenizer_init=True, show_progress=False, kv_cache_dtype="fp8",
+              calculate_kv_scales=True, **options)  # type: ignore[arg-type]
+    try:
+        return _attention_scales(llm)
+    finally:
+        llm.shutdown()
+
+
+def _is_power_of_two(value: float) -> bool:
+    return value > 0 and math.frexp(value)[0] == 0.5
+
+
+def test_calculated_scales_keep_an_out_of_range_cache_accurate(base: Path, tmp_path: Path) -> None:
+    """Without scales in the checkpoint, the ones measured on random tokens bring V's thousands back into
+    e4m3's range: agreement with the fp32 cache as with the checkpoint's calibrated scales (>= 0.9, where
+    unit scales give 0.32). Each is a power of two that maps the measured peak to 112-224."""
+    unit = _variant(base, tmp_path / "unit", {})
+    scales = _calculated(unit)
+    assert all(_is_power_of_two(k) and _is_power_of_two(v) for k, v in scales)
+    assert all(v >= 4.0 for _, v in scales), scales  # V peaks of ~1000 or more
+    agreement = fp8_kv_agreement(unit, prompts(4, seed=9, min_len=8, max_len=32), STEPS, kv_scales=scales)
+    assert agreement >= 0.9, f"top-1 agreement with calculated scales {agreement:.4f}"
+
+
+def test_calculated_scales_replace_the_checkpoint_s(base: Path, tmp_path: Path) -> None:
+    """Asked for, measured scales win over a checkpoint's (the same weights give the same scales with and
+    without them), and a bf16 cache cannot ask for them."""
+    with_scales = _variant(base, tmp_path / "scaled", {"k_scale": torch.tensor(1.0), "v_scale": torch.tensor(V_SCALE)})
+    without = _variant(base, tmp_path / "unit", {})
+    measured = _calculated(without)
+    assert _calculated(with_scales) == measured and (1.0, V_SCALE) not in measured
+    with pytest.raises(InvalidRequest, match="kv_cache_dtype"):
+        LLM(str(without), skip_tokenizer_init=True, show_progress=False, calculate_kv_scales=True)
+
+
+def test_calculate_kv_scales_flag() -> None:
+    """vLLM's flag: `--calculate-kv-scales` with `--kv-cache-dtype fp8`; alone, or with DP attention, a clear
+    error before anything loads."""
+    import argparse
+
+    from tokenspeed.engine_args import add_engine_args, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    config = engine_config_from_args(parser.parse_args(["--kv-cache-dtype", "fp8", "--calculate-kv-scales"]))
+    config.validate()
+    assert config.calculate_kv_scales and not engine_config_from_args(parser.parse_args([])).calculate_kv_scales
+    with pytest.raises(InvalidRequest, match="set kv_cache_dtype to fp8"):
+        engine_config_from_args(parser.parse_args(["--calculate-kv-scales"])).validate()
+    with pytest.raises(InvalidRequest, match="enable_dp_attention"):
+        config.replace(tensor_parallel_size=2, enable_dp_attention=True).validate()
+
+
+def test_calculated_scales_on_two_ranks_match_one(base: Path, tmp_path: Path) -> None:
+    """Only the second KV head's values pass e4m3's range, and on two ranks only rank 1 stores that head:
+    every rank takes the largest peaks of any rank, so rank 0 sets one rank's scales too, and two ranks give
+    one rank's tokens and log-probabilities."""
+    folder = _variant(base, tmp_path / "skewed", {}, v_gain=1.0)
+
+    def skew(weights: dict[str, torch.Tensor]) -> None:
+        for name in [n for n in weights if n.endswith("self_attn.v_proj.weight")]:
+            second_head = torch.ones(weights[name].shape[0], 1)
+            second_head[weights[name].shape[0] // 2 :] = V_GAIN  # the llama family's two KV heads
+            weights[name] = weights[name] * second_head
+
+    rewrite_tensors(folder, skew)
+    results, scales = {}, {}
+    for tp in (1, 2):
+        llm = engine(folder, tp, False, kv_cache_dtype="fp8", calculate_kv_scales=True)
+        try:
+            results[tp] = run_workloads(llm)
+            executor = llm.core.executor  # type: ignore[attr-defined]
+            model = executor.model if tp == 1 else executor.local.model  # rank 0's
+            scales[tp] = [(m.k_scale.item(), m.v_scale.item()) for m in model.modules() if isinstance(m, KVScales)]
+        finally:
+            llm.shutdown()
+    assert all(v >= 4.0 for _, v in scales[1]) and scales[2] == scales[1]
+    assert_same("llama", results[1], results[2])
+
+
+def test_calculated_scale_of_an_mla_latent_cache(tmp_path: Path) -> None:
+    """MLA stores one latent row (normalised latent, rotated k_pe) under one scale (`k_scale`): it is
+    measured, V's is never used and stays 1.0, and the engine decodes with it."""
+    folder = make_deepseek_checkpoint("deepseek_v3", tmp_path / "mla")
+    llm = LLM(str(folder), skip_tokenizer_init=True, show_progress=False, kv_cache_dtype="fp8",
+              calculate_kv_scales=True)
+    scales = [(layer.self_attn.kv_scales.k_scale.item(), layer.self_attn.kv_scales.v_scale.item())
+              for layer in llm.core.executor.model.model.layers]  # type: ignore[attr-defined]
+    assert all(_is_power_of_two(k) and k != 1.0 and v == 1.0 for k, v in scales), scales
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts(2, seed=4, min_len=6, max_len=12)], greedy)
+    assert all(len(o.outputs[0].token_ids) == 6 for o in outputs)

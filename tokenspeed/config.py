@@ -94,6 +94,10 @@ class EngineConfig:
     # bf16; static per-tensor scales: the checkpoint's `self_attn.k_scale` / `v_scale`, else 1.0;
     # `layers/kv_scales.py`).
     kv_cache_dtype: str = "auto"
+    # vLLM's option: measure each layer's fp8 KV scales on one prompt of random tokens at start-up instead
+    # (`executor/kv_scale_calibration.py`), for models whose K/V pass e4m3's +-448 and whose checkpoint has
+    # no scales.
+    calculate_kv_scales: bool = False
     # KV tiers below the device pool (kvcache/, executor/kv_tiers.py). Host tier bytes (None: a quarter of
     # the host's available memory on a GPU, 0 on the CPU); a disk tier under kv_cache_dir (None: off)
     # bounded by kv_cache_dir_bytes; retention of a session's pages for session_ttl seconds after a turn;
@@ -146,6 +150,12 @@ class EngineConfig:
             raise InvalidRequest(
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}."
             )
+        if self.calculate_kv_scales and self.kv_cache_dtype == "auto":
+            raise InvalidRequest("calculate_kv_scales measures the scales of an fp8 KV cache: set kv_cache_dtype "
+                                 "to fp8 (--kv-cache-dtype fp8) too.")
+        if self.calculate_kv_scales and self.enable_dp_attention:
+            raise InvalidRequest("calculate_kv_scales is not supported with enable_dp_attention (one attention "
+                                 "rank would see the calibration prompt).")
         self.parallel_config()  # refuses bad option combinations (the model's own splits: at build)
         if self.tensor_parallel_size > 1 and self.speculative_config is not None:
             raise InvalidRequest(

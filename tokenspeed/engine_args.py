@@ -68,6 +68,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
                        help="KV cache storage: auto (the model dtype) or fp8 (e4m3, half the bytes of bf16) "
                             "(default: %(default)s)")
+    group.add_argument("--calculate-kv-scales", action="store_true",
+                       help="fp8 KV cache: measure each layer's K/V scales on one prompt of random tokens at "
+                            "start-up (default: the checkpoint's k_scale / v_scale, else 1.0)")
     group.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                        help="ranks, one device each (CPU: one process each); heads, vocabulary and MLPs are "
                             "split by the compiled placement plan (default: %(default)s)")
@@ -125,6 +128,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         speculative_config=speculative_config_dict(args.speculative_config),
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        calculate_kv_scales=args.calculate_kv_scales,
         host_kv_cache_bytes=args.host_kv_cache_bytes,
         kv_cache_dir=args.kv_cache_dir,
         kv_cache_dir_bytes=args.kv_cache_dir_bytes,

@@ -43,6 +43,7 @@ from tokenspeed.executor.attention_ranks import AttentionRanks
 from tokenspeed.executor.cpu_decode import CPUDecodeForward
 from tokenspeed.executor.cpu_threads import apply_cpu_threads
 from tokenspeed.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes, verify_graph_sizes
+from tokenspeed.executor.kv_scale_calibration import calibrate_kv_scales
 from tokenspeed.executor.kv_tiers import HostKVTier, default_host_kv_cache_bytes
 from tokenspeed.executor.memory_check import check_fits, weight_bytes
 from tokenspeed.executor.model_runner import ModelRunner, StepHandle
@@ -214,6 +215,10 @@ class Executor:
             max_model_len=self.max_model_len,
             graph_sizes=graph_batch_sizes(self._graph_max_bs()),
         )
+        if config.calculate_kv_scales:  # before the drafter joins the runner: the target's layers only
+            calibrate_kv_scales(self.runner, vocab_size=self.model_config.vocab_size,
+                                max_tokens=min(self.max_model_len, num_pages * config.page_size), seed=config.seed,
+                                across_ranks=rank is not None and rank.groups.topology.world_size > 1)
         self.runner.speculation = self.speculator
         if self.device.type == "cpu" and rank is None and self.speculator is None:
             self.runner.cpu_decode = CPUDecodeForward.build(

@@ -89,6 +89,13 @@ class GQAAttention(nn.Module):
         """Most tokens the fused decode form of `forward` (input_norm / residual) serves; -1: none."""
         return min(self.qkv_proj.decode_max_tokens, self.o_proj.decode_max_tokens)
 
+    def _stored_keys(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """K as the cache stores it (k-norm, then RoPE), for scale calibration only: the fused path
+        (`rope_write`) applies both inside its kernel, so its own K is not that yet."""
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return self.rotary(positions, q.clone(), k.clone())[1]
+
     def forward(
         self,
         positions: torch.Tensor,
@@ -115,6 +122,8 @@ class GQAAttention(nn.Module):
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
+        if self.kv_scales.calibrating:
+            self.kv_scales.observe(self._stored_keys(positions, q, k), v)
         k_scale, v_scale = self.kv_scales.for_cache(k_cache)
         if self.rope_write is not None:
             norms = {}

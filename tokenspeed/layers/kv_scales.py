@@ -11,6 +11,10 @@ attention layer, as vLLM reads them: `self_attn.k_scale` and
 `self_attn.kv_scale` for both in older exports; the loader hands them to
 `load` (`models/loader.py`). The kernels take per-head scales too
 (`kernels/quant/fp8.kv_scale_layout`); checkpoints give per-tensor ones.
+Without such scales, `calculate_kv_scales` measures them at start-up
+(`executor/kv_scale_calibration.py`): each layer records the largest |K| and
+|V| it stores (`observe`) and takes the power of two that maps them to at
+most `CALIBRATED_PEAK` (`set_calibrated`).
 
 Held as buffers (moved with the layer) and handed to the kernels only when the
 cache is fp8: a cache in the model dtype takes no scale, and a checkpoint's
@@ -18,6 +22,8 @@ scales are then read and unused, as in vLLM.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -30,6 +36,11 @@ CHECKPOINT_SCALES: dict[str, tuple[str, ...]] = {"k_scale": ("k_scale",), "v_sca
                                                  "kv_scale": ("k_scale", "v_scale")}
 
 
+# A calibrated scale maps the calibration prompt's largest |K| (|V|) to at most half of e4m3's 448, so that
+# values up to twice those of random tokens still fit; vLLM's calculate_kv_scales leaves 2.2x (K) and 4.5x (V).
+CALIBRATED_PEAK = 224.0
+
+
 class KVScales(nn.Module):
     k_scale: torch.Tensor
     v_scale: torch.Tensor
@@ -38,6 +49,40 @@ class KVScales(nn.Module):
         super().__init__()
         self.register_buffer("k_scale", torch.ones(1, dtype=torch.float32, device=device), persistent=False)
         self.register_buffer("v_scale", torch.ones(1, dtype=torch.float32, device=device), persistent=False)
+        self._peaks: list[float] | None = None  # [largest |K|, largest |V|] seen while calibrating
+
+    @property
+    def calibrating(self) -> bool:
+        """Whether the layer reports what its cache is given (`observe`): only during start-up calibration."""
+        return self._peaks is not None
+
+    def start_calibration(self) -> None:
+        self._peaks = [0.0, 0.0]
+
+    def observe(self, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
+        """Record the largest magnitudes of K (and V) as the cache stores them. Non-finite peaks are left out:
+        a scale must stay finite (such values are lost whatever the scale)."""
+        assert self._peaks is not None, "observe outside calibration"
+        for i, values in enumerate((k, v)):
+            if values is not None and values.numel():
+                peak = values.detach().abs().amax().item()
+                if math.isfinite(peak):
+                    self._peaks[i] = max(self._peaks[i], peak)
+
+    def finish_calibration(self) -> tuple[float, float]:
+        """End calibration; the (K, V) peaks recorded (0.0: nothing seen)."""
+        assert self._peaks is not None, "no calibration to finish"
+        k_peak, v_peak = self._peaks
+        self._peaks = None
+        return k_peak, v_peak
+
+    def set_calibrated(self, k_peak: float, v_peak: float) -> None:
+        """Scales from measured peaks: the power of two that brings each peak to at most `CALIBRATED_PEAK`
+        (a power of two, so that scaling a value is exact). A zero peak (nothing seen: MLA's V, which it
+        never stores, or a layer the forward never ran) keeps its scale."""
+        for scale, peak in ((self.k_scale, k_peak), (self.v_scale, v_peak)):
+            if peak > 0.0:
+                scale.fill_(2.0 ** math.ceil(math.log2(peak / CALIBRATED_PEAK)))
 
     def load(self, name: str, tensor: torch.Tensor) -> None:
         """Set the scale(s) checkpoint tensor `...self_attn.<name>` gives (`CHECKPOINT_SCALES`).

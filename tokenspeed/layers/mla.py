@@ -212,6 +212,8 @@ class MLAAttention(nn.Module):
     ) -> torch.Tensor:
         tokens = hidden.shape[0]
         q_nope, q_pe, cache_rows = self.project(positions, hidden)
+        if self.kv_scales.calibrating:
+            self.kv_scales.observe(cache_rows)  # one latent cache, one scale (`k_scale`)
         w_uk, w_uv_t = self.absorbed_weights()
         # [H, T, nope] @ [H, nope, Dl] -> [H, T, Dl]: the query in latent space.
         q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)
