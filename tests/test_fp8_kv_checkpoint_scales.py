@@ -27,7 +27,13 @@ from tokenspeed import LLM, SamplingParams
 from tokenspeed.errors import InvalidRequest
 from tokenspeed.layers.kv_scales import KVScales
 from tokenspeed.models import ModelConfig, WeightLoadError
-from tokenspeed.models.parallel.weight_sharding import WeightKind, rule_for
+from tokenspeed.models.parallel.weight_sharding import (
+    WHOLE,
+    TensorSlice,
+    WeightKind,
+    rule_for,
+    slice_for_rank,
+)
 from tokenspeed.placement.parallel_config import ParallelConfig
 
 V_GAIN, V_SCALE = 4096.0, 64.0
@@ -53,6 +59,27 @@ def _variant(base: Path, folder: Path, scales: dict[str, torch.Tensor], v_gain: 
                 weights[f"model.layers.{layer}.self_attn.{scale}"] = value.clone()
 
     rewrite_tensors(folder, change)
+    return folder
+
+
+def _second_head_out_of_range(base: Path, folder: Path, scales: dict[str, torch.Tensor], gain: float = V_GAIN,
+                              *, same_model: bool = True) -> Path:
+    """`base` (two KV heads, four query heads) with the value rows of its second KV head times `gain`, and
+    `scales` added. `same_model`: the o_proj columns of the query heads reading that head divided by `gain`
+    too (a power of two: the same model, exactly, whose second head's values pass e4m3's range while the
+    first's stay small, so both heads matter); else the second head's values dominate the output."""
+    _variant(base, folder, scales, v_gain=1.0)
+
+    def skew(weights: dict[str, torch.Tensor]) -> None:
+        for name in [n for n in weights if n.endswith(("self_attn.v_proj.weight", "self_attn.o_proj.weight"))]:
+            weight = weights[name].clone()
+            if name.endswith("v_proj.weight"):
+                weight[weight.shape[0] // 2 :] *= gain
+            elif same_model:
+                weight[:, weight.shape[1] // 2 :] /= gain
+            weights[name] = weight
+
+    rewrite_tensors(folder, skew)
     return folder
 
 
@@ -89,8 +116,9 @@ def test_one_kv_scale_sets_both(base: Path, tmp_path: Path) -> None:
     assert set(_attention_scales(llm)) == {(0.25, 0.25)}
 
 
-@pytest.mark.parametrize(("value", "message"), [(torch.ones(2), "one element"), (torch.tensor(0.0), "positive"),
-                                                (torch.tensor(float("inf")), "positive")])
+@pytest.mark.parametrize(("value", "message"), [(torch.ones(3), r"one element, or one per KV head \(2\)"),
+                                                (torch.tensor(0.0), "positive"), (torch.tensor(float("inf")), "positive"),
+                                                (torch.tensor([1.0, 0.0]), "per-head scale must be positive")])
 def test_malformed_scales_are_clear_weight_load_errors(base: Path, tmp_path: Path, value: torch.Tensor,
                                                        message: str) -> None:
     folder = _variant(base, tmp_path / "bad", {"k_scale": value, "v_scale": torch.tensor(1.0)}, v_gain=1.0)
@@ -105,11 +133,69 @@ def test_a_scale_without_an_attention_layer_is_still_unexpected(base: Path, tmp_
         LLM(str(folder), skip_tokenizer_init=True, show_progress=False)
 
 
-def test_scales_are_replicated_over_attention_ranks(base: Path) -> None:
+def test_scales_are_whole_on_every_rank_or_split_by_kv_head(base: Path) -> None:
+    """A per-tensor scale (0-d or one element) is every rank's; a per-head one splits as the KV heads do."""
     config = ModelConfig.from_pretrained(base)
     topology = ParallelConfig(tensor_parallel_size=2).topology()
     for scale in ("k_scale", "v_scale", "kv_scale"):
-        assert rule_for(f"model.layers.0.self_attn.{scale}", config, topology).kind == WeightKind.REPLICATED
+        name = f"model.layers.0.self_attn.{scale}"
+        rule = rule_for(name, config, topology)
+        assert rule.kind == WeightKind.KV_HEADS
+        for rank in (0, 1):
+            assert slice_for_rank(name, rule, (), topology, rank) == slice_for_rank(name, rule, (1,), topology, rank)
+            assert slice_for_rank(name, rule, (), topology, rank) == WHOLE
+            assert slice_for_rank(name, rule, (2,), topology, rank) == TensorSlice(0, rank, rank + 1)
+
+
+# --- per-head scales (llm-compressor's attn_head strategy) ------------------------------------------------
+
+HEAD_GAIN, HEAD_SCALE = 2.0**16, 1024.0  # the second head's values in the tens of thousands
+
+
+def _head_scales(llm: LLM) -> list[tuple[list[float], list[float]]]:
+    executor = llm.core.executor  # type: ignore[attr-defined]
+    model = getattr(executor, "local", executor).model  # rank 0's on several ranks
+    return [(m.k_scale.tolist(), m.v_scale.tolist()) for m in model.modules() if isinstance(m, KVScales)]
+
+
+def test_per_head_scales_keep_both_heads_accurate(base: Path, tmp_path: Path) -> None:
+    """One head's values pass e4m3's range by 2^16 and the other's are small: per-head scales keep both
+    (agreement 0.984, the unscaled model's), where one scale for both flushes the small head's values (0.656)
+    and unit scales saturate the large head's (0.301). A per-tensor k_scale beside a per-head v_scale is
+    held per head too, and a per-head kv_scale sets both."""
+    batch = prompts(4, seed=9, min_len=8, max_len=32)
+    per_head = _second_head_out_of_range(base, tmp_path / "per_head", {"k_scale": torch.tensor(1.0),
+                                                                       "v_scale": torch.tensor([1.0, HEAD_SCALE])},
+                                         gain=HEAD_GAIN)
+    per_tensor = _second_head_out_of_range(base, tmp_path / "per_tensor", {"k_scale": torch.tensor(1.0),
+                                                                           "v_scale": torch.tensor(HEAD_SCALE)},
+                                           gain=HEAD_GAIN)
+    assert fp8_kv_agreement(per_head, batch, STEPS) >= 0.95
+    assert fp8_kv_agreement(per_tensor, batch, STEPS) < 0.8
+    llm = LLM(str(per_head), skip_tokenizer_init=True, show_progress=False, kv_cache_dtype="fp8")
+    assert set(map(str, _head_scales(llm))) == {str(([1.0, 1.0], [1.0, HEAD_SCALE]))}
+    legacy = _variant(base, tmp_path / "legacy", {"kv_scale": torch.tensor([0.5, 2.0])}, v_gain=1.0)
+    llm = LLM(str(legacy), skip_tokenizer_init=True, show_progress=False, kv_cache_dtype="fp8")
+    assert set(map(str, _head_scales(llm))) == {str(([0.5, 2.0], [0.5, 2.0]))}
+
+
+def test_per_head_scales_on_two_ranks_match_one(base: Path, tmp_path: Path) -> None:
+    """Each rank reads the scale of its own KV head (rank 0 the small head's): two ranks give one rank's
+    tokens and log-probabilities."""
+    folder = _second_head_out_of_range(base, tmp_path / "per_head", {"k_scale": torch.tensor(1.0),
+                                                                     "v_scale": torch.tensor([1.0, HEAD_SCALE])},
+                                       gain=HEAD_GAIN)
+    results, scales = {}, {}
+    for tp in (1, 2):
+        llm = engine(folder, tp, False, kv_cache_dtype="fp8")
+        try:
+            results[tp] = run_workloads(llm)
+            scales[tp] = _head_scales(llm)
+        finally:
+            llm.shutdown()
+    assert {str(s) for s in scales[1]} == {str(([1.0, 1.0], [1.0, HEAD_SCALE]))}
+    assert {str(s) for s in scales[2]} == {str(([1.0], [1.0]))}  # rank 0: the first head
+    assert_same("llama", results[1], results[2])
 
 
 def test_checkpoint_scales_on_two_ranks_match_one(base: Path, tmp_path: Path) -> None:
@@ -188,15 +274,7 @@ def test_calculated_scales_on_two_ranks_match_one(base: Path, tmp_path: Path) ->
     """Only the second KV head's values pass e4m3's range, and on two ranks only rank 1 stores that head:
     every rank takes the largest peaks of any rank, so rank 0 sets one rank's scales too, and two ranks give
     one rank's tokens and log-probabilities."""
-    folder = _variant(base, tmp_path / "skewed", {}, v_gain=1.0)
-
-    def skew(weights: dict[str, torch.Tensor]) -> None:
-        for name in [n for n in weights if n.endswith("self_attn.v_proj.weight")]:
-            second_head = torch.ones(weights[name].shape[0], 1)
-            second_head[weights[name].shape[0] // 2 :] = V_GAIN  # the llama family's two KV heads
-            weights[name] = weights[name] * second_head
-
-    rewrite_tensors(folder, skew)
+    folder = _second_head_out_of_range(base, tmp_path / "skewed", {}, same_model=False)
     results, scales = {}, {}
     for tp in (1, 2):
         llm = engine(folder, tp, False, kv_cache_dtype="fp8", calculate_kv_scales=True)

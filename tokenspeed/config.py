@@ -91,7 +91,7 @@ class EngineConfig:
     # or compressed-tensors float8) is always honoured (`models/quant_config.py`).
     quantization: str | None = None
     # KV cache storage, vLLM's option: "auto" (the model dtype) | "fp8" | "fp8_e4m3" (half the bytes of
-    # bf16; static per-tensor scales: the checkpoint's `self_attn.k_scale` / `v_scale`, else 1.0;
+    # bf16; static scales: the checkpoint's `self_attn.k_scale` / `v_scale`, per tensor or per KV head, else 1.0;
     # `layers/kv_scales.py`).
     kv_cache_dtype: str = "auto"
     # vLLM's option: measure each layer's fp8 KV scales on one prompt of random tokens at start-up instead

@@ -74,7 +74,7 @@ class GQAAttention(nn.Module):
             self.q_norm = RMSNorm(head_dim, qk_norm_eps, dtype=dtype, device=device)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps, dtype=dtype, device=device)
         self.rotary = rotary
-        self.kv_scales = KVScales(device=device)
+        self.kv_scales = KVScales(device=device, num_kv_heads=num_kv_heads)
         self.attention_backend = PagedAttentionBackend.select(
             platform=platform_of(device),
             dtype=dtype,

@@ -1,16 +1,19 @@
 """`KVScales`: the static scales of one attention layer's FP8 KV cache (`kv_cache_dtype="fp8"`).
 
-Scales are per tensor and 1.0 unless the checkpoint has its own: bf16 K/V
+Scales are 1.0 unless the checkpoint has its own: bf16 K/V
 values of the models we serve lie well inside e4m3's range (+-448), and e4m3
 keeps ~2^-4 relative precision at any magnitude down to 2^-6, so a unit scale
 costs no accuracy that a calibrated one would recover on these models
 (measured: tests/test_fp8_kv.py, greedy top-1 agreement with the fp32 cache).
-Checkpoints calibrated for an FP8 KV cache carry per-tensor scales per
-attention layer, as vLLM reads them: `self_attn.k_scale` and
+Checkpoints calibrated for an FP8 KV cache carry scales per attention
+layer, as vLLM reads them: `self_attn.k_scale` and
 `self_attn.v_scale` (stored value times scale = the real one), or one
 `self_attn.kv_scale` for both in older exports; the loader hands them to
-`load` (`models/loader.py`). The kernels take per-head scales too
-(`kernels/quant/fp8.kv_scale_layout`); checkpoints give per-tensor ones.
+`load` (`models/loader.py`). A scale is per tensor (one element) or per KV
+head (`[num_kv_heads]`, as llm-compressor's `attn_head` strategy writes them:
+one head with outliers then does not push the others' small values under
+e4m3's smallest); the kernels take either (`kernels/quant/fp8.kv_scale_layout`),
+the two of a layer always in one layout.
 Without such scales, `calculate_kv_scales` measures them at start-up
 (`executor/kv_scale_calibration.py`): each layer records the largest |K| and
 |V| it stores (`observe`) and takes the power of two that maps them to at
@@ -45,8 +48,10 @@ class KVScales(nn.Module):
     k_scale: torch.Tensor
     v_scale: torch.Tensor
 
-    def __init__(self, *, device: torch.device | str) -> None:
+    def __init__(self, *, device: torch.device | str, num_kv_heads: int = 1) -> None:
+        """`num_kv_heads`: the heads this layer's cache holds (on a rank, its own)."""
         super().__init__()
+        self.num_kv_heads = num_kv_heads
         self.register_buffer("k_scale", torch.ones(1, dtype=torch.float32, device=device), persistent=False)
         self.register_buffer("v_scale", torch.ones(1, dtype=torch.float32, device=device), persistent=False)
         self._peaks: list[float] | None = None  # [largest |K|, largest |V|] seen while calibrating
@@ -85,13 +90,25 @@ class KVScales(nn.Module):
                 scale.fill_(2.0 ** math.ceil(math.log2(peak / CALIBRATED_PEAK)))
 
     def load(self, name: str, tensor: torch.Tensor) -> None:
-        """Set the scale(s) checkpoint tensor `...self_attn.<name>` gives (`CHECKPOINT_SCALES`).
+        """Set the scale(s) checkpoint tensor `...self_attn.<name>` gives (`CHECKPOINT_SCALES`): one for all
+        heads, or one per KV head. A layer's two scales keep one layout: per-head ones make the other per head too.
 
-        Raises ValueError for anything but one positive finite number (`fp8_weights.per_tensor_scale`).
+        Raises ValueError for anything but one, or `num_kv_heads`, positive finite numbers.
         """
-        value = per_tensor_scale(tensor)
+        if tensor.numel() not in (1, self.num_kv_heads):
+            raise ValueError(f"a KV cache scale has one element, or one per KV head ({self.num_kv_heads}), "
+                             f"got shape {tuple(tensor.shape)}")
+        if tensor.numel() == 1:
+            values = torch.tensor([per_tensor_scale(tensor)], dtype=torch.float32)
+        else:
+            values = tensor.detach().float().reshape(-1).cpu()
+            if not bool(((values > 0) & values.isfinite()).all()):
+                raise ValueError(f"every per-head scale must be positive and finite, got {values.tolist()}")
+        if values.numel() > self.k_scale.numel():  # per head from now on, for both
+            self.k_scale = self.k_scale.expand(values.numel()).clone()
+            self.v_scale = self.v_scale.expand(values.numel()).clone()
         for attr in CHECKPOINT_SCALES[name]:
-            getattr(self, attr).fill_(value)
+            getattr(self, attr).copy_(values.to(self.k_scale.device).expand_as(self.k_scale))
 
     def for_cache(self, cache: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(k_scale, v_scale) for an fp8 `cache`, (None, None) for any other (a host-side dtype check)."""

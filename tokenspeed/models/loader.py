@@ -27,8 +27,8 @@ every scale is positive and finite. Static activation scales (`X.input_scale`
 beside an fp8 weight) are optional, checked and unused (`models/quant_config.py`).
 Dummy fp8 weights are normal(0, 0.02) quantised with their own scales.
 
-KV cache scales (`self_attn.k_scale` / `v_scale` / `kv_scale`, per tensor)
-are optional: where a checkpoint has them they go to the layer's `KVScales`
+KV cache scales (`self_attn.k_scale` / `v_scale` / `kv_scale`, per tensor or
+per KV head) are optional: where a checkpoint has them they go to the layer's `KVScales`
 (`layers/kv_scales.py`, which checks them), never into a parameter.
 """
 
@@ -198,7 +198,7 @@ class _NameMap:
                           for scale in CHECKPOINT_SCALES}  # optional: most checkpoints have none
 
     def is_optional(self, target: _Target) -> bool:
-        """Whether `target` is a per-tensor scale a checkpoint may or may not have: an attention layer's KV cache
+        """Whether `target` is a scale a checkpoint may or may not have: an attention layer's KV cache
         scale (loaded by `KVScales.load`) or a static activation scale (checked, unused)."""
         return target.param in self.kv_scales or target.activation_scale
 
@@ -389,7 +389,7 @@ def _check_fp8(param: nn.Parameter, source: str, tensor: torch.Tensor) -> None:
 def _copy_into(
     model: nn.Module, params: dict[str, nn.Parameter], target: _Target, source: str, tensor: torch.Tensor
 ) -> None:
-    if target.param not in params:  # a per-tensor scale held in no parameter (`_NameMap.is_optional`)
+    if target.param not in params:  # a scale held in no parameter (`_NameMap.is_optional`)
         module_path, _, name = target.param.rpartition(".")
         try:
             if target.activation_scale:

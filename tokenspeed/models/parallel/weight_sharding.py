@@ -146,9 +146,9 @@ def _rule(name: str, config: ModelConfig, topology: Topology) -> ShardRule:
             group = ParallelGroup.DENSE_TP
         return _column_or_row(module != "down_proj", param, group)
     if "self_attn" in parts:
-        if module == "self_attn" and param in ("k_scale", "v_scale", "kv_scale"):  # layers/kv_scales.py
-            return replicated
         group = ParallelGroup.ATTN_TP
+        if module == "self_attn" and param in ("k_scale", "v_scale", "kv_scale"):  # layers/kv_scales.py
+            return ShardRule(WeightKind.KV_HEADS, group, head_dim=1)  # per head, or one for all (whole)
         if module in ("q_a_proj", "kv_a_proj_with_mqa"):
             return replicated
         if module in ("q_proj", "q_b_proj", "kv_b_proj"):
@@ -208,6 +208,8 @@ def slice_for_rank(
     if kind is WeightKind.ROW:
         return _even(name, shape, 1, parts, index)
     if kind is WeightKind.KV_HEADS:
+        if not shape or shape[0] == rule.head_dim:  # one head's worth (a per-tensor KV scale): every rank's
+            return WHOLE
         heads = shape[0] // rule.head_dim
         if parts > heads:  # this rank's kv head, shared with parts // heads ranks
             head = index * heads // parts
