@@ -10,6 +10,7 @@ decode kernel reading the cache), after one prefill (the extend kernel).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,9 +48,10 @@ def _decode(model: torch.nn.Module, config: ModelConfig, kv_dtype: torch.dtype, 
 
 
 def fp8_kv_agreement(folder: Path, prompts: list[list[int]], steps: int, *, dtype: torch.dtype = torch.float32,
-                     device: str = "cpu", kv_scales: list[tuple[float, float]] | None = None) -> float:
+                     device: str = "cpu", kv_scales: list[tuple[Any, Any]] | None = None) -> float:
     """Fraction of `steps` greedy steps per prompt where the fp8 cache's argmax equals the reference's;
-    `kv_scales`: (k_scale, v_scale) of each attention layer in model order (None: the checkpoint's)."""
+    `kv_scales`: (k_scale, v_scale) of each attention layer in model order, one value or one per KV head
+    (None: the checkpoint's)."""
     from tokenspeed.layers.kv_scales import KVScales
 
     config = ModelConfig.from_pretrained(folder)
@@ -58,8 +60,8 @@ def fp8_kv_agreement(folder: Path, prompts: list[list[int]], steps: int, *, dtyp
     if kv_scales is not None:
         layers = [m for m in model.modules() if isinstance(m, KVScales)]
         for layer, (k_scale, v_scale) in zip(layers, kv_scales, strict=True):
-            layer.k_scale.fill_(k_scale)
-            layer.v_scale.fill_(v_scale)
+            layer.load("k_scale", torch.tensor(k_scale))
+            layer.load("v_scale", torch.tensor(v_scale))
     reference = _decode(model, config, dtype, prompts, None, steps, where)
     fp8 = _decode(model, config, torch.float8_e4m3fn, prompts, reference, steps, where)
     same = sum(a == b for ref, got in zip(reference, fp8) for a, b in zip(ref, got))

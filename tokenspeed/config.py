@@ -94,7 +94,7 @@ class EngineConfig:
     # bf16; static scales: the checkpoint's `self_attn.k_scale` / `v_scale`, per tensor or per KV head, else 1.0;
     # `layers/kv_scales.py`).
     kv_cache_dtype: str = "auto"
-    # vLLM's option: measure each layer's fp8 KV scales on one prompt of random tokens at start-up instead
+    # vLLM's option: measure each layer's fp8 KV scales (per KV head) on one prompt of random tokens at start-up
     # (`executor/kv_scale_calibration.py`), for models whose K/V pass e4m3's +-448 and whose checkpoint has
     # no scales.
     calculate_kv_scales: bool = False

@@ -69,8 +69,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="KV cache storage: auto (the model dtype) or fp8 (e4m3, half the bytes of bf16) "
                             "(default: %(default)s)")
     group.add_argument("--calculate-kv-scales", action="store_true",
-                       help="fp8 KV cache: measure each layer's K/V scales on one prompt of random tokens at "
-                            "start-up (default: the checkpoint's k_scale / v_scale, else 1.0)")
+                       help="fp8 KV cache: measure each layer's K/V scales, per KV head, on one prompt of random "
+                            "tokens at start-up (default: the checkpoint's k_scale / v_scale, else 1.0)")
     group.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                        help="ranks, one device each (CPU: one process each); heads, vocabulary and MLPs are "
                             "split by the compiled placement plan (default: %(default)s)")

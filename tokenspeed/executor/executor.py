@@ -217,8 +217,7 @@ class Executor:
         )
         if config.calculate_kv_scales:  # before the drafter joins the runner: the target's layers only
             calibrate_kv_scales(self.runner, vocab_size=self.model_config.vocab_size,
-                                max_tokens=min(self.max_model_len, num_pages * config.page_size), seed=config.seed,
-                                across_ranks=rank is not None and rank.groups.topology.world_size > 1)
+                                max_tokens=min(self.max_model_len, num_pages * config.page_size), seed=config.seed)
         self.runner.speculation = self.speculator
         if self.device.type == "cpu" and rank is None and self.speculator is None:
             self.runner.cpu_decode = CPUDecodeForward.build(

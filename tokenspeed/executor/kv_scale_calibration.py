@@ -2,16 +2,19 @@
 
 Why: with unit scales an e4m3 cache holds K/V values up to +-448. Most
 models stay far inside that, but a model whose keys or values pass it (a
-large k/v bias, outlier channels) loses them: tests/test_fp8_kv_checkpoint_scales.py
+large k/v bias, outlier channels) loses them: tests/test_fp8_kv_scales.py
 has one whose greedy tokens agree with the fp32 cache at 0.32. Calibrated
 scales in the checkpoint fix that (`layers/kv_scales.py`); without them this
 measures them, as vLLM does, on random tokens: one prefill of up to
 `CALIBRATION_TOKENS` seeded random ids goes through the model runner before
-any request, every attention layer records the largest |K| and |V| it
-stores, and each scale becomes the power of two that brings its peak under
-half of e4m3's range (`kv_scales.CALIBRATED_PEAK`). Ranks take the largest
-peak of any rank, so their scales are one rank's. Measured scales replace
-the checkpoint's; a speculative drafter's layers keep theirs.
+any request, every attention layer records each KV head's largest |K| and
+|V| as it stores them, and each head's scale becomes the power of two that
+brings its peak under half of e4m3's range (`kv_scales.CALIBRATED_PEAK`).
+Per head, where vLLM takes one scale for all: a head with outliers then does
+not push the others' small values into e4m3's subnormals (the same test: 0.98
+against 0.66). On several ranks each measures its own heads (a head two
+ranks share, the same values on both). Measured scales replace the
+checkpoint's; a speculative drafter's layers keep theirs.
 
 The prompt's pages are released right after: the scheduler never saw it, so
 nothing of it is in the prefix cache, and whatever it wrote is overwritten
@@ -24,7 +27,6 @@ import logging
 from collections.abc import Iterable
 
 import torch
-import torch.distributed as dist
 
 from tokenspeed.executor.model_runner import ModelRunner
 from tokenspeed.layers.kv_scales import KVScales
@@ -37,12 +39,9 @@ CALIBRATION_TOKENS = 512
 _REQUEST_ID = "kv-scale-calibration"
 
 
-def calibrate_kv_scales(
-    runner: ModelRunner, *, vocab_size: int, max_tokens: int, seed: int, across_ranks: bool
-) -> list[tuple[float, float]]:
+def calibrate_kv_scales(runner: ModelRunner, *, vocab_size: int, max_tokens: int, seed: int) -> list[torch.Tensor]:
     """Measure and set the scales of every `KVScales` in `runner.model` (module docstring) on one prompt of
-    at most `max_tokens` (what the pool and max_model_len allow); the (k_scale, v_scale) set, by layer.
-    `across_ranks`: every rank of the torch.distributed world calls this, and all take the largest peaks."""
+    at most `max_tokens` (what the pool and max_model_len allow); the scales set, `[2, heads]` by layer."""
     layers = [m for m in runner.model.modules() if isinstance(m, KVScales)]
     length = min(CALIBRATION_TOKENS, max_tokens)
     page_size = runner.kv.page_size
@@ -55,17 +54,13 @@ def calibrate_kv_scales(
     try:
         runner.launch(ExecutionPlan(step_id=-2, rows=[row])).result()
     finally:
-        peaks = torch.tensor([layer.finish_calibration() for layer in layers], dtype=torch.float32)
+        peaks = [layer.finish_calibration() for layer in layers]
     runner.launch(ExecutionPlan(step_id=-1, released_request_ids=[_REQUEST_ID]))  # the pages go back
-    if across_ranks:  # every rank has the same layers; each saw its own heads
-        on_device = peaks.to(runner.device)
-        dist.all_reduce(on_device, op=dist.ReduceOp.MAX)
-        peaks = on_device.cpu()
-    for layer, (k_peak, v_peak) in zip(layers, peaks.tolist(), strict=True):
-        layer.set_calibrated(k_peak, v_peak)
-    scales = [(layer.k_scale.item(), layer.v_scale.item()) for layer in layers]
+    for layer, layer_peaks in zip(layers, peaks, strict=True):
+        layer.set_calibrated(layer_peaks)
+    scales = [torch.stack((layer.k_scale, layer.v_scale)).cpu() for layer in layers]
     logger.info("calculated KV cache scales on %d random tokens: k %s, v %s", length,
-                _span(s[0] for s in scales), _span(s[1] for s in scales))
+                _span(float(x) for s in scales for x in s[0]), _span(float(x) for s in scales for x in s[1]))
     return scales
 
 

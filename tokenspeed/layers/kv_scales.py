@@ -12,12 +12,14 @@ layer, as vLLM reads them: `self_attn.k_scale` and
 `load` (`models/loader.py`). A scale is per tensor (one element) or per KV
 head (`[num_kv_heads]`, as llm-compressor's `attn_head` strategy writes them:
 one head with outliers then does not push the others' small values under
-e4m3's smallest); the kernels take either (`kernels/quant/fp8.kv_scale_layout`),
-the two of a layer always in one layout.
+e4m3's smallest). Both are held per KV head (a per-tensor scale fills every
+head; the kernels take either layout, `kernels/quant/fp8.kv_scale_layout`),
+in buffers allocated once: CUDA graphs, captured before the start-up
+calibration below sets them, read them in place.
 Without such scales, `calculate_kv_scales` measures them at start-up
-(`executor/kv_scale_calibration.py`): each layer records the largest |K| and
-|V| it stores (`observe`) and takes the power of two that maps them to at
-most `CALIBRATED_PEAK` (`set_calibrated`).
+(`executor/kv_scale_calibration.py`): each layer records each head's largest
+|K| and |V| it stores (`observe`) and takes, per head, the power of two that
+maps them to at most `CALIBRATED_PEAK` (`set_calibrated`).
 
 Held as buffers (moved with the layer) and handed to the kernels only when the
 cache is fp8: a cache in the model dtype takes no scale, and a checkpoint's
@@ -25,8 +27,6 @@ scales are then read and unused, as in vLLM.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
@@ -39,8 +39,9 @@ CHECKPOINT_SCALES: dict[str, tuple[str, ...]] = {"k_scale": ("k_scale",), "v_sca
                                                  "kv_scale": ("k_scale", "v_scale")}
 
 
-# A calibrated scale maps the calibration prompt's largest |K| (|V|) to at most half of e4m3's 448, so that
-# values up to twice those of random tokens still fit; vLLM's calculate_kv_scales leaves 2.2x (K) and 4.5x (V).
+# A calibrated scale maps the calibration prompt's largest |K| (|V|) of its head to at most half of e4m3's 448,
+# so that values up to twice those of random tokens still fit; vLLM's calculate_kv_scales (one scale for all
+# heads) leaves 2.2x (K) and 4.5x (V).
 CALIBRATED_PEAK = 224.0
 
 
@@ -52,9 +53,9 @@ class KVScales(nn.Module):
         """`num_kv_heads`: the heads this layer's cache holds (on a rank, its own)."""
         super().__init__()
         self.num_kv_heads = num_kv_heads
-        self.register_buffer("k_scale", torch.ones(1, dtype=torch.float32, device=device), persistent=False)
-        self.register_buffer("v_scale", torch.ones(1, dtype=torch.float32, device=device), persistent=False)
-        self._peaks: list[float] | None = None  # [largest |K|, largest |V|] seen while calibrating
+        self.register_buffer("k_scale", torch.ones(num_kv_heads, dtype=torch.float32, device=device), persistent=False)
+        self.register_buffer("v_scale", torch.ones(num_kv_heads, dtype=torch.float32, device=device), persistent=False)
+        self._peaks: torch.Tensor | None = None  # [2, heads]: each head's largest |K| and |V| while calibrating
 
     @property
     def calibrating(self) -> bool:
@@ -62,36 +63,38 @@ class KVScales(nn.Module):
         return self._peaks is not None
 
     def start_calibration(self) -> None:
-        self._peaks = [0.0, 0.0]
+        self._peaks = torch.zeros(2, self.num_kv_heads, dtype=torch.float64)
 
     def observe(self, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
-        """Record the largest magnitudes of K (and V) as the cache stores them. Non-finite peaks are left out:
-        a scale must stay finite (such values are lost whatever the scale)."""
+        """Record each head's largest magnitudes of K (and V) as the cache stores them, `[tokens, heads, dim]`
+        (a one-head cache: `[tokens, dim]`). Non-finite peaks are left out: a scale must stay finite (such
+        values are lost whatever the scale)."""
         assert self._peaks is not None, "observe outside calibration"
         for i, values in enumerate((k, v)):
             if values is not None and values.numel():
-                peak = values.detach().abs().amax().item()
-                if math.isfinite(peak):
-                    self._peaks[i] = max(self._peaks[i], peak)
+                heads = values.detach().abs().reshape(values.shape[0], self.num_kv_heads, -1).amax(dim=(0, 2))
+                heads = heads.double().cpu()
+                self._peaks[i] = torch.maximum(self._peaks[i], torch.where(heads.isfinite(), heads, 0.0))
 
-    def finish_calibration(self) -> tuple[float, float]:
-        """End calibration; the (K, V) peaks recorded (0.0: nothing seen)."""
+    def finish_calibration(self) -> torch.Tensor:
+        """End calibration; the peaks recorded, `[2, num_kv_heads]` (K's, then V's; 0: nothing seen)."""
         assert self._peaks is not None, "no calibration to finish"
-        k_peak, v_peak = self._peaks
-        self._peaks = None
-        return k_peak, v_peak
+        peaks, self._peaks = self._peaks, None
+        return peaks
 
-    def set_calibrated(self, k_peak: float, v_peak: float) -> None:
-        """Scales from measured peaks: the power of two that brings each peak to at most `CALIBRATED_PEAK`
-        (a power of two, so that scaling a value is exact). A zero peak (nothing seen: MLA's V, which it
-        never stores, or a layer the forward never ran) keeps its scale."""
-        for scale, peak in ((self.k_scale, k_peak), (self.v_scale, v_peak)):
-            if peak > 0.0:
-                scale.fill_(2.0 ** math.ceil(math.log2(peak / CALIBRATED_PEAK)))
+    def set_calibrated(self, peaks: torch.Tensor) -> None:
+        """Per-head scales from measured `peaks` (`finish_calibration`'s): for each head the power of two that
+        brings its peak to at most `CALIBRATED_PEAK` (a power of two, so that scaling a value is exact). K or V
+        with nothing seen (MLA's V, which it never stores, or a layer the forward never ran) keeps its scales;
+        a head with nothing seen beside others gets 1."""
+        for attr, head_peaks in zip(("k_scale", "v_scale"), peaks, strict=True):
+            if bool((head_peaks > 0).any()):
+                powers = torch.exp2(torch.ceil(torch.log2(head_peaks / CALIBRATED_PEAK)))
+                self._set((attr,), torch.where(head_peaks > 0, powers, 1.0))
 
     def load(self, name: str, tensor: torch.Tensor) -> None:
         """Set the scale(s) checkpoint tensor `...self_attn.<name>` gives (`CHECKPOINT_SCALES`): one for all
-        heads, or one per KV head. A layer's two scales keep one layout: per-head ones make the other per head too.
+        heads, or one per KV head.
 
         Raises ValueError for anything but one, or `num_kv_heads`, positive finite numbers.
         """
@@ -104,11 +107,13 @@ class KVScales(nn.Module):
             values = tensor.detach().float().reshape(-1).cpu()
             if not bool(((values > 0) & values.isfinite()).all()):
                 raise ValueError(f"every per-head scale must be positive and finite, got {values.tolist()}")
-        if values.numel() > self.k_scale.numel():  # per head from now on, for both
-            self.k_scale = self.k_scale.expand(values.numel()).clone()
-            self.v_scale = self.v_scale.expand(values.numel()).clone()
-        for attr in CHECKPOINT_SCALES[name]:
-            getattr(self, attr).copy_(values.to(self.k_scale.device).expand_as(self.k_scale))
+        self._set(CHECKPOINT_SCALES[name], values)
+
+    def _set(self, attrs: tuple[str, ...], values: torch.Tensor) -> None:
+        """`values` (one for every head, or one per head) into the scales `attrs`, in place."""
+        for attr in attrs:
+            scale = getattr(self, attr)
+            scale.copy_(values.to(device=scale.device, dtype=scale.dtype).expand_as(scale))
 
     def for_cache(self, cache: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(k_scale, v_scale) for an fp8 `cache`, (None, None) for any other (a host-side dtype check)."""
