@@ -139,14 +139,13 @@ def test_fp8_kv_cache_agrees_with_the_bf16_cache(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["embedded", "embedded-moe"])
 def test_calculated_kv_scales_on_the_gpu(name: str) -> None:
-    """`calculate_kv_scales` with CUDA graphs (captured before the scales are set: the graphs read the scale
-    buffers in place): per-head powers of two, and the bf16 cache's tokens at the same agreement as unit
-    scales."""
+    """`calculate_kv_scales` on the GPU: per-head powers of two, and the bf16 cache's tokens at the same
+    agreement as unit scales."""
     from tokenspeed.layers.kv_scales import KVScales
 
     folder = embedded_model_path(name)
-    llm = LLM(str(folder), skip_tokenizer_init=True, show_progress=False, kv_cache_dtype="fp8",
-              calculate_kv_scales=True)
+    llm = LLM(str(folder), dtype="bfloat16", device="cuda", skip_tokenizer_init=True, show_progress=False,
+              max_model_len=1024, kv_cache_dtype="fp8", calculate_kv_scales=True)
     scales = [(m.k_scale.tolist(), m.v_scale.tolist()) for m in llm.core.executor.model.modules()  # type: ignore[attr-defined]
               if isinstance(m, KVScales)]
     served = llm.generate([{"prompt_token_ids": p} for p in _prompts(folder)],
@@ -160,6 +159,29 @@ def test_calculated_kv_scales_on_the_gpu(name: str) -> None:
     report({"test": "fp8_kv_agreement_calculated_scales", "model": name, "top1_agreement": agreement, "scales": scales})
     free_cuda()
     assert agreement >= 0.99
+
+
+def test_calculated_kv_scales_reach_the_cuda_graphs(tmp_path: Path) -> None:
+    """The decode graphs are captured before calibration sets the scales, so they must read the scale buffers
+    in place: on a model whose V values need them (x 4096: unit scales saturate, and change the tokens),
+    graphs give eager's tokens."""
+    from tests.checkpoints import make_checkpoint, prompts
+    from tests.test_fp8_kv_scales import _variant
+
+    folder = _variant(make_checkpoint("llama", tmp_path / "base"), tmp_path / "v4096", {})
+    batch = [{"prompt_token_ids": p} for p in prompts(4, seed=9, min_len=8, max_len=32)]
+
+    def tokens(**engine: Any) -> list[list[int]]:
+        llm = LLM(str(folder), dtype="bfloat16", device="cuda", skip_tokenizer_init=True, show_progress=False,
+                  max_model_len=256, kv_cache_dtype="fp8", **engine)
+        out = llm.generate(batch, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+        llm.shutdown()
+        free_cuda()
+        return [o.outputs[0].token_ids for o in out]
+
+    graphs = tokens(calculate_kv_scales=True)
+    assert graphs == tokens(calculate_kv_scales=True, enforce_eager=True)
+    assert graphs != tokens()  # unit scales: these values do not fit
 
 
 def test_fp8_kv_with_mtp_verify_graphs_on_and_off() -> None:
