@@ -47,8 +47,20 @@ def _decode(model: torch.nn.Module, config: ModelConfig, kv_dtype: torch.dtype, 
     return chosen
 
 
+KVScaleValues = tuple[tuple[float, ...], tuple[float, ...]]  # (k_scale, v_scale): one value, or one per KV head
+
+
+def engine_kv_scales(llm: Any) -> list[KVScaleValues]:
+    """The KV cache scales of every attention layer of `llm`'s model (rank 0's on several ranks)."""
+    from tokenspeed.layers.kv_scales import KVScales
+
+    executor = llm.core.executor
+    model = getattr(executor, "local", executor).model
+    return [(tuple(m.k_scale.tolist()), tuple(m.v_scale.tolist())) for m in model.modules() if isinstance(m, KVScales)]
+
+
 def fp8_kv_agreement(folder: Path, prompts: list[list[int]], steps: int, *, dtype: torch.dtype = torch.float32,
-                     device: str = "cpu", kv_scales: list[tuple[Any, Any]] | None = None) -> float:
+                     device: str = "cpu", kv_scales: list[KVScaleValues] | None = None) -> float:
     """Fraction of `steps` greedy steps per prompt where the fp8 cache's argmax equals the reference's;
     `kv_scales`: (k_scale, v_scale) of each attention layer in model order, one value or one per KV head
     (None: the checkpoint's)."""

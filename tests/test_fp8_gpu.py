@@ -28,7 +28,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from tests.fp8_agreement import fp8_kv_agreement
+from tests.fp8_agreement import engine_kv_scales, fp8_kv_agreement
 from tests.fp8_checkpoints import to_block_fp8
 from tests.gpu_parity import first_divergence, free_cuda, report
 from tokenspeed import LLM, SamplingParams
@@ -141,13 +141,11 @@ def test_fp8_kv_cache_agrees_with_the_bf16_cache(name: str) -> None:
 def test_calculated_kv_scales_on_the_gpu(name: str) -> None:
     """`calculate_kv_scales` on the GPU: per-head powers of two, and the bf16 cache's tokens at the same
     agreement as unit scales."""
-    from tokenspeed.layers.kv_scales import KVScales
 
     folder = embedded_model_path(name)
     llm = LLM(str(folder), dtype="bfloat16", device="cuda", skip_tokenizer_init=True, show_progress=False,
               max_model_len=1024, kv_cache_dtype="fp8", calculate_kv_scales=True)
-    scales = [(m.k_scale.tolist(), m.v_scale.tolist()) for m in llm.core.executor.model.modules()  # type: ignore[attr-defined]
-              if isinstance(m, KVScales)]
+    scales = engine_kv_scales(llm)
     served = llm.generate([{"prompt_token_ids": p} for p in _prompts(folder)],
                           SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
     llm.shutdown()

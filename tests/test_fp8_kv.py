@@ -28,10 +28,9 @@ import torch
 from tokenizers import Tokenizer
 
 from tests.checkpoints import prompts
-from tests.fp8_agreement import fp8_kv_agreement
+from tests.fp8_agreement import engine_kv_scales, fp8_kv_agreement
 from tests.spec_cases import HOST_METHODS, agent_prompts, make_family, run, token_ids
 from tokenspeed import LLM, SamplingParams
-from tokenspeed.layers.kv_scales import KVScales
 from tokenspeed.models.embedded.materialize import embedded_eagle_path, embedded_model_path
 
 STEPS = 256
@@ -55,8 +54,7 @@ def test_trained_models_agree_with_the_fp32_cache(name: str, calculated: bool) -
     if calculated:
         llm = LLM(str(folder), skip_tokenizer_init=True, show_progress=False, kv_cache_dtype="fp8",
                   calculate_kv_scales=True)
-        scales = [(m.k_scale.tolist(), m.v_scale.tolist()) for m in llm.core.executor.model.modules()  # type: ignore[attr-defined]
-                  if isinstance(m, KVScales)]
+        scales = engine_kv_scales(llm)
         llm.shutdown()
         assert any(x != 1.0 for k, v in scales for x in (*k, *v))
     agreement = fp8_kv_agreement(folder, [tokenizer.encode(t).ids for t in TEXT], STEPS, kv_scales=scales)

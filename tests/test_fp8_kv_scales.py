@@ -20,12 +20,11 @@ import pytest
 import torch
 
 from tests.checkpoints import make_checkpoint, make_deepseek_checkpoint, prompts
-from tests.fp8_agreement import fp8_kv_agreement
+from tests.fp8_agreement import KVScaleValues, engine_kv_scales, fp8_kv_agreement
 from tests.fp8_checkpoints import rewrite_tensors
 from tests.multi_rank_runs import assert_same, engine, run_workloads
 from tokenspeed import LLM, SamplingParams
 from tokenspeed.errors import InvalidRequest
-from tokenspeed.layers.kv_scales import KVScales
 from tokenspeed.models import ModelConfig, WeightLoadError
 from tokenspeed.models.parallel.weight_sharding import (
     WHOLE,
@@ -83,16 +82,6 @@ def _second_head_out_of_range(base: Path, folder: Path, scales: dict[str, torch.
     return folder
 
 
-Scales = tuple[tuple[float, ...], tuple[float, ...]]
-
-
-def _scales(llm: LLM) -> list[Scales]:
-    """(k_scale, v_scale) of every attention layer (rank 0's on several ranks), one value or one per KV head."""
-    executor = llm.core.executor  # type: ignore[attr-defined]
-    model = getattr(executor, "local", executor).model
-    return [(tuple(m.k_scale.tolist()), tuple(m.v_scale.tolist())) for m in model.modules() if isinstance(m, KVScales)]
-
-
 def test_checkpoint_scales_keep_an_out_of_range_cache_accurate(base: Path, tmp_path: Path) -> None:
     scaled = _variant(base, tmp_path / "scaled", {"k_scale": torch.tensor(1.0), "v_scale": torch.tensor(V_SCALE)})
     unit = _variant(base, tmp_path / "unit", {})
@@ -106,7 +95,7 @@ def test_scales_reach_every_layer_and_a_bf16_cache_ignores_them(base: Path, tmp_
     scaled = _variant(base, tmp_path / "scaled", {"k_scale": torch.tensor([0.5]), "v_scale": torch.tensor(2.0)},
                       v_gain=1.0)
     fp8 = LLM(str(scaled), skip_tokenizer_init=True, show_progress=False, kv_cache_dtype="fp8")
-    assert set(_scales(fp8)) == {((0.5, 0.5), (2.0, 2.0))}  # one for both KV heads
+    assert set(engine_kv_scales(fp8)) == {((0.5, 0.5), (2.0, 2.0))}  # one for both KV heads
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     batch = [{"prompt_token_ids": p} for p in prompts(2, seed=3, min_len=6, max_len=12)]
     with_scales = LLM(str(scaled), skip_tokenizer_init=True, show_progress=False).generate(batch, greedy)
@@ -117,7 +106,7 @@ def test_scales_reach_every_layer_and_a_bf16_cache_ignores_them(base: Path, tmp_
 def test_one_kv_scale_sets_both(base: Path, tmp_path: Path) -> None:
     folder = _variant(base, tmp_path / "legacy", {"kv_scale": torch.tensor(0.25)}, v_gain=1.0)
     llm = LLM(str(folder), skip_tokenizer_init=True, show_progress=False, kv_cache_dtype="fp8")
-    assert set(_scales(llm)) == {((0.25, 0.25), (0.25, 0.25))}
+    assert set(engine_kv_scales(llm)) == {((0.25, 0.25), (0.25, 0.25))}
 
 
 @pytest.mark.parametrize(("value", "message"), [(torch.ones(3), r"one element, or one per KV head \(2\)"),
@@ -171,10 +160,10 @@ def test_per_head_scales_keep_both_heads_accurate(base: Path, tmp_path: Path) ->
     assert fp8_kv_agreement(per_head, batch, STEPS) >= 0.95
     assert fp8_kv_agreement(per_tensor, batch, STEPS) < 0.8
     llm = LLM(str(per_head), skip_tokenizer_init=True, show_progress=False, kv_cache_dtype="fp8")
-    assert set(_scales(llm)) == {((1.0, 1.0), (1.0, HEAD_SCALE))}
+    assert set(engine_kv_scales(llm)) == {((1.0, 1.0), (1.0, HEAD_SCALE))}
     legacy = _variant(base, tmp_path / "legacy", {"kv_scale": torch.tensor([0.5, 2.0])}, v_gain=1.0)
     llm = LLM(str(legacy), skip_tokenizer_init=True, show_progress=False, kv_cache_dtype="fp8")
-    assert set(_scales(llm)) == {((0.5, 2.0), (0.5, 2.0))}
+    assert set(engine_kv_scales(llm)) == {((0.5, 2.0), (0.5, 2.0))}
 
 
 def test_per_head_scales_on_two_ranks_match_one(base: Path, tmp_path: Path) -> None:
@@ -188,7 +177,7 @@ def test_per_head_scales_on_two_ranks_match_one(base: Path, tmp_path: Path) -> N
         llm = engine(folder, tp, False, kv_cache_dtype="fp8")
         try:
             results[tp] = run_workloads(llm)
-            scales[tp] = _scales(llm)
+            scales[tp] = engine_kv_scales(llm)
         finally:
             llm.shutdown()
     assert set(scales[1]) == {((1.0, 1.0), (1.0, HEAD_SCALE))}
@@ -214,16 +203,16 @@ def test_checkpoint_scales_on_two_ranks_match_one(base: Path, tmp_path: Path) ->
 # --- scales measured at start-up (calculate_kv_scales) ----------------------------------------------------
 
 
-def _calculated(folder: Path, **options: object) -> list[Scales]:
+def _calculated(folder: Path, **options: object) -> list[KVScaleValues]:
     llm = LLM(str(folder), skip_tokenizer_init=True, show_progress=False, kv_cache_dtype="fp8",
               calculate_kv_scales=True, **options)  # type: ignore[arg-type]
     try:
-        return _scales(llm)
+        return engine_kv_scales(llm)
     finally:
         llm.shutdown()
 
 
-def _powers_of_two(scales: list[Scales]) -> bool:
+def _powers_of_two(scales: list[KVScaleValues]) -> bool:
     return all(x > 0 and math.frexp(x)[0] == 0.5 for k, v in scales for x in (*k, *v))
 
 
@@ -285,7 +274,7 @@ def test_calculated_scales_on_two_ranks_match_one(base: Path, tmp_path: Path) ->
         llm = engine(folder, tp, False, kv_cache_dtype="fp8", calculate_kv_scales=True)
         try:
             results[tp] = run_workloads(llm)
-            scales[tp] = _scales(llm)
+            scales[tp] = engine_kv_scales(llm)
         finally:
             llm.shutdown()
     assert all(v[1] >= 4.0 > v[0] for _, v in scales[1]), scales[1]
@@ -299,7 +288,7 @@ def test_calculated_scale_of_an_mla_latent_cache(tmp_path: Path) -> None:
     folder = make_deepseek_checkpoint("deepseek_v3", tmp_path / "mla")
     llm = LLM(str(folder), skip_tokenizer_init=True, show_progress=False, kv_cache_dtype="fp8",
               calculate_kv_scales=True)
-    scales = _scales(llm)
+    scales = engine_kv_scales(llm)
     assert _powers_of_two(scales) and all(k != (1.0,) and v == (1.0,) for k, v in scales), scales
     greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts(2, seed=4, min_len=6, max_len=12)], greedy)

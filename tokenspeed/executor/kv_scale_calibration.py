@@ -39,9 +39,9 @@ CALIBRATION_TOKENS = 512
 _REQUEST_ID = "kv-scale-calibration"
 
 
-def calibrate_kv_scales(runner: ModelRunner, *, vocab_size: int, max_tokens: int, seed: int) -> list[torch.Tensor]:
+def calibrate_kv_scales(runner: ModelRunner, *, vocab_size: int, max_tokens: int, seed: int) -> None:
     """Measure and set the scales of every `KVScales` in `runner.model` (module docstring) on one prompt of
-    at most `max_tokens` (what the pool and max_model_len allow); the scales set, `[2, heads]` by layer."""
+    at most `max_tokens` (what the pool and max_model_len allow)."""
     layers = [m for m in runner.model.modules() if isinstance(m, KVScales)]
     length = min(CALIBRATION_TOKENS, max_tokens)
     page_size = runner.kv.page_size
@@ -58,10 +58,9 @@ def calibrate_kv_scales(runner: ModelRunner, *, vocab_size: int, max_tokens: int
     runner.launch(ExecutionPlan(step_id=-1, released_request_ids=[_REQUEST_ID]))  # the pages go back
     for layer, layer_peaks in zip(layers, peaks, strict=True):
         layer.set_calibrated(layer_peaks)
-    scales = [torch.stack((layer.k_scale, layer.v_scale)).cpu() for layer in layers]
     logger.info("calculated KV cache scales on %d random tokens: k %s, v %s", length,
-                _span(float(x) for s in scales for x in s[0]), _span(float(x) for s in scales for x in s[1]))
-    return scales
+                _span(x for layer in layers for x in layer.k_scale.tolist()),
+                _span(x for layer in layers for x in layer.v_scale.tolist()))
 
 
 def _span(values: Iterable[float]) -> str:
